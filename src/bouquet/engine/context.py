@@ -1,0 +1,43 @@
+"""Batch metadata for one forward pass, set by the engine around the model and read only by attention."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from bouquet.layers.attention_backends.base import AttentionBackend
+
+
+@dataclass
+class ForwardContext:
+    cu_seqlens: torch.Tensor  # [B + 1] int32
+    max_seqlen: int
+    seq_lens: list[int]  # host copy, so backends can plan without a device sync
+    attn_backend: AttentionBackend
+    attn_metadata: Any = None  # what the backend prepared once, shared by all layers
+
+
+# Per thread, so two engines (or a test beside an engine) never see each other's batch.
+_local = threading.local()
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    previous = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = previous
+
+
+def get_forward_context() -> ForwardContext:
+    ctx = getattr(_local, "ctx", None)
+    assert ctx is not None, "attention ran outside `with forward_context(...)`"
+    return ctx

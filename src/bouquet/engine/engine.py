@@ -1,0 +1,94 @@
+"""The engine: a loaded model that turns packed batches into embeddings, one `step()` at a time."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch import nn
+
+from bouquet.config import EngineConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.context import ForwardContext, forward_context
+from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.engine.weights import load_checked, read_checkpoint
+from bouquet.layers.attention_backends import create_attention_backend
+from bouquet.layers.linear import Linear
+from bouquet.layers.pooling import pool
+from bouquet.model_dir import ModelSpec, read_model_dir
+from bouquet.models import create_model
+
+logger = logging.getLogger(__name__)
+
+
+def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Builds the model for `spec` and loads its checkpoint; matrix weights take `dtype`, the rest float32."""
+    model = create_model(spec.architecture, spec.hf_config)
+    load_checked(model, model.convert_checkpoint(read_checkpoint(spec.weight_files)))
+    # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
+    # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.to(dtype)
+    return model.to(device).eval()
+
+
+class Engine:
+    """`step(batch)` returns a LazyTensor at once; forwards run in order on one engine thread."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.spec = read_model_dir(config.model_path)
+        self.device = torch.device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model = load_model(self.spec, getattr(torch, config.dtype), self.device)
+        self.attn_backend = create_attention_backend(config.attention_backend)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bouquet-engine")
+        logger.info(
+            "engine ready: %s (%s, %s pooling) on %s in %s, attention %s",
+            self.spec.name, self.spec.architecture, self.spec.pooling.value,
+            config.device, config.dtype, self.attn_backend.name,
+        )  # fmt: skip
+
+    @property
+    def dimension(self) -> int:
+        return self.spec.hidden_size
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.spec.max_seq_length
+
+    def step(self, batch: Batch) -> LazyTensor:
+        return LazyTensor(self._executor.submit(self._run, batch))
+
+    def embed(self, batch: Batch) -> np.ndarray:
+        """Synchronous step, for callers with nothing to overlap."""
+        return self.step(batch).result()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    @torch.inference_mode()
+    def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32
+        input_ids = torch.from_numpy(batch.input_ids).to(self.device, torch.long)
+        cu_seqlens = torch.from_numpy(batch.cu_seqlens).to(self.device)
+        seq_lens = np.diff(batch.cu_seqlens)
+        positions = _positions(batch.cu_seqlens, seq_lens).to(self.device)
+        token_type_ids = None
+        if batch.token_type_ids is not None:
+            token_type_ids = torch.from_numpy(batch.token_type_ids).to(self.device, torch.long)
+        ctx = ForwardContext(cu_seqlens, int(seq_lens.max()), seq_lens.tolist(), self.attn_backend)
+        ctx.attn_metadata = self.attn_backend.prepare(ctx)
+        with forward_context(ctx):
+            hidden = self.model(input_ids, positions, token_type_ids)
+        dimensions = torch.from_numpy(batch.dimensions).to(self.device)
+        normalize = torch.from_numpy(batch.normalize).to(self.device)
+        return pool(self.spec.pooling, hidden, cu_seqlens, dimensions, normalize).cpu().numpy()
+
+
+def _positions(cu_seqlens: np.ndarray, seq_lens: np.ndarray) -> torch.Tensor:  # [T] int64
+    starts = np.repeat(cu_seqlens[:-1], seq_lens)
+    return torch.from_numpy(np.arange(int(cu_seqlens[-1])) - starts)

@@ -1,0 +1,58 @@
+"""Pooling: a method (CLS, MEAN, LAST) that turns token states into one row per sequence, then a head that
+truncates each row to its requested dimensions and L2-normalises it when asked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from bouquet.model_dir import PoolingMethod
+
+
+def pool_cls(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    return hidden[cu_seqlens[:-1].long()].float()
+
+
+def pool_last(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    return hidden[cu_seqlens[1:].long() - 1].float()
+
+
+def pool_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    # Sums accumulate in float32 whatever the activations' dtype.
+    seq_lens = cu_seqlens.diff()
+    seq_ids = torch.repeat_interleave(torch.arange(len(seq_lens), device=hidden.device), seq_lens)
+    sums = hidden.new_zeros(len(seq_lens), hidden.shape[1], dtype=torch.float32)
+    sums.index_add_(0, seq_ids, hidden.float())
+    return sums / seq_lens.unsqueeze(1).float()
+
+
+POOLING_METHODS: dict[PoolingMethod, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    PoolingMethod.CLS: pool_cls,
+    PoolingMethod.MEAN: pool_mean,
+    PoolingMethod.LAST: pool_last,
+}
+
+
+def embedding_head(
+    pooled: torch.Tensor,  # [B, D] float32
+    dimensions: torch.Tensor,  # [B] int, 0 keeps all D
+    normalize: torch.Tensor,  # [B] bool
+) -> torch.Tensor:  # [B, D] float32; row i is zero beyond dimensions[i]
+    width = pooled.shape[1]
+    keep = torch.where(dimensions > 0, dimensions, width)
+    columns = torch.arange(width, device=pooled.device)
+    truncated = pooled * (columns[None, :] < keep[:, None])
+    normalized = F.normalize(truncated, p=2.0, dim=1)
+    return torch.where(normalize[:, None], normalized, truncated)
+
+
+def pool(
+    method: PoolingMethod,
+    hidden: torch.Tensor,  # [T, D]
+    cu_seqlens: torch.Tensor,  # [B + 1]
+    dimensions: torch.Tensor,
+    normalize: torch.Tensor,
+) -> torch.Tensor:  # [B, D] float32
+    return embedding_head(POOLING_METHODS[method](hidden, cu_seqlens), dimensions, normalize)

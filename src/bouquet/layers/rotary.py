@@ -1,0 +1,31 @@
+"""Rotary position embedding (the rotate-half form Qwen and Llama use) over packed tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_positions: int, base: float):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)  # [P, D/2]
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T]
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return rotated.to(x.dtype)

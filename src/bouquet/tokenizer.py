@@ -1,0 +1,73 @@
+"""Text to packed token ids with Hugging Face `tokenizers`; no torch, so the gateway can use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+
+@dataclass(frozen=True)
+class PackedTokens:
+    """Sequences laid end to end: sequence i is input_ids[cu_seqlens[i]:cu_seqlens[i + 1]]."""
+
+    input_ids: np.ndarray  # [T] int32
+    cu_seqlens: np.ndarray  # [B + 1] int32
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+
+def pack(sequences: list[list[int]]) -> PackedTokens:
+    lengths = np.fromiter((len(seq) for seq in sequences), dtype=np.int32, count=len(sequences))
+    cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    input_ids = np.fromiter(chain.from_iterable(sequences), dtype=np.int32, count=int(cu_seqlens[-1]))
+    return PackedTokens(input_ids=input_ids, cu_seqlens=cu_seqlens)
+
+
+class TextTokenizer:
+    """A model's tokenizer with its export-time padding removed and truncation set to the model's limit."""
+
+    def __init__(self, tokenizer_file: str | Path, max_length: int, truncation_direction: str = "right"):
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise ValueError(
+                f"truncation_direction must be one of {TRUNCATION_DIRECTIONS}, got {truncation_direction!r}"
+            )
+        self.max_length = max_length
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        # Exported tokenizer.json files often carry fixed padding (all-MiniLM-L6-v2 pads to 128); packed
+        # batches must never see a pad token.
+        self._tokenizer.no_padding()
+        self._truncating = Tokenizer.from_str(self._tokenizer.to_str())
+        self._truncating.enable_truncation(max_length, direction=truncation_direction)
+        self._tokenizer.no_truncation()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
+        """Token ids per text, special tokens included; `truncate=False` keeps over-long sequences whole."""
+        tokenizer = self._truncating if truncate else self._tokenizer
+        return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
+
+    def encode_packed(self, texts: list[str]) -> PackedTokens:
+        return pack(self.encode(texts))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
