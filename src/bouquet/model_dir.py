@@ -60,6 +60,16 @@ class ModelSpec:
     def vocab_size(self) -> int:
         return int(self.hf_config["vocab_size"])
 
+    def prompt(self, prompt_name: str | None = None) -> str:
+        """The text put before each input: `prompt_name`'s prompt, else the model's default, else none."""
+        name = prompt_name or self.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise ValueError(f"unknown prompt_name {name!r}; this model's prompts: {known}")
+        return self.prompts[name]
+
 
 def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
     """Reads a model directory; raises FileNotFoundError or ValueError naming what is wrong."""

@@ -1,4 +1,5 @@
-"""BERT-family encoders (all-MiniLM, bge, e5): absolute positions, token types, post-norm, GELU, bidirectional.
+"""BERT-family encoders (all-MiniLM, bge, e5): absolute positions, token types, post-norm, GELU,
+bidirectional.
 
 Parameter names follow the Hugging Face checkpoint, except that query, key and value are fused into one
 projection (`attention.qkv_proj`) so that each layer runs one matrix product for them.
@@ -61,7 +62,9 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
         summed = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions)

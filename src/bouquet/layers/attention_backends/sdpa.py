@@ -62,7 +62,9 @@ class SdpaBackend(AttentionBackend):
         return [self._make_group(members, ctx.seq_lens, starts, device) for members in groups]
 
     @staticmethod
-    def _make_group(members: list[int], seq_lens: list[int], starts: list[int], device: torch.device) -> _Group:
+    def _make_group(
+        members: list[int], seq_lens: list[int], starts: list[int], device: torch.device
+    ) -> _Group:
         members.sort()
         lengths = [seq_lens[i] for i in members]
         seq_len = max(lengths)
@@ -99,7 +101,11 @@ class SdpaBackend(AttentionBackend):
         if len(groups) == 1 and groups[0].gather_index is None:
             return self._attend_contiguous(q, k, v, groups[0], causal, scale)
         out = torch.empty_like(q)
-        padded = [self._with_zero_row(t) for t in (q, k, v)] if any(g.gather_index is not None for g in groups) else None
+        padded = (
+            [self._with_zero_row(t) for t in (q, k, v)]
+            if any(g.gather_index is not None for g in groups)
+            else None
+        )
         for group in groups:
             if group.gather_index is None:
                 rows = slice(group.start, group.start + group.num_seqs * group.seq_len)
@@ -131,9 +137,13 @@ class SdpaBackend(AttentionBackend):
         causal: bool,
         scale: float,
     ) -> None:
-        assert group.gather_index is not None and group.valid_slots is not None and group.dest_rows is not None
+        assert (
+            group.gather_index is not None and group.valid_slots is not None and group.dest_rows is not None
+        )
         shape = (group.num_seqs, group.seq_len)
-        qkv = (t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q_padded, k_padded, v_padded))
+        qkv = (
+            t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q_padded, k_padded, v_padded)
+        )
         # Right padding: with a causal mask, real queries never see the pad keys behind them.
         mask = None if causal else group.key_mask
         attended = _sdpa(*qkv, mask, causal, scale).flatten(0, 1)

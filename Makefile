@@ -1,0 +1,30 @@
+# Two commands do all the set-up: `make embed` (the main job, with the bundled model) and `make test`.
+# Each creates .venv on first use; torch is pinned to the CPU build this machine installs from local disk.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+IN ?= examples/texts.jsonl
+OUT ?= embeddings.npy
+
+.PHONY: embed test lint bench
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+embed: $(STAMP)
+	$(VENV)/bin/bouquet embed $(IN) -o $(OUT)
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+
+test: lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/offline.py

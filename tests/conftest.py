@@ -1,0 +1,63 @@
+"""Shared fixtures: the real all-MiniLM-L6-v2, its engines in both CPU dtypes, and the reference model."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from bouquet.config import EngineConfig, default_model_path
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.tokenizer import TextTokenizer, pack
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm_path: Path) -> TextTokenizer:
+    return TextTokenizer(minilm_path / "tokenizer.json", max_length=256)
+
+
+def _engine(path: Path, dtype: str) -> Iterator[Engine]:
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def minilm_fp32(minilm_path: Path) -> Iterator[Engine]:
+    yield from _engine(minilm_path, "float32")
+
+
+@pytest.fixture(scope="session")
+def minilm_bf16(minilm_path: Path) -> Iterator[Engine]:
+    yield from _engine(minilm_path, "bfloat16")
+
+
+@pytest.fixture(scope="session")
+def sentence_transformer(minilm_path: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path), device="cpu")
+
+
+def embed_ids(
+    engine: Engine, ids: list[list[int]], normalize: bool = True, dimensions: int = 0
+) -> np.ndarray:
+    packed = pack(ids)
+    return engine.embed(Batch.from_packed(packed.input_ids, packed.cu_seqlens, normalize, dimensions))
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

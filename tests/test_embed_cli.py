@@ -1,0 +1,75 @@
+"""`bouquet embed` as a user runs it: a real subprocess, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import embed_ids, row_cosines
+from corpus import NON_ASCII_TEXTS, documents, queries
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bouquet.cli", "embed", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    # Interleaved long and short, so sorting inside the pipeline must be undone for the output order.
+    return [text for pair in zip(documents(60), queries(60), strict=True) for text in pair] + list(
+        NON_ASCII_TEXTS
+    )
+
+
+def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_tokenizer) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--batch-tokens", "512")
+    assert result.returncode == 0, result.stderr
+    out = np.load(tmp_path / "out.npy")
+    assert out.dtype == np.float32 and out.shape == (len(texts), 384)
+    assert row_cosines(out, embed_ids(minilm_fp32, minilm_tokenizer.encode(texts))).min() >= 0.99999
+    assert "100%" in result.stderr  # the progress bar
+
+
+def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer) -> None:
+    lines = ["one line", "another line of text", "Ünïcödé ☃"]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n")
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--no-normalize")
+    assert result.returncode == 0, result.stderr
+    expected = embed_ids(minilm_fp32, minilm_tokenizer.encode(lines), normalize=False)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ('{"title": "no text"}', 'no "text" field'),
+        ('{"text": 42}', '"text" must be a string'),
+        ('["text"]', 'no "text" field'),
+    ],
+)
+def test_bad_line_is_named_and_nothing_is_written(tmp_path: Path, line: str, message: str) -> None:
+    source = tmp_path / "in.jsonl"
+    good = json.dumps({"text": "fine"})
+    source.write_text(f"{good}\n{good}\n{line}\n{good}\n")
+    output = tmp_path / "out.npy"
+    result = _run(str(source), "-o", str(output))
+    assert result.returncode == 2
+    assert f"in.jsonl:3: {message}" in result.stderr
+    assert list(tmp_path.iterdir()) == [source]
+
+
+def test_invalid_utf8_is_named(tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"fine\n\xff\xfe broken\n")
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"))
+    assert result.returncode == 2 and "in.txt:2: not valid UTF-8" in result.stderr
