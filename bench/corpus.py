@@ -158,9 +158,7 @@ def _docstrings() -> tuple[str, ...]:
 def _is_documented(obj: object, module_name: str) -> bool:
     if inspect.ismodule(obj):
         return obj.__name__ == module_name
-    return (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(
-        obj, "__module__", None
-    ) == module_name
+    return (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", None) == module_name
 
 
 def documents(limit: int | None = None, min_chars: int = 200) -> list[str]:

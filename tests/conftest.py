@@ -50,9 +50,7 @@ def sentence_transformer(minilm_path: Path):
     return SentenceTransformer(str(minilm_path), device="cpu")
 
 
-def embed_ids(
-    engine: Engine, ids: list[list[int]], normalize: bool = True, dimensions: int = 0
-) -> np.ndarray:
+def embed_ids(engine: Engine, ids: list[list[int]], normalize: bool = True, dimensions: int = 0) -> np.ndarray:
     packed = pack(ids)
     return engine.embed(Batch.from_packed(packed.input_ids, packed.cu_seqlens, normalize, dimensions))
 

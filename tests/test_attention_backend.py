@@ -48,9 +48,7 @@ def test_packed_attention_matches_per_sequence(seq_lens, causal, heads, kv_heads
     k, v = torch.randn(total, kv_heads, head_dim), torch.randn(total, kv_heads, head_dim)
     backend = SdpaBackend(min_efficiency=min_efficiency)
     out = backend.forward(q, k, v, _context(backend, seq_lens), causal, head_dim**-0.5)
-    torch.testing.assert_close(
-        out, _reference(q, k, v, seq_lens, causal, head_dim**-0.5), atol=1e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(out, _reference(q, k, v, seq_lens, causal, head_dim**-0.5), atol=1e-5, rtol=1e-4)
 
 
 def test_groups_cover_every_sequence_once_within_the_efficiency_bound() -> None:

@@ -22,9 +22,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
     # Interleaved long and short, so sorting inside the pipeline must be undone for the output order.
-    return [text for pair in zip(documents(60), queries(60), strict=True) for text in pair] + list(
-        NON_ASCII_TEXTS
-    )
+    return [text for pair in zip(documents(60), queries(60), strict=True) for text in pair] + list(NON_ASCII_TEXTS)
 
 
 def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_tokenizer) -> None:

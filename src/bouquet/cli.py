@@ -22,9 +22,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING")
     commands = parser.add_subparsers(dest="command", required=True)
     embed = commands.add_parser("embed", help="embed a .jsonl or .txt file into a float32 .npy")
-    embed.add_argument(
-        "input", type=Path, help='.jsonl with a "text" field per line, or .txt with a text per line'
-    )
+    embed.add_argument("input", type=Path, help='.jsonl with a "text" field per line, or .txt with a text per line')
     embed.add_argument("-o", "--output", type=Path, required=True, help="output .npy, [N, dim] float32")
     embed.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors")
     embed.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
@@ -61,9 +59,7 @@ _COMMANDS = {"embed": _run_embed}
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return _COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as exc:

@@ -35,7 +35,7 @@ class EmbedConfig:
     input_path: Path
     output_path: Path
     normalize: bool = True
-    batch_tokens: int = 8192
+    batch_tokens: int = 4096
     sort_window: int = 4096  # texts read ahead and sorted by length, so each batch holds similar lengths
 
     def __post_init__(self) -> None:

@@ -31,8 +31,6 @@ def load_checked(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     for name, param in params.items():
         tensor = state[name]
         if tensor.shape != param.shape:
-            raise ValueError(
-                f"weight {name} has shape {tuple(tensor.shape)}, the config implies {tuple(param.shape)}"
-            )
+            raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, the config implies {tuple(param.shape)}")
         with torch.no_grad():
             param.copy_(tensor)

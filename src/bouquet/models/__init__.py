@@ -33,7 +33,5 @@ def supported_architectures() -> list[str]:
 
 def create_model(architecture: str, hf_config: dict[str, Any]) -> BertModel | Qwen3Model:
     if architecture not in _ARCHITECTURES:
-        raise ValueError(
-            f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
-        )
+        raise ValueError(f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}")
     return _ARCHITECTURES[architecture].from_hf_config(hf_config)

@@ -62,9 +62,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         summed = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions)

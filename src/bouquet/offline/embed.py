@@ -50,9 +50,7 @@ def embed_file(engine: Engine, tokenizer: TextTokenizer, config: EmbedConfig, pr
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
     partial = config.output_path.with_name(config.output_path.name + ".partial")
-    output = np.lib.format.open_memmap(
-        partial, mode="w+", dtype=np.float32, shape=(num_texts, engine.dimension)
-    )
+    output = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(num_texts, engine.dimension))
     try:
         with tqdm(total=num_texts, unit="text", desc="embed", dynamic_ncols=True) as progress:
             for work, rows in _run_pipeline(engine, _produce_batches(tokenizer, config, prompt)):

@@ -62,9 +62,7 @@ class SdpaBackend(AttentionBackend):
         return [self._make_group(members, ctx.seq_lens, starts, device) for members in groups]
 
     @staticmethod
-    def _make_group(
-        members: list[int], seq_lens: list[int], starts: list[int], device: torch.device
-    ) -> _Group:
+    def _make_group(members: list[int], seq_lens: list[int], starts: list[int], device: torch.device) -> _Group:
         members.sort()
         lengths = [seq_lens[i] for i in members]
         seq_len = max(lengths)
@@ -102,9 +100,7 @@ class SdpaBackend(AttentionBackend):
             return self._attend_contiguous(q, k, v, groups[0], causal, scale)
         out = torch.empty_like(q)
         padded = (
-            [self._with_zero_row(t) for t in (q, k, v)]
-            if any(g.gather_index is not None for g in groups)
-            else None
+            [self._with_zero_row(t) for t in (q, k, v)] if any(g.gather_index is not None for g in groups) else None
         )
         for group in groups:
             if group.gather_index is None:
@@ -137,13 +133,9 @@ class SdpaBackend(AttentionBackend):
         causal: bool,
         scale: float,
     ) -> None:
-        assert (
-            group.gather_index is not None and group.valid_slots is not None and group.dest_rows is not None
-        )
+        assert group.gather_index is not None and group.valid_slots is not None and group.dest_rows is not None
         shape = (group.num_seqs, group.seq_len)
-        qkv = (
-            t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q_padded, k_padded, v_padded)
-        )
+        qkv = (t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q_padded, k_padded, v_padded))
         # Right padding: with a causal mask, real queries never see the pad keys behind them.
         mask = None if causal else group.key_mask
         attended = _sdpa(*qkv, mask, causal, scale).flatten(0, 1)

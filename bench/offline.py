@@ -1,0 +1,152 @@
+"""Offline embedding throughput: `bouquet embed` against sentence-transformers on the same real texts.
+
+Both run in this process on the same corpus (standard-library docstrings: documents, and their first lines as
+queries), in float32 and bfloat16, interleaved repetition by repetition so that the shared machine's noise
+hits both alike; medians are reported. Tokens are real (non-padding) tokens after truncation to the model's
+limit. The bfloat16 and float32 matrix-product ceilings are measured in the same run.
+
+    .venv/bin/python bench/offline.py [--repeats 5] [--texts documents,queries]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import corpus
+import torch
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would interleave with the table
+
+from bouquet.config import EmbedConfig, EngineConfig, default_model_path
+from bouquet.engine.engine import Engine
+from bouquet.offline.embed import embed_file
+from bouquet.tokenizer import TextTokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def matmul_ceiling(dtype: torch.dtype, repeats: int = 20) -> float:
+    """GFLOP/s of a large square matrix product: what the cores can do at best."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    times = [_timed(lambda: a @ b) for _ in range(repeats)]
+    return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def model_gflop(lengths: list[int], hidden: int, intermediate: int, layers: int) -> float:
+    """Forward FLOPs: the dense layers per token, plus attention's two products per sequence."""
+    dense = 2 * (4 * hidden * hidden + 2 * hidden * intermediate) * sum(lengths)
+    attention = 4 * hidden * sum(length * length for length in lengths)
+    return layers * (dense + attention) / 1e9
+
+
+class BouquetRunner:
+    """The `bouquet embed` pipeline (reader, tokenizer thread, engine steps, .npy writer) on one file."""
+
+    def __init__(self, texts: list[str], workdir: Path, dtype: str, batch_tokens: int):
+        self.input_path = workdir / "texts.jsonl"
+        self.input_path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        self.engine = Engine(EngineConfig(model_path=default_model_path(), device="cpu", dtype=dtype))
+        self.tokenizer = TextTokenizer(self.engine.spec.tokenizer_file, self.engine.max_seq_length)
+        self.config = EmbedConfig(self.input_path, workdir / f"out-{dtype}.npy", batch_tokens=batch_tokens)
+
+    def __call__(self) -> None:
+        embed_file(self.engine, self.tokenizer, self.config)
+
+
+class SentenceTransformersRunner:
+    def __init__(self, texts: list[str], dtype: str):
+        from sentence_transformers import SentenceTransformer
+
+        self.texts = texts
+        self.model = SentenceTransformer(
+            str(default_model_path()), device="cpu", model_kwargs={"torch_dtype": DTYPES[dtype]}
+        )
+        self.batch_size = self._best_batch_size()
+
+    def _best_batch_size(self) -> int:
+        sample = self.texts[: min(len(self.texts), 256)]
+        self.model.encode(sample[:32], batch_size=32)
+        timings = {bs: _timed(lambda bs=bs: self.model.encode(sample, batch_size=bs)) for bs in (8, 16, 32, 64)}
+        return min(timings, key=timings.__getitem__)
+
+    def __call__(self) -> None:
+        self.model.encode(self.texts, batch_size=self.batch_size, normalize_embeddings=True)
+
+
+def run_cli_once(texts: list[str], workdir: Path, dtype: str) -> float:
+    """Wall seconds of one real `bouquet embed` process, start-up and model load included."""
+    source = workdir / "cli.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    command = [sys.executable, "-m", "bouquet.cli", "embed", str(source), "-o", str(workdir / "cli.npy")]
+    start = time.perf_counter()
+    subprocess.run([*command, "--dtype", dtype], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def bench_corpus(name: str, texts: list[str], args: argparse.Namespace, workdir: Path) -> None:
+    tokenizer = TextTokenizer(default_model_path() / "tokenizer.json", 256)
+    lengths = [len(ids) for ids in tokenizer.encode(texts)]
+    tokens = sum(lengths)
+    gflop = model_gflop(lengths, hidden=384, intermediate=1536, layers=6)
+    print(f"\n== {name}: {len(texts)} texts, {tokens} real tokens (mean {tokens / len(texts):.0f}/text)")
+    runners: dict[tuple[str, str], Callable[[], None]] = {}
+    for dtype in args.dtypes.split(","):
+        runners["bouquet", dtype] = BouquetRunner(texts, workdir, dtype, args.batch_tokens)
+        st = SentenceTransformersRunner(texts, dtype)
+        runners["sentence-transformers", dtype] = st
+        print(f"sentence-transformers {dtype}: best batch size {st.batch_size}")
+    for runner in runners.values():
+        runner()  # warm-up
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runners}
+    for _ in range(args.repeats):
+        for key, runner in runners.items():
+            samples[key].append(_timed(runner))
+    print(f"{'system':<24}{'dtype':<10}{'tokens/s':>10}{'GFLOP/s':>9}   runs (tokens/s)")
+    for (system, dtype), times in samples.items():
+        rate = tokens / statistics.median(times)
+        runs = " ".join(f"{tokens / t:.0f}" for t in times)
+        print(f"{system:<24}{dtype:<10}{rate:>10.0f}{gflop * rate / tokens:>9.0f}   {runs}")
+    for dtype in args.dtypes.split(","):
+        ratio = statistics.median(samples["sentence-transformers", dtype]) / statistics.median(
+            samples["bouquet", dtype]
+        )
+        print(f"ratio bouquet / sentence-transformers, {dtype}: {ratio:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--texts", default="documents,queries")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for dtype in args.dtypes.split(","):
+        print(f"matrix-product ceiling {dtype}: {matmul_ceiling(DTYPES[dtype]):.0f} GFLOP/s")
+    texts = {"documents": corpus.documents(), "queries": corpus.queries()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.texts.split(","):
+            bench_corpus(name, texts[name], args, Path(tmp))
+        for dtype in args.dtypes.split(","):
+            seconds = run_cli_once(texts["documents"], Path(tmp), dtype)
+            print(f"one `bouquet embed` process on the documents, {dtype}: {seconds:.1f} s wall, start-up included")
+
+
+if __name__ == "__main__":
+    main()
