@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -80,3 +81,27 @@ def create_engine_config(
         dtype=resolve_dtype(dtype, resolved_device),
         attention_backend=attention_backend,
     )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The replica's scheduler: first come, first served batches cut by a token budget."""
+
+    # Per device, the knee of bench/saturation.py's curve: past it a bigger batch adds latency, not tokens/s.
+    # The "cuda" figure is the seed's, not yet measured here (docs/benchmarks.md).
+    DEFAULT_MAX_BATCH_TOKENS: ClassVar[dict[str, int]] = {"cpu": 2048, "cuda": 512}
+
+    max_batch_tokens: int
+    max_batch_seqs: int = 256
+    max_queue_tokens: int = 262_144  # tokens waiting, not yet in a step; more is RESOURCE_EXHAUSTED
+    max_steps_in_flight: int = 2  # the engine computes one while the scheduler hands it the next
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_batch_seqs", "max_queue_tokens", "max_steps_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @classmethod
+    def for_device(cls, device: str, max_batch_tokens: int | None = None, **overrides: int) -> SchedulerConfig:
+        """The device's measured default budget unless `max_batch_tokens` is given."""
+        return cls(max_batch_tokens=max_batch_tokens or cls.DEFAULT_MAX_BATCH_TOKENS[device], **overrides)

@@ -8,6 +8,7 @@ docs/benchmarks.md for the per-sequence, single-padded-batch and grouped measure
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,13 +21,19 @@ from bouquet.layers.attention_backends.base import AttentionBackend
 
 @dataclass(frozen=True)
 class _Group:
-    start: int  # first token when the group is one contiguous run of equal-length sequences
+    start: int  # first packed row, for a group that is one contiguous run of equal-length sequences
     num_seqs: int
     seq_len: int
-    gather_index: torch.Tensor | None  # [b * L] packed row per padded slot (pad slots -> row T, zeros)
+    gather_index: torch.Tensor | None  # [b * L] packed row per padded slot; None for a contiguous run
     key_mask: torch.Tensor | None  # [b, 1, 1, L] True where a key is real; None when nothing is padded
-    valid_slots: torch.Tensor | None  # [n] padded slots that hold real tokens
-    dest_rows: torch.Tensor | None  # [n] packed rows those slots go back to
+
+
+@dataclass(frozen=True)
+class _Plan:
+    groups: list[_Group]
+    # [T] row of the groups' concatenated padded outputs that holds each packed row; None when the only
+    # group is a contiguous run, whose output already is the packed layout.
+    slot_of_row: torch.Tensor | None
 
 
 def plan_groups(seq_lens: list[int], min_efficiency: float) -> list[list[int]]:
@@ -53,38 +60,22 @@ class SdpaBackend(AttentionBackend):
     def __init__(self, min_efficiency: float = 0.8):
         self.min_efficiency = min_efficiency
 
-    def prepare(self, ctx: ForwardContext) -> list[_Group]:
-        starts = [0]
-        for length in ctx.seq_lens:
-            starts.append(starts[-1] + length)
-        groups = plan_groups(ctx.seq_lens, self.min_efficiency)
+    def prepare(self, ctx: ForwardContext) -> _Plan:
+        starts = [0, *itertools.accumulate(ctx.seq_lens)]
+        groups, row_slots = [], []
+        for members in plan_groups(ctx.seq_lens, self.min_efficiency):
+            members.sort()
+            group, rows, slots = _make_group(members, ctx.seq_lens, starts)
+            row_slots.append((rows, slots + sum(g.num_seqs * g.seq_len for g in groups)))
+            groups.append(group)
         device = ctx.cu_seqlens.device
-        return [self._make_group(members, ctx.seq_lens, starts, device) for members in groups]
-
-    @staticmethod
-    def _make_group(members: list[int], seq_lens: list[int], starts: list[int], device: torch.device) -> _Group:
-        members.sort()
-        lengths = [seq_lens[i] for i in members]
-        seq_len = max(lengths)
-        contiguous = members == list(range(members[0], members[-1] + 1))
-        if contiguous and min(lengths) == seq_len:
-            return _Group(starts[members[0]], len(members), seq_len, None, None, None, None)
-        total = starts[-1]
-        slot = torch.arange(seq_len)
-        member_starts = torch.tensor([starts[i] for i in members])
-        member_lens = torch.tensor(lengths)
-        is_real = slot[None, :] < member_lens[:, None]  # [b, L]
-        gather = torch.where(is_real, member_starts[:, None] + slot[None, :], total).flatten()
-        valid_slots = is_real.flatten().nonzero().squeeze(1)
-        return _Group(
-            start=-1,
-            num_seqs=len(members),
-            seq_len=seq_len,
-            gather_index=gather.to(device),
-            key_mask=is_real[:, None, None, :].to(device),
-            valid_slots=valid_slots.to(device),
-            dest_rows=gather[valid_slots].to(device),
-        )
+        groups = [g if g.gather_index is None else _to_device(g, device) for g in groups]
+        if len(groups) == 1 and groups[0].gather_index is None:
+            return _Plan(groups, None)
+        slot_of_row = torch.empty(starts[-1], dtype=torch.long)
+        for rows, slots in row_slots:
+            slot_of_row[rows] = slots
+        return _Plan(groups, slot_of_row.to(device))
 
     def forward(
         self,
@@ -95,51 +86,55 @@ class SdpaBackend(AttentionBackend):
         causal: bool,
         scale: float,
     ) -> torch.Tensor:
-        groups: list[_Group] = ctx.attn_metadata
-        if len(groups) == 1 and groups[0].gather_index is None:
-            return self._attend_contiguous(q, k, v, groups[0], causal, scale)
-        out = torch.empty_like(q)
-        padded = (
-            [self._with_zero_row(t) for t in (q, k, v)] if any(g.gather_index is not None for g in groups) else None
-        )
-        for group in groups:
-            if group.gather_index is None:
-                rows = slice(group.start, group.start + group.num_seqs * group.seq_len)
-                out[rows] = self._attend_contiguous(q, k, v, group, causal, scale)
-            else:
-                assert padded is not None
-                self._attend_gathered(*padded, out, group, causal, scale)
-        return out
+        plan: _Plan = ctx.attn_metadata
+        outputs = [_attend_group(q, k, v, group, causal, scale) for group in plan.groups]
+        if plan.slot_of_row is None:
+            return outputs[0]
+        padded = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return padded.index_select(0, plan.slot_of_row)
 
-    @staticmethod
-    def _with_zero_row(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x.new_zeros(1, *x.shape[1:])])
 
-    def _attend_contiguous(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group, causal: bool, scale: float
-    ) -> torch.Tensor:
+def _make_group(
+    members: list[int], seq_lens: list[int], starts: list[int]
+) -> tuple[_Group, torch.Tensor, torch.Tensor]:
+    """The group, and which packed rows land in which of its padded slots."""
+    lengths = [seq_lens[i] for i in members]
+    seq_len = max(lengths)
+    contiguous = members == list(range(members[0], members[-1] + 1))
+    if contiguous and min(lengths) == seq_len:
+        first = starts[members[0]]
+        num_slots = len(members) * seq_len
+        group = _Group(first, len(members), seq_len, None, None)
+        return group, torch.arange(first, first + num_slots), torch.arange(num_slots)
+    slot = torch.arange(seq_len)
+    member_starts = torch.tensor([starts[i] for i in members])
+    is_real = slot[None, :] < torch.tensor(lengths)[:, None]  # [b, L]
+    # Pad slots read the sequence's own first row: any finite value will do, since a pad key is masked
+    # (bidirectional) or lies after every real query (causal), and pad queries are never read back.
+    gather = torch.where(is_real, member_starts[:, None] + slot[None, :], member_starts[:, None]).flatten()
+    key_mask = None if min(lengths) == seq_len else is_real[:, None, None, :]
+    real_slots = is_real.flatten().nonzero().squeeze(1)
+    return _Group(-1, len(members), seq_len, gather, key_mask), gather[real_slots], real_slots
+
+
+def _to_device(group: _Group, device: torch.device) -> _Group:
+    assert group.gather_index is not None
+    key_mask = None if group.key_mask is None else group.key_mask.to(device)
+    return _Group(group.start, group.num_seqs, group.seq_len, group.gather_index.to(device), key_mask)
+
+
+def _attend_group(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group, causal: bool, scale: float
+) -> torch.Tensor:  # [b * L, H, D]
+    shape = (group.num_seqs, group.seq_len)
+    if group.gather_index is None:
         rows = slice(group.start, group.start + group.num_seqs * group.seq_len)
-        shape = (group.num_seqs, group.seq_len)
-        out = _sdpa(*(t[rows].unflatten(0, shape) for t in (q, k, v)), None, causal, scale)
-        return out.flatten(0, 1)
-
-    def _attend_gathered(
-        self,
-        q_padded: torch.Tensor,  # [T + 1, H, D], last row zeros
-        k_padded: torch.Tensor,
-        v_padded: torch.Tensor,
-        out: torch.Tensor,  # [T, H, D]
-        group: _Group,
-        causal: bool,
-        scale: float,
-    ) -> None:
-        assert group.gather_index is not None and group.valid_slots is not None and group.dest_rows is not None
-        shape = (group.num_seqs, group.seq_len)
-        qkv = (t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q_padded, k_padded, v_padded))
-        # Right padding: with a causal mask, real queries never see the pad keys behind them.
-        mask = None if causal else group.key_mask
-        attended = _sdpa(*qkv, mask, causal, scale).flatten(0, 1)
-        out.index_copy_(0, group.dest_rows, attended.index_select(0, group.valid_slots))
+        qkv = [t[rows].unflatten(0, shape) for t in (q, k, v)]
+    else:
+        qkv = [t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q, k, v)]
+    # Right padding: with a causal mask, real queries never see the pad keys behind them.
+    mask = None if causal else group.key_mask
+    return _sdpa(*qkv, mask, causal, scale).flatten(0, 1)
 
 
 def _sdpa(
@@ -159,4 +154,5 @@ def _sdpa(
         scale=scale,
         enable_gqa=k.shape[2] != q.shape[2],
     )
+    # The CPU flash kernel writes [b, L, H, D] memory and returns a transposed view: this is free there.
     return out.transpose(1, 2)
