@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from bouquet.config import DTYPES, EmbedConfig, create_engine_config
+from bouquet.config import DTYPES, EmbedConfig, SchedulerConfig, create_engine_config
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +28,21 @@ def _build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
     embed.add_argument("--prompt-name", help="one of the model's sentence-transformers prompts")
     _add_engine_args(embed)
+    _add_replica_parser(commands)
     return parser
+
+
+def _add_replica_parser(commands: argparse._SubParsersAction) -> None:
+    replica = commands.add_parser("replica", help="serve one model over gRPC: token-budget scheduler plus engine")
+    replica.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT for gRPC (port 0: any free port)")
+    replica.add_argument(
+        "--max-batch-tokens", type=int, help="token budget per step (default: the device's measured knee)"
+    )
+    replica.add_argument("--max-batch-seqs", type=int, default=SchedulerConfig.max_batch_seqs)
+    replica.add_argument("--max-queue-tokens", type=int, default=SchedulerConfig.max_queue_tokens)
+    replica.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics over HTTP on this port")
+    replica.add_argument("--drain-seconds", type=float, default=60.0, help="after SIGTERM, time to finish the queue")
+    _add_engine_args(replica)
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -54,7 +68,23 @@ def _run_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"embed": _run_embed}
+def _run_replica(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from bouquet.replica.server import ReplicaConfig, run_replica
+
+    engine_config = create_engine_config(args.model, args.device, args.dtype, args.attention_backend)
+    scheduler_config = SchedulerConfig.for_device(
+        engine_config.device,
+        args.max_batch_tokens,
+        max_batch_seqs=args.max_batch_seqs,
+        max_queue_tokens=args.max_queue_tokens,
+    )
+    replica_config = ReplicaConfig(args.listen, args.metrics_port, args.drain_seconds)
+    return asyncio.run(run_replica(engine_config, scheduler_config, replica_config))
+
+
+_COMMANDS = {"embed": _run_embed, "replica": _run_replica}
 
 
 def main(argv: list[str] | None = None) -> int:

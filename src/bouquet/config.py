@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")

@@ -1,0 +1,1 @@
+"""The replica wire format: embedding.proto and its committed generated code."""

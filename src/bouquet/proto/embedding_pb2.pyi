@@ -1,0 +1,70 @@
+# ruff: noqa
+# fmt: off
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize")
+    INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    input_ids: _containers.RepeatedScalarFieldContainer[int]
+    cu_seqlens: _containers.RepeatedScalarFieldContainer[int]
+    token_type_ids: _containers.RepeatedScalarFieldContainer[int]
+    dimensions: int
+    normalize: bool
+    def __init__(self, input_ids: _Optional[_Iterable[int]] = ..., cu_seqlens: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[_Iterable[int]] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "num_seqs", "dimension")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    embeddings: bytes
+    num_seqs: int
+    dimension: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., num_seqs: _Optional[int] = ..., dimension: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens")
+    class PromptsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQ_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    architecture: str
+    dimension: int
+    max_seq_length: int
+    pooling: str
+    dtype: str
+    device: str
+    vocab_size: int
+    prompts: _containers.ScalarMap[str, str]
+    default_prompt_name: str
+    max_batch_tokens: int
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The replica: a gRPC scheduler that batches first come, first served by token budget over one engine."""

@@ -1,0 +1,121 @@
+"""A request as the scheduler holds it, the checks every request passes first, and the errors it can meet.
+
+The engine validates nothing, so everything that could crash a forward or read outside a table is checked
+here, before a request joins the queue; a bad request then fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from bouquet.model_dir import ModelSpec
+
+
+class InvalidInput(ValueError):
+    """The request can never succeed as sent (INVALID_ARGUMENT)."""
+
+
+class QueueFull(Exception):
+    """The queue has no room for the request's tokens now (RESOURCE_EXHAUSTED); a retry may succeed."""
+
+
+class DeadlineExpired(Exception):
+    """The caller's deadline passed before the request's work was computed (DEADLINE_EXCEEDED)."""
+
+
+class Unavailable(Exception):
+    """The replica is loading its model or shutting down (UNAVAILABLE); another replica may serve it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the model accepts; taken from its spec once."""
+
+    vocab_size: int
+    type_vocab_size: int  # 1 for models without token types: only zeros are accepted
+    max_seq_length: int
+    hidden_size: int
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> Limits:
+        return cls(
+            vocab_size=spec.vocab_size,
+            type_vocab_size=int(spec.hf_config.get("type_vocab_size", 1)),
+            max_seq_length=spec.max_seq_length,
+            hidden_size=spec.hidden_size,
+        )
+
+
+def validate(
+    limits: Limits, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_type_ids: np.ndarray | None, dimensions: int
+) -> None:
+    """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
+    if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != len(input_ids):
+        raise InvalidInput(
+            f"cu_seqlens must start at 0, end at len(input_ids)={len(input_ids)} and hold at least one sequence"
+        )
+    seq_lens = np.diff(cu_seqlens)
+    if seq_lens.min() < 1:
+        raise InvalidInput(f"sequence {int(np.argmin(seq_lens))} is empty (cu_seqlens must strictly increase)")
+    if seq_lens.max() > limits.max_seq_length:
+        index = int(np.argmax(seq_lens))
+        raise InvalidInput(
+            f"sequence {index} has {int(seq_lens[index])} tokens; this model takes at most {limits.max_seq_length}"
+        )
+    _check_range("input_ids", input_ids, limits.vocab_size)
+    if token_type_ids is not None:
+        if len(token_type_ids) != len(input_ids):
+            raise InvalidInput(f"token_type_ids has {len(token_type_ids)} values for {len(input_ids)} input_ids")
+        _check_range("token_type_ids", token_type_ids, limits.type_vocab_size)
+    if not 0 <= dimensions <= limits.hidden_size:
+        raise InvalidInput(f"dimensions must be in [0, {limits.hidden_size}] (0 keeps all), got {dimensions}")
+
+
+def _check_range(name: str, values: np.ndarray, size: int) -> None:
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        raise InvalidInput(f"{name} holds {bad}, outside [0, {size})")
+
+
+@dataclass(eq=False)
+class Request:
+    """Packed sequences waiting for their rows; the scheduler moves `next_seq` forward as it cuts batches."""
+
+    input_ids: np.ndarray  # [T] int32
+    cu_seqlens: np.ndarray  # [B + 1] int32
+    token_type_ids: np.ndarray | None  # [T] int32
+    dimensions: int  # 0 = the model's full width
+    normalize: bool
+    deadline: float | None  # event-loop time
+    future: asyncio.Future[np.ndarray]
+    rows: np.ndarray  # [B, width] float32, filled as steps finish
+    next_seq: int = 0  # first sequence not yet in a step
+    rows_left: int = 0  # sequences whose rows have not come back
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def queued_tokens(self) -> int:
+        return int(self.cu_seqlens[-1] - self.cu_seqlens[self.next_seq])
+
+    @property
+    def queued_seqs(self) -> int:
+        return self.num_seqs - self.next_seq
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def fit(self, token_budget: int, seq_budget: int) -> int:
+        """How many of the next queued sequences fit in `token_budget` tokens and `seq_budget` sequences."""
+        ends = self.cu_seqlens[self.next_seq + 1 :]
+        count = int(np.searchsorted(ends, self.cu_seqlens[self.next_seq] + token_budget, side="right"))
+        return max(0, min(count, seq_budget))
+
+    def token_span(self, first: int, count: int) -> slice:
+        return slice(int(self.cu_seqlens[first]), int(self.cu_seqlens[first + count]))

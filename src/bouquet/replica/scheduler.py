@@ -1,0 +1,257 @@
+"""First come, first served batching by token budget, with up to two engine steps in flight.
+
+One queue of requests, served in arrival order one sequence at a time: a request's sequences may span several
+batches, and a later small request never overtakes an earlier large one. A batch is cut when the next sequence
+would pass `max_batch_tokens` or `max_batch_seqs`; a sequence larger than the budget runs alone. Everything
+here runs on the event loop's thread, so the queue needs no lock; only the engine's forward runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from bouquet.config import SchedulerConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.model_dir import ModelSpec
+from bouquet.replica.metrics import ReplicaMetrics
+from bouquet.replica.request import DeadlineExpired, Limits, QueueFull, Request, Unavailable, validate
+
+logger = logging.getLogger(__name__)
+
+Part = tuple[Request, int, int]  # (request, its first sequence in the batch, how many); rows follow this order
+
+
+class StepEngine(Protocol):
+    """What the scheduler needs of an Engine (tests wrap one to watch or hold its steps)."""
+
+    spec: ModelSpec
+
+    def step(self, batch: Batch) -> LazyTensor: ...
+
+
+@dataclass
+class Step:
+    lazy: LazyTensor
+    parts: list[Part]
+    submitted: float  # perf_counter
+
+
+class Scheduler:
+    def __init__(self, engine: StepEngine, config: SchedulerConfig, metrics: ReplicaMetrics | None = None):
+        self.engine = engine
+        self.config = config
+        self.limits = Limits.from_spec(engine.spec)
+        self.metrics = metrics or ReplicaMetrics()
+        self.queued_tokens = 0
+        self.queued_seqs = 0
+        self._queue: deque[Request] = deque()
+        self._work = asyncio.Event()
+        self._slots = asyncio.Semaphore(config.max_steps_in_flight)
+        self._in_flight: asyncio.Queue[Step] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._awaited: Step | None = None  # the step the completion loop is waiting on
+        self._closed = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._schedule_loop()), asyncio.create_task(self._complete_loop())]
+
+    async def close(self) -> None:
+        """Stops both loops; whatever is still queued fails with Unavailable."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        error = Unavailable("replica is shutting down")
+        while not self._in_flight.empty():
+            self._fail_parts(self._in_flight.get_nowait().parts, error)
+        if self._awaited is not None:
+            self._fail_parts(self._awaited.parts, error)
+        while self._queue:
+            self._fail(self._queue.popleft(), error)
+
+    async def embed(
+        self,
+        input_ids: np.ndarray,  # [T] int32
+        cu_seqlens: np.ndarray,  # [B + 1] int32
+        token_type_ids: np.ndarray | None = None,  # [T] int32
+        dimensions: int = 0,
+        normalize: bool = True,
+        deadline: float | None = None,  # event-loop time
+    ) -> np.ndarray:  # [B, dimensions or hidden] float32
+        validate(self.limits, input_ids, cu_seqlens, token_type_ids, dimensions)
+        request = self._admit(input_ids, cu_seqlens, token_type_ids, dimensions, normalize, deadline)
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._drop(request)  # the caller has gone: its queued sequences are never computed
+            raise
+
+    def _admit(
+        self,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        token_type_ids: np.ndarray | None,
+        dimensions: int,
+        normalize: bool,
+        deadline: float | None,
+    ) -> Request:
+        if self._closed:
+            raise Unavailable("replica is shutting down")
+        loop = asyncio.get_running_loop()
+        if deadline is not None and loop.time() >= deadline:
+            raise DeadlineExpired("deadline passed before the request was queued")
+        num_tokens = len(input_ids)
+        if self.queued_tokens + num_tokens > self.config.max_queue_tokens:
+            raise QueueFull(
+                f"queue full: {self.queued_tokens} of {self.config.max_queue_tokens} tokens are waiting and this "
+                f"request has {num_tokens}; retry later or on another replica"
+            )
+        num_seqs = len(cu_seqlens) - 1
+        width = dimensions or self.limits.hidden_size
+        request = Request(
+            input_ids, cu_seqlens, token_type_ids, dimensions, normalize, deadline,
+            future=loop.create_future(), rows=np.empty((num_seqs, width), np.float32), rows_left=num_seqs,
+        )  # fmt: skip
+        self._queue.append(request)
+        self._count_queued(num_tokens, num_seqs)
+        self._work.set()
+        return request
+
+    def _count_queued(self, tokens: int, seqs: int) -> None:
+        self.queued_tokens += tokens
+        self.queued_seqs += seqs
+        self.metrics.queue_tokens.set(self.queued_tokens)
+        self.metrics.queue_seqs.set(self.queued_seqs)
+
+    def _drop(self, request: Request) -> None:
+        """Forgets the request's queued sequences; it leaves the deque lazily, when it reaches the head."""
+        self._count_queued(-request.queued_tokens, -request.queued_seqs)
+        request.next_seq = request.num_seqs
+
+    def _fail(self, request: Request, error: Exception) -> None:
+        self._drop(request)
+        if not request.future.done():
+            request.future.set_exception(error)
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            await self._slots.acquire()  # at most max_steps_in_flight submitted and not yet handed out
+            parts = await self._next_parts()
+            batch = pack(parts)
+            self.metrics.batch_tokens.observe(batch.num_tokens)
+            self.metrics.batch_seqs.observe(batch.num_seqs)
+            try:
+                lazy = self.engine.step(batch)
+            except Exception as exc:  # the engine refused the batch: its requests fail, the loop goes on
+                logger.exception("engine.step failed")
+                self._fail_parts(parts, RuntimeError(f"engine step failed: {exc}"))
+                self._slots.release()
+                continue
+            self.metrics.steps_in_flight.inc()
+            self._in_flight.put_nowait(Step(lazy, parts, time.perf_counter()))
+
+    async def _next_parts(self) -> list[Part]:
+        while True:
+            parts = self._cut()
+            if parts:
+                return parts
+            self._work.clear()
+            await self._work.wait()
+
+    def _cut(self) -> list[Part]:
+        """Takes sequences from the head of the queue, in order, until the next one would pass the budget."""
+        now = asyncio.get_running_loop().time()
+        max_tokens, max_seqs = self.config.max_batch_tokens, self.config.max_batch_seqs
+        parts: list[Part] = []
+        tokens = seqs = 0
+        while self._queue and seqs < max_seqs:
+            request = self._queue[0]
+            if request.queued_seqs == 0:  # fully scheduled, or dropped by cancellation or failure
+                self._queue.popleft()
+                continue
+            if request.expired(now):
+                self._fail(self._queue.popleft(), DeadlineExpired("deadline passed while the request was queued"))
+                continue
+            count = request.fit(max_tokens - tokens, max_seqs - seqs)
+            if count == 0:
+                if parts:
+                    break
+                count = 1  # longer than the whole budget: it runs alone rather than wait forever
+            first = request.next_seq
+            num_tokens = int(request.cu_seqlens[first + count] - request.cu_seqlens[first])
+            parts.append((request, first, count))
+            tokens, seqs = tokens + num_tokens, seqs + count
+            request.next_seq += count
+            self._count_queued(-num_tokens, -count)
+            if request.queued_seqs:
+                break  # its next sequence did not fit, and nothing behind it may overtake it
+        return parts
+
+    async def _complete_loop(self) -> None:
+        """Awaits each step in submission order and hands its rows to their requests."""
+        engine_free_at = 0.0
+        while True:
+            step = self._awaited = await self._in_flight.get()
+            try:
+                rows = await step.lazy
+            except Exception as exc:
+                logger.exception("engine step failed")
+                self._fail_parts(step.parts, RuntimeError(f"engine step failed: {exc}"))
+            else:
+                hand_out(step.parts, rows)
+            # Not in a `finally`: on cancellation (close) the step stays in _awaited so close() can fail it.
+            self._awaited = None
+            self._slots.release()
+            self.metrics.steps_in_flight.dec()
+            done = time.perf_counter()
+            # The step began computing when it was submitted or when the one before it finished, if later.
+            self.metrics.step_seconds.observe(done - max(step.submitted, engine_free_at))
+            engine_free_at = done
+
+    def _fail_parts(self, parts: list[Part], error: Exception) -> None:
+        for request, _, _ in parts:
+            self._fail(request, error)
+
+
+def pack(parts: list[Part]) -> Batch:
+    """The engine batch for `parts`: their sequences end to end, each with its request's finishing options."""
+    spans = [(request, request.token_span(first, count)) for request, first, count in parts]
+    seq_lens = [np.diff(request.cu_seqlens[first : first + count + 1]) for request, first, count in parts]
+    cu_seqlens = np.zeros(sum(count for _, _, count in parts) + 1, np.int32)
+    np.cumsum(np.concatenate(seq_lens), out=cu_seqlens[1:])
+    token_type_ids = None
+    if any(request.token_type_ids is not None for request, _ in spans):
+        token_type_ids = np.concatenate([_token_types(request, span) for request, span in spans])
+    return Batch(
+        input_ids=np.concatenate([request.input_ids[span] for request, span in spans]),
+        cu_seqlens=cu_seqlens,
+        dimensions=np.concatenate([np.full(count, request.dimensions, np.int32) for request, _, count in parts]),
+        normalize=np.concatenate([np.full(count, request.normalize, bool) for request, _, count in parts]),
+        token_type_ids=token_type_ids,
+    )
+
+
+def _token_types(request: Request, span: slice) -> np.ndarray:
+    if request.token_type_ids is None:
+        return np.zeros(span.stop - span.start, np.int32)
+    return request.token_type_ids[span]
+
+
+def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] float32
+    """Copies each part's rows into its request (truncated to its width); completes requests with all rows."""
+    row = 0
+    for request, first, count in parts:
+        if not request.future.done():  # a cancelled, expired or failed request's rows are dropped
+            request.rows[first : first + count] = rows[row : row + count, : request.rows.shape[1]]
+            request.rows_left -= count
+            if request.rows_left == 0:
+                request.future.set_result(request.rows)
+        row += count

@@ -1,0 +1,191 @@
+"""The replica's gRPC server: the Embedding service over one scheduler, the standard health service, and the
+process around them (`bouquet replica`): load the model, serve, and drain on SIGTERM.
+
+Every exception a call can meet becomes a gRPC status in one place, `_STATUS` and `_mapped`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from bouquet.config import EngineConfig, SchedulerConfig
+from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.replica.metrics import ReplicaMetrics
+from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable
+from bouquet.replica.scheduler import Scheduler, StepEngine
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedding"].full_name
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows can pass gRPC's 4 MiB default
+_STATUS: dict[type[Exception], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExpired: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+Reply = TypeVar("Reply")
+Handler = Callable[["EmbeddingServicer", object, grpc.aio.ServicerContext], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """The process around the scheduler: where it listens and how long it drains."""
+
+    listen: str = "127.0.0.1:50051"
+    metrics_port: int | None = None  # /metrics over HTTP; None: not served
+    drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
+
+
+def status_for(error: Exception) -> grpc.StatusCode:
+    return next((_STATUS[kind] for kind in type(error).__mro__ if kind in _STATUS), grpc.StatusCode.INTERNAL)
+
+
+def _mapped(method: Handler[Reply]) -> Handler[Reply]:
+    """Turns the handler's exceptions into gRPC statuses and counts every call by its status."""
+
+    @functools.wraps(method)
+    async def handler(self: EmbeddingServicer, request: object, context: grpc.aio.ServicerContext) -> Reply:
+        started = time.perf_counter()
+        try:
+            reply = await method(self, request, context)
+        except asyncio.CancelledError:  # the client cancelled, or gRPC enforced its deadline
+            expired = (context.time_remaining() or 1.0) <= 0
+            self.metrics.requests.labels("DEADLINE_EXCEEDED" if expired else "CANCELLED").inc()
+            raise
+        except Exception as error:
+            code = status_for(error)
+            if code is grpc.StatusCode.INTERNAL:
+                logger.exception("%s failed", method.__name__)
+            self.metrics.requests.labels(code.name).inc()
+            await context.abort(code, str(error) or type(error).__name__)
+        self.metrics.requests.labels("OK").inc()
+        self.metrics.request_seconds.observe(time.perf_counter() - started)
+        return reply
+
+    return handler
+
+
+class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
+    """Answers UNAVAILABLE until `attach` hands it a loaded engine and its running scheduler."""
+
+    def __init__(self, metrics: ReplicaMetrics):
+        self.metrics = metrics
+        self.scheduler: Scheduler | None = None
+        self._info = embedding_pb2.InfoResponse()
+
+    def attach(self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str) -> None:
+        spec = engine.spec
+        self._info = embedding_pb2.InfoResponse(
+            model_name=spec.name, architecture=spec.architecture, dimension=spec.hidden_size,
+            max_seq_length=spec.max_seq_length, pooling=spec.pooling.value, dtype=dtype, device=device,
+            vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
+            max_batch_tokens=scheduler.config.max_batch_tokens,
+        )  # fmt: skip
+        self.scheduler = scheduler
+
+    def _ready(self) -> Scheduler:
+        if self.scheduler is None:
+            raise Unavailable("replica is loading its model")
+        return self.scheduler
+
+    @_mapped
+    async def Embed(
+        self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> embedding_pb2.EmbedResponse:
+        scheduler = self._ready()
+        remaining = context.time_remaining()
+        rows = await scheduler.embed(
+            input_ids=np.array(request.input_ids, np.int32),
+            cu_seqlens=np.array(request.cu_seqlens, np.int32),
+            token_type_ids=np.array(request.token_type_ids, np.int32) if request.token_type_ids else None,
+            dimensions=request.dimensions,
+            normalize=request.normalize,
+            deadline=None if remaining is None else asyncio.get_running_loop().time() + remaining,
+        )
+        return embedding_pb2.EmbedResponse(
+            embeddings=rows.astype("<f4", copy=False).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1]
+        )
+
+    @_mapped
+    async def Info(
+        self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> embedding_pb2.InfoResponse:
+        self._ready()
+        return self._info
+
+
+class ReplicaServer:
+    """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached."""
+
+    def __init__(self, listen: str, metrics: ReplicaMetrics | None = None):
+        self.metrics = metrics or ReplicaMetrics()
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+        self.server = grpc.aio.server(options=[*options, ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)])
+        self.health = health.aio.HealthServicer()
+        self.servicer = EmbeddingServicer(self.metrics)
+        embedding_pb2_grpc.add_EmbeddingServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(listen)
+        if self.port == 0:
+            raise ValueError(f"cannot listen on {listen}")
+        self.scheduler: Scheduler | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def attach(self, engine: StepEngine, config: SchedulerConfig, dtype: str, device: str) -> Scheduler:
+        self.scheduler = Scheduler(engine, config, self.metrics)
+        self.scheduler.start()
+        self.servicer.attach(engine, self.scheduler, dtype, device)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        return self.scheduler
+
+    async def stop(self, grace: float | None) -> None:
+        """Refuses new calls, lets the ones already in (queued work included) finish within `grace` seconds."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        if self.scheduler is not None:
+            await self.scheduler.close()
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+
+
+async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerConfig, config: ReplicaConfig) -> int:
+    """`bouquet replica`: listen, load the model, serve until SIGTERM or SIGINT, drain, return 0."""
+    from bouquet.engine.engine import Engine  # torch is imported only by the process that computes
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    replica = ReplicaServer(config.listen)
+    if config.metrics_port is not None:
+        replica.metrics.serve_http(config.metrics_port)
+    await replica.start()
+    engine = await asyncio.to_thread(Engine, engine_config)
+    try:
+        await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
+        print(f"bouquet replica: serving {engine.spec.name} on port {replica.port}", file=sys.stderr, flush=True)
+        await stop.wait()
+        print("bouquet replica: draining", file=sys.stderr, flush=True)
+        await replica.stop(config.drain_seconds)
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,89 @@
+"""An in-process replica for tests and benchmarks: the real server on a background event loop, and an engine
+wrapper that records every batch and can hold steps back so a test can line up a queue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from bouquet.config import SchedulerConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.replica.scheduler import Scheduler
+from bouquet.replica.server import ReplicaServer
+
+T = TypeVar("T")
+
+
+class RecordingEngine:
+    """Delegates to a real Engine, in order, on a thread of its own; `hold()` keeps steps from starting."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.spec = engine.spec
+        self.batches: list[Batch] = []  # in submission order
+        self._open = threading.Event()
+        self._open.set()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recording-engine")
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def step(self, batch: Batch) -> LazyTensor:
+        self.batches.append(batch)
+        return LazyTensor(self._executor.submit(self._run, batch))
+
+    def _run(self, batch: Batch) -> np.ndarray:
+        self._open.wait()
+        return self.engine.embed(batch)
+
+    def close(self) -> None:
+        self.release()
+        self._executor.shutdown(wait=True)
+
+
+class ReplicaThread:
+    """A ReplicaServer on 127.0.0.1 (any free port) with its own event loop on a daemon thread."""
+
+    def __init__(self, engine: RecordingEngine | Engine, config: SchedulerConfig, attach: bool = True):
+        self.engine = engine
+        self.config = config
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="replica-loop", daemon=True)
+        self._thread.start()
+        self.server: ReplicaServer = self.call(self._start())
+        self.address = f"127.0.0.1:{self.server.port}"
+        if attach:
+            self.attach()
+
+    async def _start(self) -> ReplicaServer:
+        server = ReplicaServer("127.0.0.1:0")
+        await server.start()
+        return server
+
+    def attach(self) -> None:
+        self.call(self.server.attach(self.engine, self.config, "float32", "cpu"))
+
+    @property
+    def scheduler(self) -> Scheduler:
+        assert self.server.scheduler is not None, "attach() first"
+        return self.server.scheduler
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Runs `coro` on the replica's loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.call(self.server.stop(grace=1.0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
