@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bouquet.config import SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
-from bouquet.replica.testing import RecordingEngine, ReplicaThread
+from bouquet.replica.testing import RecordingEngine, ReplicaThread, marked, markers_in_order, wait_until
 
 BUDGET = SchedulerConfig(max_batch_tokens=256, max_batch_seqs=8)
 
@@ -39,22 +38,6 @@ def replica(recorder) -> Iterator[ReplicaThread]:
 def stub(replica) -> Iterator[embedding_pb2_grpc.EmbeddingStub]:
     with grpc.insecure_channel(replica.address) as channel:
         yield embedding_pb2_grpc.EmbeddingStub(channel)
-
-
-def marked(marker: int, length: int = 6) -> list[int]:
-    """A synthetic sequence whose second token names it, so a test can find it in the engine's batches."""
-    return [101, marker, *range(2000, 2000 + length - 3), 102]
-
-
-def markers_in_order(batches) -> list[int]:
-    return [int(batch.input_ids[start + 1]) for batch in batches for start in batch.cu_seqlens[:-1]]
-
-
-def wait_until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
 
 
 def test_concurrent_clients_get_the_offline_embeddings_in_order(stub, recorder, minilm_fp32, minilm_tokenizer):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -87,3 +88,21 @@ class ReplicaThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
+
+
+def marked(marker: int, length: int = 6) -> list[int]:
+    """A synthetic sequence whose second token names it, so a test can find it in the engine's batches."""
+    return [101, marker, *range(2000, 2000 + length - 3), 102]
+
+
+def markers_in_order(batches: list[Batch]) -> list[int]:
+    """The marker of every sequence the engine was given, in the order it was given them."""
+    return [int(batch.input_ids[start + 1]) for batch in batches for start in batch.cu_seqlens[:-1]]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not reached in {timeout} s")
+        time.sleep(0.005)

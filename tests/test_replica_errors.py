@@ -1,0 +1,158 @@
+"""Overload, deadlines, cancellation and bad input each get their status; a good request beside them succeeds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from conftest import embed_ids
+
+from bouquet.config import SchedulerConfig
+from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.replica.client import embed_request, response_rows
+from bouquet.replica.request import DeadlineExpired
+from bouquet.replica.testing import RecordingEngine, ReplicaThread, marked, markers_in_order, wait_until
+
+CONFIG = SchedulerConfig(max_batch_tokens=256, max_batch_seqs=8, max_queue_tokens=100)
+GOOD = [marked(90), marked(91, length=20)]
+
+
+@pytest.fixture
+def recorder(minilm_fp32) -> Iterator[RecordingEngine]:
+    engine = RecordingEngine(minilm_fp32)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def replica(recorder) -> Iterator[ReplicaThread]:
+    server = ReplicaThread(recorder, CONFIG)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stub(replica) -> Iterator[embedding_pb2_grpc.EmbeddingStub]:
+    with grpc.insecure_channel(replica.address) as channel:
+        yield embedding_pb2_grpc.EmbeddingStub(channel)
+
+
+def hold_engine(stub, recorder: RecordingEngine) -> list[grpc.Future]:
+    """Holds the engine with both steps in flight, so that whatever is sent next stays queued."""
+    recorder.hold()
+    calls = []
+    for count, marker in enumerate((1, 2), start=1):
+        calls.append(stub.Embed.future(embed_request([marked(marker)])))
+        wait_until(lambda count=count: len(recorder.batches) == count)
+    return calls
+
+
+def assert_good(call: grpc.Future, engine) -> None:
+    np.testing.assert_allclose(response_rows(call.result(timeout=120)), embed_ids(engine, GOOD), rtol=1e-4, atol=2e-5)
+
+
+def status_of(call: grpc.Future) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as error:
+        call.result(timeout=60)
+    return error.value.code()
+
+
+def test_over_the_queue_bound_is_resource_exhausted(stub, recorder, replica, minilm_fp32):
+    blockers = hold_engine(stub, recorder)
+    good = stub.Embed.future(embed_request(GOOD))  # 26 tokens of the 100 the queue holds
+    wait_until(lambda: replica.scheduler.queued_seqs == 2)
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Embed(embed_request([marked(60, length=80)]), timeout=10)
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "queue full" in error.value.details() and "100 tokens" in error.value.details()
+    recorder.release()
+    assert_good(good, minilm_fp32)
+    for call in blockers:
+        call.result(timeout=60)
+    assert 60 not in markers_in_order(recorder.batches)
+    assert replica.server.metrics.value("bouquet_requests_total", {"status": "RESOURCE_EXHAUSTED"}) == 1
+
+
+def test_expired_deadline_is_not_computed(stub, recorder, replica, minilm_fp32):
+    blockers = hold_engine(stub, recorder)
+    late = stub.Embed.future(embed_request([marked(40)]), timeout=0.3)
+    good = stub.Embed.future(embed_request(GOOD))
+    assert status_of(late) == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: replica.scheduler.queued_seqs == len(GOOD))  # the expired call's sequence left the queue
+    recorder.release()
+    assert_good(good, minilm_fp32)
+    assert all(call.result(timeout=60) for call in blockers)
+    assert 40 not in markers_in_order(recorder.batches)
+
+
+def test_scheduler_fails_work_whose_deadline_passed_in_the_queue(replica, recorder, minilm_fp32):
+    async def run() -> list[object]:
+        scheduler = replica.scheduler
+        loop = asyncio.get_running_loop()
+        recorder.hold()
+        blockers = []
+        for marker in (1, 2):  # one step each: both in flight, held
+            blockers.append(asyncio.create_task(scheduler.embed(*packed([marked(marker)]))))
+            await asyncio.sleep(0.05)
+        late = asyncio.create_task(scheduler.embed(*packed([marked(41)]), deadline=loop.time() + 0.1))
+        good = asyncio.create_task(scheduler.embed(*packed(GOOD)))
+        await asyncio.sleep(0.3)
+        recorder.release()
+        return await asyncio.gather(late, good, *blockers, return_exceptions=True)
+
+    late, good, *_ = replica.call(run())
+    assert isinstance(late, DeadlineExpired)
+    np.testing.assert_allclose(good, embed_ids(minilm_fp32, GOOD), rtol=1e-4, atol=2e-5)
+    assert 41 not in markers_in_order(recorder.batches)
+
+
+def packed(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    request = embed_request(sequences)
+    return np.array(request.input_ids, np.int32), np.array(request.cu_seqlens, np.int32)
+
+
+def test_cancelled_call_is_dropped_from_the_queue(stub, recorder, replica, minilm_fp32):
+    blockers = hold_engine(stub, recorder)  # kept: a dropped grpc future cancels its call
+    cancelled = stub.Embed.future(embed_request([marked(50), marked(51)]))
+    wait_until(lambda: replica.scheduler.queued_seqs == 2)
+    cancelled.cancel()
+    wait_until(lambda: replica.scheduler.queued_seqs == 0 and replica.scheduler.queued_tokens == 0)
+    good = stub.Embed.future(embed_request(GOOD))
+    wait_until(lambda: replica.scheduler.queued_seqs == len(GOOD))
+    recorder.release()
+    assert_good(good, minilm_fp32)
+    assert all(call.result(timeout=60) for call in blockers)
+    assert not {50, 51} & set(markers_in_order(recorder.batches))
+    assert replica.server.metrics.value("bouquet_requests_total", {"status": "CANCELLED"}) == 1
+
+
+BAD_REQUESTS = {
+    "id past the vocabulary": embedding_pb2.EmbedRequest(input_ids=[101, 30522, 102], cu_seqlens=[0, 3]),
+    "negative id": embedding_pb2.EmbedRequest(input_ids=[101, -1, 102], cu_seqlens=[0, 3]),
+    "empty sequence": embedding_pb2.EmbedRequest(input_ids=[101, 102], cu_seqlens=[0, 0, 2]),
+    "no sequences": embedding_pb2.EmbedRequest(),
+    "boundaries not starting at 0": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[1, 3]),
+    "boundaries short of the ids": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[0, 2]),
+    "boundaries going back": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[0, 3, 1, 3]),
+    "longer than the model": embed_request([marked(70, length=257)]),
+    "dimensions over the width": embed_request([marked(71)], dimensions=385),
+    "token types of another length": embedding_pb2.EmbedRequest(
+        input_ids=[101, 7, 102], cu_seqlens=[0, 3], token_type_ids=[0, 0]
+    ),
+    "token type past the table": embed_request([[101, 7, 102]], token_type_ids=[[0, 2, 0]]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_input_is_invalid_argument_and_never_reaches_the_engine(case, stub, recorder, minilm_fp32):
+    recorder.hold()
+    good = stub.Embed.future(embed_request(GOOD))
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Embed(BAD_REQUESTS[case], timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    recorder.release()
+    assert_good(good, minilm_fp32)
+    assert markers_in_order(recorder.batches) == [90, 91]

@@ -1,0 +1,93 @@
+"""`bouquet replica` as an operator runs it: a process that serves once loaded and drains on SIGTERM."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import pytest
+from conftest import embed_ids
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bouquet.proto import embedding_pb2_grpc
+from bouquet.replica.client import embed_request, response_rows
+from bouquet.replica.testing import marked, wait_until
+
+
+@dataclass
+class ReplicaProcess:
+    process: subprocess.Popen[str]
+    address: str
+    metrics_url: str
+
+    def metric(self, name: str) -> float:
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        assert match, f"{name} not in /metrics"
+        return float(match.group(1))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def replica_process(minilm_path) -> Iterator[ReplicaProcess]:
+    metrics_port = _free_port()
+    command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(minilm_path), "--listen",
+               "127.0.0.1:0", "--max-batch-tokens", "512", "--metrics-port", str(metrics_port), "--dtype", "float32",
+               "--device", "cpu"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        port = _wait_for_port(process)
+        yield ReplicaProcess(process, f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+        process.stderr.close()
+
+
+def _wait_for_port(process: subprocess.Popen[str]) -> int:
+    """The replica prints its port once the model is loaded (it listens on port 0: any free port)."""
+    assert process.stderr is not None
+    for line in process.stderr:
+        match = re.search(r"serving .* on port (\d+)", line)
+        if match:
+            return int(match.group(1))
+    raise AssertionError(f"replica exited with {process.wait()} before serving")
+
+
+def test_health_reports_serving_once_loaded(replica_process):
+    with grpc.insecure_channel(replica_process.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service="bouquet.v1.Embedding"), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp32):
+    requests = [[marked(1000 + 10 * i + j, length=200) for j in range(6)] for i in range(8)]  # 9600 tokens
+    with grpc.insecure_channel(replica_process.address) as channel:
+        stub = embedding_pb2_grpc.EmbeddingStub(channel)
+        calls = [stub.Embed.future(embed_request(sequences), timeout=120) for sequences in requests]
+        wait_until(lambda: replica_process.metric("bouquet_queue_seqs") > 0)  # work is queued, not only in flight
+        replica_process.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as refused:  # a call after SIGTERM is turned away
+            stub.Embed(embed_request([marked(3)]), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        results = [response_rows(call.result(timeout=120)) for call in calls]
+    assert replica_process.process.wait(timeout=60) == 0
+    for sequences, rows in zip(requests, results, strict=True):
+        np.testing.assert_allclose(rows, embed_ids(minilm_fp32, sequences), rtol=1e-4, atol=2e-5)
