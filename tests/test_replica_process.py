@@ -31,9 +31,8 @@ class ReplicaProcess:
 
     def metric(self, name: str) -> float:
         text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
-        match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-        assert match, f"{name} not in /metrics"
-        return float(match.group(1))
+        match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
 
 
 def _free_port() -> int:
@@ -81,7 +80,10 @@ def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp
     with grpc.insecure_channel(replica_process.address) as channel:
         stub = embedding_pb2_grpc.EmbeddingStub(channel)
         calls = [stub.Embed.future(embed_request(sequences), timeout=120) for sequences in requests]
-        wait_until(lambda: replica_process.metric("bouquet_queue_seqs") > 0)  # work is queued, not only in flight
+        # Every call has reached the replica, and some of its work is queued, not only in flight.
+        received = ("bouquet_requests_in_progress", 'bouquet_requests_total{status="OK"}')
+        wait_until(lambda: sum(map(replica_process.metric, received)) == len(requests))
+        wait_until(lambda: replica_process.metric("bouquet_queue_seqs") > 0)
         replica_process.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         with pytest.raises(grpc.RpcError) as refused:  # a call after SIGTERM is turned away

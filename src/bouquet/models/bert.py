@@ -14,9 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 
@@ -100,11 +99,10 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.intermediate_size)
-        self.act = get_activation(config.hidden_act)
+        self.dense = LinearActivation(config.hidden_size, config.intermediate_size, config.hidden_act)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(hidden))  # [T, I]
+        return self.dense(hidden)  # [T, I]
 
 
 class BertLayer(nn.Module):

@@ -29,6 +29,9 @@ class ReplicaMetrics:
         self.request_seconds = Histogram(
             "bouquet_request_seconds", "Embed call latency, arrival to reply", buckets=_SECONDS_BUCKETS, registry=r
         )
+        self.requests_in_progress = Gauge(
+            "bouquet_requests_in_progress", "Calls received and not yet answered", registry=r
+        )
         self.requests = Counter("bouquet_requests", "Embed calls by gRPC status", ["status"], registry=r)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:

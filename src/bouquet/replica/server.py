@@ -61,7 +61,8 @@ def _mapped(method: Handler[Reply]) -> Handler[Reply]:
     async def handler(self: EmbeddingServicer, request: object, context: grpc.aio.ServicerContext) -> Reply:
         started = time.perf_counter()
         try:
-            reply = await method(self, request, context)
+            with self.metrics.requests_in_progress.track_inprogress():
+                reply = await method(self, request, context)
         except asyncio.CancelledError:  # the client cancelled, or gRPC enforced its deadline
             expired = (context.time_remaining() or 1.0) <= 0
             self.metrics.requests.labels("DEADLINE_EXCEEDED" if expired else "CANCELLED").inc()
