@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
-from bouquet.config import DTYPES, EmbedConfig, SchedulerConfig, create_engine_config
+from bouquet.config import (
+    DTYPES,
+    EmbedConfig,
+    GatewayConfig,
+    SchedulerConfig,
+    ServeConfig,
+    create_engine_config,
+    default_model_path,
+)
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +38,8 @@ def _build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--prompt-name", help="one of the model's sentence-transformers prompts")
     _add_engine_args(embed)
     _add_replica_parser(commands)
+    _add_serve_parser(commands)
+    _add_gateway_parser(commands)
     return parser
 
 
@@ -43,6 +54,78 @@ def _add_replica_parser(commands: argparse._SubParsersAction) -> None:
     replica.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics over HTTP on this port")
     replica.add_argument("--drain-seconds", type=float, default=60.0, help="after SIGTERM, time to finish the queue")
     _add_engine_args(replica)
+
+
+# Gateway limits, given to `bouquet gateway` directly or passed through by `bouquet serve`.
+_GATEWAY_LIMITS = ("max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "chunk_tokens")
+
+
+def _add_gateway_limit_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $BOUQUET_API_KEY, if set)")
+    parser.add_argument("--max-inputs", type=int, help=f"inputs a request (default {GatewayConfig.max_inputs})")
+    parser.add_argument("--max-request-tokens", type=int, help=f"default {GatewayConfig.max_request_tokens}")
+    parser.add_argument("--max-payload-bytes", type=int, help=f"default {GatewayConfig.max_payload_bytes}")
+    parser.add_argument(
+        "--max-inflight-tokens",
+        type=int,
+        help=f"per gateway process; over it, 429 (default {GatewayConfig.max_inflight_tokens})",
+    )
+    parser.add_argument("--chunk-tokens", type=int, help="tokens a chunk (default: 4x the replica's batch budget)")
+    parser.add_argument("--drain-seconds", type=float, default=30.0, help="after SIGTERM, time to finish requests")
+
+
+def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
+    serve.add_argument("--model", help="local model directory (default: the bundled all-MiniLM-L6-v2)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--replicas", type=int, default=1, help="local `bouquet replica` processes")
+    serve.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port")
+    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    serve.add_argument("--max-batch-tokens", type=int, help="each replica's token budget a step")
+    _add_gateway_limit_args(serve)
+
+
+def _add_gateway_parser(commands: argparse._SubParsersAction) -> None:
+    gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
+    gateway.add_argument("--replica", action="append", required=True, help="HOST:PORT of a replica (repeat)")
+    gateway.add_argument(
+        "--model", action="append", help="model directory for tokenizing (repeat; default: the bundled model)"
+    )
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8080)
+    _add_gateway_limit_args(gateway)
+
+
+def _limit_overrides(args: argparse.Namespace) -> dict[str, int]:
+    return {name: getattr(args, name) for name in _GATEWAY_LIMITS if getattr(args, name) is not None}
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from bouquet.gateway.serve import run_serve
+
+    passed = [f"--{name.replace('_', '-')}={value}" for name, value in _limit_overrides(args).items()]
+    config = ServeConfig(
+        model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
+        replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
+        max_batch_tokens=args.max_batch_tokens, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
+        gateway_args=tuple(passed),
+        drain_seconds=args.drain_seconds,
+    )  # fmt: skip
+    return run_serve(config)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    from bouquet.gateway.server import run_gateway
+
+    model_dirs = tuple(Path(path) for path in args.model) if args.model else (default_model_path(),)
+    config = GatewayConfig(
+        replicas=tuple(args.replica), model_dirs=model_dirs, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"), drain_seconds=args.drain_seconds,
+        **_limit_overrides(args),
+    )  # fmt: skip
+    return run_gateway(config)
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -84,7 +167,7 @@ def _run_replica(args: argparse.Namespace) -> int:
     return asyncio.run(run_replica(engine_config, scheduler_config, replica_config))
 
 
-_COMMANDS = {"embed": _run_embed, "replica": _run_replica}
+_COMMANDS = {"embed": _run_embed, "replica": _run_replica, "serve": _run_serve, "gateway": _run_gateway}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,3 +106,59 @@ class SchedulerConfig:
     def for_device(cls, device: str, max_batch_tokens: int | None = None, **overrides: int) -> SchedulerConfig:
         """The device's measured default budget unless `max_batch_tokens` is given."""
         return cls(max_batch_tokens=max_batch_tokens or cls.DEFAULT_MAX_BATCH_TOKENS[device], **overrides)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The HTTP gateway: where it listens, the replicas it fronts, and its limits."""
+
+    replicas: tuple[str, ...]  # HOST:PORT of each replica's gRPC server
+    model_dirs: tuple[Path, ...] = ()  # tokenizers and prompts, matched to replicas by model name
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None  # when set, every route but /health and the docs needs `Authorization: Bearer KEY`
+    max_inputs: int = 2048  # inputs per request
+    max_request_tokens: int = 300_000  # tokens per request, after truncation
+    max_payload_bytes: int = 8 * 1024 * 1024  # request body
+    max_inflight_tokens: int = 524_288  # tokens admitted and not yet answered, per gateway process; more is 429
+    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 4x the replica's batch budget
+    max_attempts: int = 3  # replicas a chunk may be tried on
+    request_timeout: float = 120.0  # seconds a chunk may take at a replica
+    probe_interval: float = 0.5  # seconds between health probes of a replica that is down
+    tokenizer_threads: int = 2
+    drain_seconds: float = 30.0  # after SIGTERM, how long in-flight requests may take
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            raise ValueError("the gateway needs at least one --replica HOST:PORT")
+        for name in ("max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`bouquet serve`: N local `bouquet replica` processes and `workers` gateway processes on one port."""
+
+    model_path: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    replicas: int = 1
+    workers: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_tokens: int | None = None
+    api_key: str | None = None
+    gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
+    ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
+    drain_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.workers < 1:
+            raise ValueError(f"replicas and workers must be positive, got {self.replicas} and {self.workers}")
+        if not 1 <= self.port < 65536:
+            raise ValueError(f"port must be in [1, 65535], got {self.port}")

@@ -1,0 +1,277 @@
+"""The HTTP routes: OpenAI's /v1/embeddings and /v1/models, TEI's /embed, /tokenize and /info, plus /health,
+/metrics, /openapi.json and /docs. Every route runs through `_endpoint`: authorisation, metrics, and errors
+turned into responses in one place (errors.py)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from bouquet.config import GatewayConfig
+from bouquet.gateway.admission import Admission
+from bouquet.gateway.chunking import embed_chunked
+from bouquet.gateway.errors import (
+    ApiError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+    error_response,
+)
+from bouquet.gateway.metrics import GatewayMetrics
+from bouquet.gateway.models import ModelCatalog, ServedModel
+from bouquet.gateway.openapi import DOCS_HTML, openapi_spec
+from bouquet.gateway.pool import ReplicaPool
+from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
+
+logger = logging.getLogger(__name__)
+
+_JSON = "application/json"
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+class Gateway:
+    """The state every route shares: the replica pool, the models it has found, limits and metrics."""
+
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics | None = None):
+        self.config = config
+        self.metrics = metrics or GatewayMetrics()
+        self.executor = ThreadPoolExecutor(config.tokenizer_threads, thread_name_prefix="tokenize")
+        self.catalog = ModelCatalog(config.model_dirs, self.executor)
+        self.pool = ReplicaPool(
+            config.replicas, self.catalog, self.metrics, config.max_attempts, config.request_timeout,
+            config.probe_interval,
+        )  # fmt: skip
+        self.admission = Admission(config.max_inflight_tokens, self.metrics)
+        self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    def authorize(self, request: Request) -> None:
+        if self._bearer is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, self._bearer):
+            raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key")
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        limit = self.config.max_payload_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError as error:
+            if "UTF-8" in str(error):
+                raise InvalidRequest("the body is not valid UTF-8", "invalid_utf8") from error
+            raise InvalidRequest(f"the body is not valid JSON: {error}", "invalid_json") from error
+        if not isinstance(value, dict):
+            raise Unprocessable("the body must be a JSON object", "invalid_type")
+        return value
+
+    async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
+        """Rows [N, width] float32 for the job, and the number of tokens they took."""
+        model = self.catalog.get(job.model)
+        dimensions = self._check_dimensions(job.dimensions, model)
+        if job.num_inputs > self.config.max_inputs:
+            raise TooLarge(
+                f"{job.num_inputs} inputs, over the limit of {self.config.max_inputs} a request", "too_many_inputs"
+            )
+        sequences = await self._sequences(job, model)
+        tokens = sum(map(len, sequences))
+        if tokens > self.config.max_request_tokens:
+            raise TooLarge(
+                f"{tokens} tokens, over the limit of {self.config.max_request_tokens} a request", "too_many_tokens"
+            )
+        if not self.pool.any_healthy():
+            raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
+        with self.admission.admit(tokens):
+            chunk_tokens = self.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
+            rows = await embed_chunked(self.pool, model.name, sequences, dimensions, job.normalize, chunk_tokens)
+        self.metrics.tokens.labels(model.id).inc(tokens)
+        return model, rows, tokens
+
+    def _check_dimensions(self, dimensions: int | None, model: ServedModel) -> int:
+        if dimensions is None:
+            return 0
+        if not 1 <= dimensions <= model.dimension:
+            raise InvalidRequest(
+                f"dimensions must be between 1 and {model.dimension} for {model.id!r}, got {dimensions}",
+                "invalid_value",
+                "dimensions",
+            )
+        return dimensions
+
+    async def _sequences(self, job: EmbedJob, model: ServedModel) -> list[list[int]]:
+        if job.token_ids is not None:
+            return self._check_token_ids(job.token_ids, job, model)
+        assert job.texts is not None
+        tokenizer = model.require_tokenizer()
+        started = time.perf_counter()
+        sequences = await tokenizer.encode(
+            job.texts, model.prompt(job.prompt_name), job.truncate, job.truncation_direction
+        )
+        self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
+        return sequences
+
+    def _check_token_ids(self, token_ids: list[list[int]], job: EmbedJob, model: ServedModel) -> list[list[int]]:
+        limit = model.max_seq_length
+        for index, ids in enumerate(token_ids):
+            low, high = min(ids), max(ids)
+            if low < 0 or high >= model.vocab_size:
+                raise InvalidRequest(
+                    f"input {index} holds the token id {low if low < 0 else high}, outside this model's vocabulary "
+                    f"[0, {model.vocab_size})",
+                    "invalid_token_id",
+                    "input",
+                )
+            if len(ids) > limit and not job.truncate:
+                raise TooLarge(
+                    f"input {index} has {len(ids)} tokens, over this model's limit of {limit}", "input_too_long"
+                )
+        if job.truncation_direction == "left":
+            return [ids[-limit:] for ids in token_ids]
+        return [ids[:limit] for ids in token_ids]
+
+
+Handler = Callable[[Gateway, Request], Awaitable[Response]]
+
+
+def _endpoint(route: str, handler: Handler, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        gateway: Gateway = request.app.state.gateway
+        metrics = gateway.metrics
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            if not public:
+                gateway.authorize(request)
+            response = await handler(gateway, request)
+        except ApiError as error:
+            response = error_response(error)
+        except Exception:
+            logger.exception("%s failed", route)
+            response = error_response(InternalError("internal error; see the gateway's log", "internal_error"))
+        finally:
+            metrics.in_flight.dec()
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    return endpoint
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(value, option=_NUMPY), status, media_type=_JSON)
+
+
+async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
+    job = parse_openai(await gateway.read_json(request))
+    model, rows, tokens = await gateway.embed(job)
+    return _json(openai_response(rows, job.model or model.id, tokens, job.encoding_format))
+
+
+async def _tei_embed(gateway: Gateway, request: Request) -> Response:
+    _, rows, _ = await gateway.embed(parse_tei(await gateway.read_json(request)))
+    return _json(rows)
+
+
+async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
+    body = await gateway.read_json(request)
+    texts, _ = parse_inputs(body.get("inputs"), "inputs")
+    if texts is None:
+        raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
+    model = gateway.catalog.get(body.get("model"))
+    add_special = body.get("add_special_tokens", True)
+    if not isinstance(add_special, bool):
+        raise Unprocessable("'add_special_tokens' must be a boolean", "invalid_type", "add_special_tokens")
+    prompt = model.prompt(body.get("prompt_name"))
+    return _json(await model.require_tokenizer().tokens(texts, prompt, add_special))
+
+
+async def _models(gateway: Gateway, request: Request) -> Response:
+    data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "bouquet"} for m in gateway.catalog.ordered]
+    return _json({"object": "list", "data": data})
+
+
+async def _info(gateway: Gateway, request: Request) -> Response:
+    model = gateway.catalog.get(request.query_params.get("model"))
+    if not gateway.catalog.ordered:
+        raise Unavailable("no replica has reported its model yet", "no_healthy_replica")
+    return _json({
+        "model_id": model.id, "model_dtype": model.dtype, "model_type": {"embedding": {"pooling": model.pooling}},
+        "dimension": model.dimension, "max_input_length": model.max_seq_length,
+        "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": gateway.config.max_inputs,
+        "prompts": model.prompts, "default_prompt_name": model.default_prompt_name,
+        "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas), "version": "0.1.0",
+    })  # fmt: skip
+
+
+async def _health(gateway: Gateway, request: Request) -> Response:
+    if not gateway.pool.any_healthy():
+        raise Unavailable("no replica is healthy", "no_healthy_replica")
+    return _json({"status": "ok"})
+
+
+async def _metrics(gateway: Gateway, request: Request) -> Response:
+    return Response(gateway.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+async def _openapi(gateway: Gateway, request: Request) -> Response:
+    return _json(openapi_spec())
+
+
+async def _docs(gateway: Gateway, request: Request) -> Response:
+    return HTMLResponse(DOCS_HTML)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        error: ApiError = InvalidRequest(f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+        error.status = 405
+        return error_response(error)
+    return error_response(NotFound(f"no route {request.url.path}", "not_found"))
+
+
+def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> Starlette:
+    gateway = Gateway(config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        gateway.pool.start()
+        yield
+        await gateway.pool.close()
+        gateway.executor.shutdown(wait=False)
+
+    routes = [
+        Route("/v1/embeddings", _endpoint("/v1/embeddings", _openai_embeddings), methods=["POST"]),
+        Route("/v1/models", _endpoint("/v1/models", _models), methods=["GET"]),
+        Route("/embed", _endpoint("/embed", _tei_embed), methods=["POST"]),
+        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize), methods=["POST"]),
+        Route("/info", _endpoint("/info", _info), methods=["GET"]),
+        Route("/health", _endpoint("/health", _health, public=True), methods=["GET"]),
+        Route("/metrics", _endpoint("/metrics", _metrics), methods=["GET"]),
+        Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),
+        Route("/docs", _endpoint("/docs", _docs, public=True), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_found})
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,73 @@
+"""Every error a client can see, and the one place that turns it into an HTTP status and an OpenAI error body:
+`{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.responses import Response
+
+
+class ApiError(Exception):
+    """An error answered to the client as is; `status` is the HTTP status."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, code: str, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+
+class InvalidRequest(ApiError):
+    """The body is malformed or holds a value the model cannot take (400)."""
+
+
+class Unauthorized(ApiError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class TooLarge(ApiError):
+    """Over a size limit: payload bytes, inputs, tokens, or an input over the model's limit with truncate=false."""
+
+    status = 413
+
+
+class Unprocessable(ApiError):
+    """Well-formed JSON of the wrong shape or type (422)."""
+
+    status = 422
+
+
+class Overloaded(ApiError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class Unavailable(ApiError):
+    """No healthy replica can serve the model now (503)."""
+
+    status = 503
+    type = "server_error"
+
+
+class InternalError(ApiError):
+    status = 500
+    type = "server_error"
+
+
+def error_body(error: ApiError) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+    )
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(error_body(error), error.status, error.headers, media_type="application/json")

@@ -1,0 +1,64 @@
+"""The gateway's Prometheus metrics. Under `bouquet serve --workers N` each worker writes to the directory in
+PROMETHEUS_MULTIPROC_DIR and /metrics sums them, so any worker answers for all."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "bouquet_gateway_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "bouquet_gateway_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenize_seconds = Histogram(
+            "bouquet_gateway_tokenize_seconds", "time to tokenize one request", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_seconds = Histogram(
+            "bouquet_gateway_queue_seconds",
+            "time a chunk waits and computes at its replica (the replica's queue included)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter("bouquet_gateway_tokens", "tokens embedded, by model", ["model"], registry=r)
+        self.in_flight = Gauge(
+            "bouquet_gateway_requests_in_flight",
+            "HTTP requests being answered",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.tokens_in_flight = Gauge(
+            "bouquet_gateway_tokens_in_flight",
+            "tokens admitted and not yet answered",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.retries = Counter("bouquet_gateway_chunk_retries", "chunks retried on another replica", registry=r)
+        self.replica_healthy = Gauge(
+            "bouquet_gateway_replica_healthy",
+            "1 while a replica is healthy",
+            ["replica"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
+    def exposition(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

@@ -1,0 +1,102 @@
+"""The OpenAPI description of the gateway's routes, written out (the routes check their bodies by hand), and
+the interactive docs page that renders it."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+_INPUT = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}},
+        {"type": "array", "items": {"type": "integer"}},
+        {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+    ]
+}
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {k: {"type": "string", "nullable": True} for k in ("message", "type", "param", "code")},
+        }
+    },
+}
+_OPENAI_REQUEST = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "input": _INPUT,
+        "model": {"type": "string", "description": "a served model's id; GET /v1/models lists them"},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+        "dimensions": {"type": "integer", "minimum": 1, "description": "keep the first N values, renormalised"},
+        "user": {"type": "string"},
+    },
+}
+_TEI_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "inputs": _INPUT,
+        "model": {"type": "string", "description": "default: the first model the gateway found"},
+        "normalize": {"type": "boolean", "default": True},
+        "truncate": {"type": "boolean", "default": True, "description": "false: over-long input is a 413"},
+        "truncation_direction": {"type": "string", "enum": ["right", "left"], "default": "right"},
+        "prompt_name": {"type": "string", "description": "one of the model's sentence-transformers prompts"},
+        "dimensions": {"type": "integer", "minimum": 1},
+    },
+}
+_TOKENIZE_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "add_special_tokens": {"type": "boolean", "default": True},
+        "prompt_name": {"type": "string"},
+    },
+}
+_ERRORS = {
+    str(status): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+    for status, text in [
+        (400, "invalid input"), (401, "missing or wrong API key"), (404, "unknown model"),
+        (413, "over a size limit"), (422, "wrong type"), (429, "over capacity; see Retry-After"),
+        (503, "no healthy replica"),
+    ]
+}  # fmt: skip
+
+
+def _operation(summary: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    operation: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK"}, **_ERRORS}}
+    if request is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+    return operation
+
+
+@cache
+def openapi_spec() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "bouquet", "version": "0.1.0", "description": "OpenAI- and TEI-compatible embeddings"},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/embeddings": {"post": _operation("OpenAI: embed text or token ids", _OPENAI_REQUEST)},
+            "/v1/models": {"get": _operation("OpenAI: the served models")},
+            "/embed": {"post": _operation("TEI: embed text or token ids", _TEI_REQUEST)},
+            "/tokenize": {"post": _operation("TEI: tokens with their offsets", _TOKENIZE_REQUEST)},
+            "/info": {"get": _operation("TEI: the model, its limits and pooling")},
+            "/health": {"get": _operation("200 while a replica is healthy, else 503")},
+            "/metrics": {"get": _operation("Prometheus metrics")},
+        },
+    }
+
+
+DOCS_HTML = """<!doctype html>
+<html><head><title>bouquet API</title><meta charset="utf-8">
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script>
+</body></html>
+"""

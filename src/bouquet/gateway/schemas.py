@@ -1,0 +1,159 @@
+"""The OpenAI and TEI request bodies, checked by hand (a schema library costs more than the check on the hot
+path), into one `EmbedJob`; and the response bodies. Each error names the offending field in `param`."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bouquet.gateway.errors import InvalidRequest, Unprocessable
+from bouquet.tokenizer import TRUNCATION_DIRECTIONS
+
+ENCODING_FORMATS = ("float", "base64")
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """One embedding request, whichever API it came through; exactly one of texts and token_ids is set."""
+
+    model: str | None
+    texts: list[str] | None
+    token_ids: list[list[int]] | None
+    dimensions: int | None = None
+    normalize: bool = True
+    truncate: bool = True
+    truncation_direction: str = "right"
+    prompt_name: str | None = None
+    encoding_format: str = "float"
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.texts if self.texts is not None else self.token_ids or ())
+
+
+def parse_openai(body: dict[str, Any]) -> EmbedJob:
+    _optional(body, "user", str)
+    encoding_format = _optional(body, "encoding_format", str) or "float"
+    if encoding_format not in ENCODING_FORMATS:
+        raise InvalidRequest(
+            f"encoding_format must be one of {ENCODING_FORMATS}, got {encoding_format!r}",
+            "invalid_value",
+            "encoding_format",
+        )
+    if "input" not in body:
+        raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
+    texts, token_ids = parse_inputs(body["input"], "input")
+    return EmbedJob(
+        model=_optional(body, "model", str),
+        texts=texts,
+        token_ids=token_ids,
+        dimensions=_dimensions(body),
+        encoding_format=encoding_format,
+    )
+
+
+def parse_tei(body: dict[str, Any]) -> EmbedJob:
+    if "inputs" not in body:
+        raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
+    texts, token_ids = parse_inputs(body["inputs"], "inputs")
+    normalize = _optional(body, "normalize", bool)
+    truncate = _optional(body, "truncate", bool)
+    return EmbedJob(
+        model=_optional(body, "model", str),
+        texts=texts,
+        token_ids=token_ids,
+        dimensions=_dimensions(body),
+        normalize=True if normalize is None else normalize,
+        truncate=True if truncate is None else truncate,
+        truncation_direction=truncation_direction(body),
+        prompt_name=_optional(body, "prompt_name", str),
+    )
+
+
+def truncation_direction(body: dict[str, Any]) -> str:
+    direction = (_optional(body, "truncation_direction", str) or "right").lower()  # TEI spells it "Right"
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise InvalidRequest(
+            f"truncation_direction must be one of {TRUNCATION_DIRECTIONS}, got {direction!r}",
+            "invalid_value",
+            "truncation_direction",
+        )
+    return direction
+
+
+def parse_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[int]] | None]:
+    """A string, a list of strings, a list of token ids or a list of lists of them; never empty."""
+    if isinstance(value, str):
+        value = [value]
+    elif not isinstance(value, list):
+        raise Unprocessable(
+            f"'{param}' must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+            "invalid_type",
+            param,
+        )
+    if not value:
+        raise InvalidRequest(f"'{param}' must not be empty", "empty_input", param)
+    first = value[0]
+    if isinstance(first, str):
+        return _check_texts(value, param), None
+    if _is_int(first):
+        return None, [_check_ids(value, param, None)]
+    if isinstance(first, list):
+        return None, [_check_ids(ids, param, index) for index, ids in enumerate(value)]
+    raise Unprocessable(f"'{param}[0]' has an unsupported type {type(first).__name__}", "invalid_type", param)
+
+
+def _check_texts(texts: list[Any], param: str) -> list[str]:
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise Unprocessable(f"'{param}[{index}]' must be a string like the others", "invalid_type", param)
+        if not text:
+            raise InvalidRequest(f"'{param}[{index}]' is an empty string", "empty_input", param)
+    return texts
+
+
+def _check_ids(ids: Any, param: str, index: int | None) -> list[int]:
+    where = param if index is None else f"{param}[{index}]"
+    if not isinstance(ids, list) or not all(map(_is_int, ids)):
+        raise Unprocessable(f"'{where}' must be a list of integer token ids", "invalid_type", param)
+    if not ids:
+        raise InvalidRequest(f"'{where}' is an empty list of token ids", "empty_input", param)
+    return ids
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dimensions(body: dict[str, Any]) -> int | None:
+    dimensions = body.get("dimensions")
+    if dimensions is None:
+        return None
+    if not _is_int(dimensions):
+        raise Unprocessable("'dimensions' must be an integer", "invalid_type", "dimensions")
+    return dimensions
+
+
+def _optional(body: dict[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+        raise Unprocessable(f"'{name}' must be of type {kind.__name__}", "invalid_type", name)
+    return value
+
+
+def openai_response(rows: np.ndarray, model: str, prompt_tokens: int, encoding_format: str) -> dict[str, Any]:
+    """rows: [N, dim] float32. base64 is the rows' little-endian float32 bytes, as OpenAI's clients decode."""
+    if encoding_format == "base64":
+        little = rows.astype("<f4", copy=False)
+        embeddings: Any = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    else:
+        embeddings = rows  # orjson writes numpy rows itself
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(embeddings)],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

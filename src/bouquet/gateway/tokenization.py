@@ -1,0 +1,65 @@
+"""Text to token ids for one model, with Hugging Face `tokenizers` batch encoding on a thread pool so the
+event loop keeps serving while a large request is encoded."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from bouquet.gateway.errors import TooLarge
+from bouquet.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer
+
+
+class ModelTokenizer:
+    """Truncates to the model's limit from either side, or rejects an over-long input when told not to."""
+
+    def __init__(self, tokenizer_file: Path, max_length: int, executor: Executor):
+        self.max_length = max_length
+        self._executor = executor
+        self._by_direction = {d: TextTokenizer(tokenizer_file, max_length, d) for d in TRUNCATION_DIRECTIONS}
+        self._plain = Tokenizer.from_file(str(tokenizer_file))  # for /tokenize: offsets, no truncation
+        self._plain.no_padding()
+        self._plain.no_truncation()
+
+    async def encode(self, texts: list[str], prompt: str, truncate: bool, direction: str) -> list[list[int]]:
+        if prompt:
+            texts = [prompt + text for text in texts]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._encode, texts, truncate, direction)
+
+    def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
+        sequences = self._by_direction[direction].encode(texts, truncate=truncate)
+        if not truncate:
+            for index, sequence in enumerate(sequences):
+                if len(sequence) > self.max_length:
+                    raise TooLarge(
+                        f"input {index} has {len(sequence)} tokens, over this model's limit of {self.max_length}; "
+                        "shorten it or send truncate=true",
+                        "input_too_long",
+                        "inputs",
+                    )
+        return sequences
+
+    async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        """TEI's /tokenize: every token with its id, text, whether it is special, and its character span."""
+        if prompt:
+            texts = [prompt + text for text in texts]
+        loop = asyncio.get_running_loop()
+        encodings = await loop.run_in_executor(
+            self._executor, lambda: self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
+        )
+        return [_describe(text, encoding) for text, encoding in zip(texts, encodings, strict=True)]
+
+
+def _describe(text: str, encoding: Any) -> list[dict[str, Any]]:
+    return [
+        {"id": token_id, "text": text[start:stop] if not special else token, "special": bool(special),
+         "start": start if not special else None, "stop": stop if not special else None}
+        for token_id, token, special, (start, stop) in zip(
+            encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets, strict=True
+        )
+    ]  # fmt: skip
