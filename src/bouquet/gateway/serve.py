@@ -4,6 +4,8 @@ own process (visible in `ps`, stoppable alone). Waits until the replicas serve a
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -21,6 +23,12 @@ from bouquet.config import ServeConfig
 _PORT_LINE = re.compile(r"serving .* on port (\d+)")
 
 
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the supervisor dies without draining (killed with SIGKILL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Child:
     """A subprocess whose stderr is copied to ours line by line; `on_line` sees each line first."""
 
@@ -32,7 +40,11 @@ class Child:
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[str]:
-        process = subprocess.Popen(self.command, env=self.env, stderr=subprocess.PIPE, text=True)
+        # A session of its own: a Ctrl-C at the terminal reaches only the supervisor, which drains in order.
+        process = subprocess.Popen(
+            self.command, env=self.env, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
         threading.Thread(target=self._copy, args=(process,), name=f"{self.name}-stderr", daemon=True).start()
         return process
 

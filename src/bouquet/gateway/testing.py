@@ -1,0 +1,85 @@
+"""Processes for tests and benchmarks: `bouquet serve`, `bouquet gateway` and `bouquet replica` on loopback."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    """A child process whose stderr is kept (and scanned for `ready`) by a thread."""
+
+    process: subprocess.Popen[str]
+    ready_pattern: str
+    lines: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+            if re.search(self.ready_pattern, line):
+                self.ready.set()
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.05):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("process did not become ready:\n" + "".join(self.lines[-30:]))
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def _bouquet(*args: str, ready: str) -> Process:
+    command = [sys.executable, "-m", "bouquet.cli", *args]
+    return Process(subprocess.Popen(command, stderr=subprocess.PIPE, text=True), ready)
+
+
+def start_serve(port: int, *args: str) -> Process:
+    return _bouquet("serve", "--port", str(port), *args, ready=r"bouquet serve: ready")
+
+
+def start_gateway(port: int, replicas: list[str], *args: str) -> Process:
+    replica_args = [arg for address in replicas for arg in ("--replica", address)]
+    return _bouquet("gateway", "--port", str(port), *replica_args, *args, ready=r"bouquet gateway: listening")
+
+
+def start_replica(port: int, *args: str) -> Process:
+    return _bouquet("replica", "--listen", f"127.0.0.1:{port}", "--device", "cpu", *args, ready=r"serving .* on port")
+
+
+def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{base_url}/health did not answer 200 in {timeout} s")

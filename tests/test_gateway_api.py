@@ -1,0 +1,205 @@
+"""`bouquet serve` over HTTP, with the openai package as the client: parity with sentence-transformers through
+every input form, TEI's routes, and every bad input answered with its 4xx while good requests go on."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import corpus
+import numpy as np
+import openai
+import pytest
+from conftest import row_cosines
+
+from bouquet.gateway.testing import Process, free_port, start_serve
+
+MODEL = "all-MiniLM-L6-v2"
+API_KEY = "test-key"
+MAX_INPUTS = 64
+MAX_PAYLOAD = 200_000
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    process: Process = start_serve(
+        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--max-inputs", str(MAX_INPUTS),
+        "--max-payload-bytes", str(MAX_PAYLOAD), "--chunk-tokens", "300",
+    )  # fmt: skip
+    try:
+        process.wait_ready()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def post(url: str, body: bytes | dict, key: str | None = API_KEY) -> tuple[int, object]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def get(url: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {API_KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return reply.status, reply.read()
+
+
+def reference(model, texts: list[str], dimensions: int | None = None) -> np.ndarray:
+    return model.encode(texts, convert_to_numpy=True, truncate_dim=dimensions)
+
+
+def assert_parity(rows: np.ndarray, expected: np.ndarray) -> None:
+    assert rows.shape == expected.shape
+    assert row_cosines(rows, expected).min() >= 0.99999
+
+
+def as_rows(response) -> np.ndarray:
+    return np.array([item.embedding for item in response.data], dtype=np.float32)
+
+
+TEXTS = [*corpus.documents(12), *corpus.queries(6), *corpus.NON_ASCII_TEXTS[:4]]
+
+
+def test_a_string_matches_sentence_transformers(client, sentence_transformer):
+    response = client.embeddings.create(model=MODEL, input=TEXTS[0], encoding_format="float")
+    assert_parity(as_rows(response), reference(sentence_transformer, TEXTS[:1]))
+    assert response.model == MODEL
+
+
+def test_a_list_in_order_across_chunks_with_usage(client, sentence_transformer, minilm_tokenizer):
+    response = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    assert [item.index for item in response.data] == list(range(len(TEXTS)))
+    assert_parity(as_rows(response), reference(sentence_transformer, TEXTS))
+    tokens = sum(map(len, minilm_tokenizer.encode(TEXTS)))
+    assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+
+
+def test_token_ids_match_the_same_texts(client, sentence_transformer, minilm_tokenizer):
+    ids = minilm_tokenizer.encode(TEXTS[:5])
+    many = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    assert_parity(as_rows(many), reference(sentence_transformer, TEXTS[:5]))
+    one = client.embeddings.create(model=MODEL, input=ids[0], encoding_format="float")
+    assert_parity(as_rows(one), reference(sentence_transformer, TEXTS[:1]))
+    assert one.usage.prompt_tokens == len(ids[0])
+
+
+def test_base64_is_little_endian_float32(client, server, sentence_transformer):
+    response = client.embeddings.create(model=MODEL, input=TEXTS[:4])  # the client asks for base64 itself
+    assert_parity(as_rows(response), reference(sentence_transformer, TEXTS[:4]))
+    status, body = post(f"{server}/v1/embeddings", {"model": MODEL, "input": TEXTS[:2], "encoding_format": "base64"})
+    assert status == 200
+    rows = np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in body["data"]])
+    assert_parity(rows, reference(sentence_transformer, TEXTS[:2]))
+
+
+def test_dimensions_truncate_then_normalise(client, sentence_transformer):
+    response = client.embeddings.create(model=MODEL, input=TEXTS[:6], dimensions=64, encoding_format="float")
+    rows = as_rows(response)
+    assert_parity(rows, reference(sentence_transformer, TEXTS[:6], dimensions=64))
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+
+
+def test_tei_embed(server, sentence_transformer):
+    status, body = post(f"{server}/embed", {"inputs": TEXTS})
+    assert status == 200
+    assert_parity(np.array(body, np.float32), reference(sentence_transformer, TEXTS))
+    status, body = post(f"{server}/embed", {"inputs": TEXTS[0], "normalize": False, "dimensions": 32})
+    assert status == 200
+    assert_parity(np.array(body, np.float32), reference(sentence_transformer, TEXTS[:1], dimensions=32))
+
+
+def test_tei_left_truncation_keeps_the_end(server, sentence_transformer, minilm_tokenizer):
+    long_text = " ".join(corpus.documents()[:40])
+    status, body = post(f"{server}/embed", {"inputs": long_text, "truncation_direction": "Left"})
+    assert status == 200
+    ids = minilm_tokenizer.encode([long_text], truncate=False)[0]
+    kept = [101, *ids[-255:]]  # [CLS], then the last 254 text tokens and [SEP]
+    status, by_ids = post(f"{server}/embed", {"inputs": [kept]})
+    assert status == 200
+    assert row_cosines(np.array(body), np.array(by_ids)).min() >= 0.99999
+
+
+def test_tokenize_info_models_metrics_docs(server):
+    status, tokens = post(f"{server}/tokenize", {"inputs": "hello world"})
+    assert status == 200
+    assert [token["id"] for token in tokens[0]] == [101, 7592, 2088, 102]
+    assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
+    info = json.loads(get(f"{server}/info")[1])
+    assert (info["model_id"], info["dimension"], info["max_input_length"]) == (MODEL, 384, 256)
+    models = json.loads(get(f"{server}/v1/models")[1])
+    assert [model["id"] for model in models["data"]] == [MODEL]
+    metrics = get(f"{server}/metrics")[1].decode()
+    for name in ("requests_total", "request_seconds", "tokenize_seconds", "queue_seconds", "tokens_total",
+                 "requests_in_flight"):  # fmt: skip
+        assert f"bouquet_gateway_{name}" in metrics
+    assert '/v1/embeddings",status="200"' in metrics
+    assert "/v1/embeddings" in json.loads(get(f"{server}/openapi.json")[1])["paths"]
+    assert b"swagger" in get(f"{server}/docs")[1]
+
+
+_LONG = "word " * 400
+BAD_INPUTS = [
+    ("/v1/embeddings", b"{not json", 400, "invalid_json"),
+    ("/v1/embeddings", b'{"input": "\xff\xfe bad"}', 400, "invalid_utf8"),
+    ("/v1/embeddings", {"input": 5}, 422, "invalid_type"),
+    ("/v1/embeddings", {"input": ["a", 3]}, 422, "invalid_type"),
+    ("/v1/embeddings", {"input": "a", "dimensions": "8"}, 422, "invalid_type"),
+    ("/v1/embeddings", [1, 2], 422, "invalid_type"),
+    ("/v1/embeddings", {"input": ""}, 400, "empty_input"),
+    ("/v1/embeddings", {"input": []}, 400, "empty_input"),
+    ("/v1/embeddings", {"input": [[]]}, 400, "empty_input"),
+    ("/v1/embeddings", {"input": ["a"] * (MAX_INPUTS + 1)}, 413, "too_many_inputs"),
+    ("/embed", {"inputs": _LONG, "truncate": False}, 413, "input_too_long"),
+    ("/embed", {"inputs": [[101] * 300], "truncate": False}, 413, "input_too_long"),
+    ("/v1/embeddings", {"input": [[101, 30522, 102]]}, 400, "invalid_token_id"),
+    ("/v1/embeddings", {"input": [101, -1, 102]}, 400, "invalid_token_id"),
+    ("/v1/embeddings", {"input": "a", "dimensions": 0}, 400, "invalid_value"),
+    ("/v1/embeddings", {"input": "a", "dimensions": 385}, 400, "invalid_value"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 400, "invalid_value"),
+    ("/v1/embeddings", {"input": "a", "model": "text-embedding-3-small"}, 404, "model_not_found"),
+    ("/embed", {"inputs": "a", "prompt_name": "query"}, 400, "invalid_value"),
+    ("/v1/embeddings", {"input": "a" * (MAX_PAYLOAD + 1)}, 413, "payload_too_large"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "code"), BAD_INPUTS, ids=[c[3] for c in BAD_INPUTS])
+def test_bad_input_gets_its_error_while_good_requests_succeed(server, client, route, body, status, code):
+    with ThreadPoolExecutor(1) as pool:
+        good = pool.submit(client.embeddings.create, model=MODEL, input=TEXTS[:8], encoding_format="float")
+        got_status, error = post(f"{server}{route}", body)
+        assert len(good.result().data) == 8
+    assert got_status == status, error
+    assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert error["error"]["code"] == code and error["error"]["message"]
+    assert urllib.request.urlopen(f"{server}/health", timeout=10).status == 200
+
+
+def test_api_key_is_required(server, client):
+    status, error = post(f"{server}/v1/embeddings", {"input": "a"}, key=None)
+    assert status == 401 and error["error"]["type"] == "authentication_error"
+    status, _ = post(f"{server}/v1/embeddings", {"input": "a"}, key="wrong")
+    assert status == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).embeddings.create(model=MODEL, input="a")
+
+
+def test_unknown_model_through_the_client(client):
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.embeddings.create(model="nope", input="a")
+    assert raised.value.body["code"] == "model_not_found"
