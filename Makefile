@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 IN ?= examples/texts.jsonl
 OUT ?= embeddings.npy
 
-.PHONY: embed test lint bench
+.PHONY: embed serve test lint bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 
 embed: $(STAMP)
 	$(VENV)/bin/bouquet embed $(IN) -o $(OUT)
+
+serve: $(STAMP)
+	$(VENV)/bin/bouquet serve
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench

@@ -5,13 +5,27 @@ accepting and lets in-flight requests finish (up to drain_seconds)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after its graceful shutdown; a drained gateway exits 0 instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.handle_exit, signum, None)
+        yield
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -28,7 +42,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 async def serve_gateway(config: GatewayConfig) -> int:
     app = create_app(config)
     sock = bind_socket(config.host, config.port)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app, http="httptools", lifespan="on", access_log=False, log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds), server_header=False, date_header=False,

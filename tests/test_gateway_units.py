@@ -1,0 +1,78 @@
+"""The gateway's parts without processes: chunking, admission, request parsing, and that it never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bouquet.gateway.admission import Admission
+from bouquet.gateway.chunking import chunk_spans
+from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
+from bouquet.gateway.metrics import GatewayMetrics
+from bouquet.gateway.schemas import parse_inputs, parse_openai, parse_tei
+
+
+def test_the_gateway_never_imports_torch():
+    modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.server", "bouquet.gateway.serve",
+               "bouquet.gateway.testing"]  # fmt: skip
+    code = f"import sys; import {', '.join(modules)}; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "chunk_tokens", "spans"),
+    [
+        ([10] * 10, 1000, [(0, 10)]),
+        ([10] * 10, 50, [(0, 5), (5, 10)]),
+        ([10] * 9, 40, [(0, 3), (3, 6), (6, 9)]),  # evened out: 3 chunks of 30, not 40 + 40 + 10
+        ([500, 1, 1], 100, [(0, 1), (1, 3)]),  # an oversized sequence is a chunk of its own
+        ([7], 1, [(0, 1)]),
+    ],
+)
+def test_chunk_spans_cover_every_sequence_in_order(lengths, chunk_tokens, spans):
+    assert chunk_spans(lengths, chunk_tokens) == spans
+
+
+def test_admission_caps_tokens_in_flight_but_always_admits_a_lone_request():
+    admission = Admission(100, GatewayMetrics())
+    with admission.admit(500):  # alone: admitted even over the cap
+        with pytest.raises(Overloaded) as refused, admission.admit(1):
+            pass
+        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+    with admission.admit(60), admission.admit(40):
+        assert admission.inflight_tokens == 100
+    assert admission.inflight_tokens == 0
+
+
+def test_inputs_of_every_form():
+    assert parse_inputs("a", "input") == (["a"], None)
+    assert parse_inputs(["a", "b"], "input") == (["a", "b"], None)
+    assert parse_inputs([1, 2], "input") == (None, [[1, 2]])
+    assert parse_inputs([[1], [2, 3]], "input") == (None, [[1], [2, 3]])
+    for bad in (True, [True], [1, "a"], [[1], 2], {"a": 1}, [None], [[1.5]]):
+        with pytest.raises(Unprocessable):
+            parse_inputs(bad, "input")
+    for empty in ("", [], [""], [[]]):
+        with pytest.raises(InvalidRequest):
+            parse_inputs(empty, "input")
+
+
+def test_request_defaults():
+    job = parse_openai({"input": "a", "model": "m", "user": "u"})
+    assert (job.model, job.normalize, job.truncate, job.encoding_format, job.dimensions) == (
+        "m",
+        True,
+        True,
+        "float",
+        None,
+    )
+    tei = parse_tei({"inputs": ["a"], "normalize": False, "truncate": False, "truncation_direction": "Left"})
+    assert (tei.normalize, tei.truncate, tei.truncation_direction) == (False, False, "left")
+    with pytest.raises(InvalidRequest):
+        parse_tei({"inputs": "a", "truncation_direction": "up"})
+    with pytest.raises(Unprocessable):
+        parse_tei({"inputs": "a", "normalize": 1})
+    with pytest.raises(InvalidRequest):
+        parse_openai({"model": "m"})

@@ -1,0 +1,65 @@
+"""`bouquet serve` as an operator runs it: replicas and gateway workers as processes of their own, and SIGTERM
+finishing the requests in flight before it exits."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import corpus
+
+from bouquet.gateway.testing import free_port, start_serve
+
+
+def children(pid: int) -> list[str]:
+    """Command lines of the processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def in_flight(url: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    match = re.search(r"^bouquet_gateway_requests_in_flight (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def embed(url: str, texts: list[str]) -> tuple[int, int]:
+    data = json.dumps({"input": texts, "model": "all-MiniLM-L6-v2"}).encode()
+    request = urllib.request.Request(f"{url}/v1/embeddings", data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=180) as reply:
+        return reply.status, len(json.loads(reply.read())["data"])
+
+
+def test_sigterm_finishes_requests_in_flight():
+    port = free_port()
+    serve = start_serve(port, "--workers", "2", "--device", "cpu", "--dtype", "float32")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        serve.wait_ready()
+        commands = children(serve.process.pid)
+        assert sum("bouquet.cli replica" in command for command in commands) == 1
+        assert sum("bouquet.cli gateway" in command for command in commands) == 2
+        texts = corpus.documents(48)
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(embed, url, texts) for _ in range(6)]
+            deadline = time.monotonic() + 60
+            while in_flight(url) < 7:  # six requests and this /metrics call, summed over both workers
+                assert time.monotonic() < deadline, "the requests never arrived"
+            serve.process.send_signal(signal.SIGTERM)
+            results = [call.result() for call in calls]
+        assert results == [(200, 48)] * 6
+        assert serve.process.wait(timeout=120) == 0
+    finally:
+        serve.stop()
