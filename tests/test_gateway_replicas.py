@@ -92,6 +92,7 @@ def test_failover_under_load_then_503_then_recovery():
         wait_for(lambda: embed(url, TEXTS[:1])[0] == 200, timeout=30)
         assert row_cosines(rows(embed(url, TEXTS)[1]), expected).min() >= 0.99999
     finally:
-        assert gateway.stop() == 0
+        gateway_status = gateway.stop()
         for process in replicas:
             process.stop()
+    assert gateway_status == 0
