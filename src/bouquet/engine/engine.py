@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,9 +13,12 @@ from torch import nn
 from bouquet.config import EngineConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.context import ForwardContext, forward_context
-from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner, ModelInputs, unpadded_inputs
+from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
 from bouquet.engine.weights import load_checked, read_checkpoint
-from bouquet.layers.attention_backends import create_attention_backend
+from bouquet.layers.attention import Attention
+from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
+from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear
 from bouquet.layers.pooling import pool
 from bouquet.model_dir import ModelSpec, read_model_dir
@@ -45,8 +49,9 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model = load_model(self.spec, getattr(torch, config.dtype), self.device)
-        self.attn_backend = create_attention_backend(config.attention_backend)
+        self.attn_backend = self._create_backend()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bouquet-engine")
+        self._cuda = _CudaRuntime(self) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s",
             self.spec.name, self.spec.architecture, self.spec.pooling.value,
@@ -62,7 +67,11 @@ class Engine:
         return self.spec.max_seq_length
 
     def step(self, batch: Batch) -> LazyTensor:
-        return LazyTensor(self._executor.submit(self._run, batch))
+        if self._cuda is None:
+            return LazyTensor(self._executor.submit(self._run, batch))
+        result: Future[np.ndarray] = Future()
+        self._executor.submit(self._cuda.launch, batch, result)
+        return LazyTensor(result)
 
     def embed(self, batch: Batch) -> np.ndarray:
         """Synchronous step, for callers with nothing to overlap."""
@@ -70,6 +79,25 @@ class Engine:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        if self._cuda is not None:
+            self._cuda.waiter.close()
+
+    def _create_backend(self) -> AttentionBackend:
+        shape = _attention_shape(self.model, getattr(torch, self.config.dtype))
+        if self.config.attention_backend == "auto":
+            backend = create_auto_backend(self.device, shape, self.config.attention_table)
+        else:
+            backend = create_attention_backend(self.config.attention_backend)
+        backend.bind(shape)
+        return backend
+
+    def forward(self, inputs: ModelInputs, prepare: Any) -> torch.Tensor:  # [B, dim] float32 on the device
+        """The model and pooling on device inputs; `prepare` builds the attention metadata (eager or capture)."""
+        ctx = inputs.context(self.attn_backend)
+        ctx.attn_metadata = prepare(ctx)
+        with forward_context(ctx):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+        return pool(self.spec.pooling, hidden, inputs.cu_seqlens, inputs.dimensions, inputs.normalize)
 
     @torch.inference_mode()
     def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32
@@ -87,6 +115,44 @@ class Engine:
         dimensions = torch.from_numpy(batch.dimensions).to(self.device)
         normalize = torch.from_numpy(batch.normalize).to(self.device)
         return pool(self.spec.pooling, hidden, cu_seqlens, dimensions, normalize).cpu().numpy()
+
+
+class _CudaRuntime:
+    """The engine's GPU side: its stream, CUDA graphs when the backend allows them, and the readback thread.
+
+    Written for CUDA and tested only through its CPU-testable parts here; bench/gpu_check.py and
+    tests/test_gpu.py are its checks on a GPU.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.stream = torch.cuda.Stream(engine.device)
+        self.waiter = EventWaiter()
+        self.graphs: CudaGraphRunner | None = None
+        config = engine.config.cuda_graphs
+        if config.enabled and engine.attn_backend.supports_cuda_graphs:
+            capturer = CudaCapturer(self.stream)
+            self.graphs = CudaGraphRunner(config, engine.device, engine.attn_backend, engine.forward, capturer)
+        elif config.enabled:
+            logger.info("CUDA graphs off: attention backend %s cannot be captured", engine.attn_backend.name)
+
+    @torch.inference_mode()
+    def launch(self, batch: Batch, result: Future[np.ndarray]) -> None:
+        """Enqueues the forward and the readback, then returns: the next step launches while this one runs."""
+        try:
+            with torch.cuda.stream(self.stream):
+                rows = self.graphs.run(batch) if self.graphs is not None else None
+                if rows is None:  # above the top bucket, or no graphs
+                    inputs = unpadded_inputs(batch, self.engine.device)
+                    rows = self.engine.forward(inputs, self.engine.attn_backend.prepare)
+            start_cuda_readback(rows, self.stream, self.waiter, result)
+        except BaseException as error:
+            result.set_exception(error)
+
+
+def _attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
+    layer = next(m for m in model.modules() if isinstance(m, Attention))
+    return AttentionShape(layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.causal, dtype)
 
 
 def _positions(cu_seqlens: np.ndarray, seq_lens: np.ndarray) -> torch.Tensor:  # [T] int64

@@ -11,21 +11,26 @@ import torch.nn.functional as F
 from bouquet.model_dir import PoolingMethod
 
 
+# Zero-length sequences (CUDA-graph padding slots) start at T and end before 0: the clamps keep their
+# indices in bounds; their rows are dropped afterwards. Clamping a [B] index costs nothing measurable.
 def pool_cls(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    return hidden[cu_seqlens[:-1].long()].float()
+    return hidden[cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)].float()
 
 
 def pool_last(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    return hidden[cu_seqlens[1:].long() - 1].float()
+    return hidden[(cu_seqlens[1:].long() - 1).clamp(min=0)].float()
 
 
 def pool_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
     # Sums accumulate in float32 whatever the activations' dtype.
     seq_lens = cu_seqlens.diff()
-    seq_ids = torch.repeat_interleave(torch.arange(len(seq_lens), device=hidden.device), seq_lens)
+    # output_size: without it repeat_interleave reads the total back from the device, which a graph forbids.
+    seq_ids = torch.repeat_interleave(
+        torch.arange(len(seq_lens), device=hidden.device), seq_lens, output_size=hidden.shape[0]
+    )
     sums = hidden.new_zeros(len(seq_lens), hidden.shape[1], dtype=torch.float32)
     sums.index_add_(0, seq_ids, hidden.float())
-    return sums / seq_lens.unsqueeze(1).float()
+    return sums / seq_lens.clamp(min=1).unsqueeze(1).float()
 
 
 POOLING_METHODS: dict[PoolingMethod, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

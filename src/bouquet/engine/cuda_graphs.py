@@ -1,0 +1,279 @@
+"""Whole-model CUDA graphs: padded buckets, static buffers, lazy capture, replay; eager above the top bucket.
+
+A batch is padded to the smallest bucket of (total tokens, sequence count) that holds it: pad tokens form one
+extra sequence, further sequence slots are zero-length, and pad rows are dropped from the output. Per bucket
+the first hit runs eagerly (it warms up lazy initialisation, cuBLAS handles and JIT-compiled kernels), the
+second is captured, later hits replay. Every graph draws from one shared memory pool.
+
+The state machine is independent of CUDA: it drives a `Capturer`, so the CPU tests run it with a stand-in
+that records calls; `CudaCapturer` is the real one (torch.cuda.CUDAGraph). Only attention backends whose
+metadata lives in fixed device buffers (`supports_cuda_graphs`) may be captured.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import numpy as np
+import torch
+
+from bouquet.config import CudaGraphConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.context import ForwardContext
+
+if TYPE_CHECKING:
+    from bouquet.layers.attention_backends.base import AttentionBackend
+
+logger = logging.getLogger(__name__)
+
+
+class Bucket(NamedTuple):
+    num_tokens: int
+    num_seqs: int
+
+
+class GraphBuckets:
+    def __init__(self, token_sizes: tuple[int, ...], seq_sizes: tuple[int, ...]):
+        self.token_sizes = token_sizes
+        self.seq_sizes = seq_sizes
+
+    @property
+    def top(self) -> Bucket:
+        return Bucket(self.token_sizes[-1], self.seq_sizes[-1])
+
+    def bucket_for(self, num_tokens: int, num_seqs: int) -> Bucket | None:
+        """The smallest bucket holding the batch and its pad sequence; None above the top (run eagerly)."""
+        i = bisect.bisect_left(self.token_sizes, num_tokens)
+        if i == len(self.token_sizes):
+            return None
+        padded_tokens = self.token_sizes[i]
+        # Pad tokens need a sequence slot of their own, so they never join (and change) a real sequence.
+        needed_seqs = num_seqs + (padded_tokens > num_tokens)
+        j = bisect.bisect_left(self.seq_sizes, needed_seqs)
+        if j == len(self.seq_sizes) or self.seq_sizes[j] > padded_tokens:
+            return None
+        return Bucket(padded_tokens, self.seq_sizes[j])
+
+
+def pad_batch(batch: Batch, bucket: Bucket) -> Batch:
+    """`batch` padded to `bucket`; sequences 0..B-1 and their tokens are unchanged."""
+    pad_tokens = bucket.num_tokens - batch.num_tokens
+    pad_seqs = bucket.num_seqs - batch.num_seqs
+    assert pad_tokens >= 0 and pad_seqs >= (pad_tokens > 0), f"{batch.num_tokens}/{batch.num_seqs} > {bucket}"
+    # Token id 0 exists in every vocabulary; the pad sequence's states are never read back.
+    input_ids = np.pad(batch.input_ids, (0, pad_tokens))
+    cu_seqlens = np.pad(batch.cu_seqlens, (0, pad_seqs), constant_values=bucket.num_tokens)
+    token_type_ids = None if batch.token_type_ids is None else np.pad(batch.token_type_ids, (0, pad_tokens))
+    return Batch(
+        input_ids=input_ids,
+        cu_seqlens=cu_seqlens.astype(np.int32),
+        dimensions=np.pad(batch.dimensions, (0, pad_seqs)),
+        normalize=np.pad(batch.normalize, (0, pad_seqs)),
+        token_type_ids=token_type_ids,
+    )
+
+
+def padded_positions(batch: Batch, num_real_tokens: int) -> np.ndarray:  # [T] int64
+    """Positions within each sequence; pad tokens get 0, so a long pad sequence never exceeds a model's limit."""
+    seq_lens = np.diff(batch.cu_seqlens)
+    positions = np.arange(batch.num_tokens) - np.repeat(batch.cu_seqlens[:-1], seq_lens)
+    positions[num_real_tokens:] = 0
+    return positions
+
+
+@dataclass
+class ModelInputs:
+    """Device tensors for one forward; for a graph, views of the static buffers at fixed addresses."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    token_type_ids: torch.Tensor | None  # [T] int64
+    cu_seqlens: torch.Tensor  # [B + 1] int32
+    dimensions: torch.Tensor  # [B] int32
+    normalize: torch.Tensor  # [B] bool
+    seq_lens: list[int]  # host copy
+    max_seqlen: int
+
+    def context(self, backend: AttentionBackend) -> ForwardContext:
+        return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, backend)
+
+
+class StaticBuffers:
+    """Device input buffers sized for the top bucket; every bucket uses leading views of them."""
+
+    def __init__(self, top: Bucket, device: torch.device):
+        def zeros(size: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(size, dtype=dtype, device=device)
+
+        self.input_ids = zeros(top.num_tokens, torch.long)
+        self.positions = zeros(top.num_tokens, torch.long)
+        self.token_type_ids = zeros(top.num_tokens, torch.long)
+        self.cu_seqlens = zeros(top.num_seqs + 1, torch.int32)
+        self.dimensions = zeros(top.num_seqs, torch.int32)
+        self.normalize = zeros(top.num_seqs, torch.bool)
+
+    def load(self, padded: Batch, positions: np.ndarray, bucket: Bucket) -> ModelInputs:
+        """Copies `padded` into the buffers (stream-ordered, so a replay still in flight reads its own data)."""
+        tokens, seqs = bucket.num_tokens, bucket.num_seqs
+        token_types = padded.token_type_ids if padded.token_type_ids is not None else np.zeros(tokens, np.int32)
+        for buffer, host in (
+            (self.input_ids[:tokens], padded.input_ids),
+            (self.positions[:tokens], positions),
+            (self.token_type_ids[:tokens], token_types),
+            (self.cu_seqlens[: seqs + 1], padded.cu_seqlens),
+            (self.dimensions[:seqs], padded.dimensions),
+            (self.normalize[:seqs], padded.normalize),
+        ):
+            buffer.copy_(torch.from_numpy(np.ascontiguousarray(host)), non_blocking=True)
+        return ModelInputs(
+            self.input_ids[:tokens],
+            self.positions[:tokens],
+            self.token_type_ids[:tokens],
+            self.cu_seqlens[: seqs + 1],
+            self.dimensions[:seqs],
+            self.normalize[:seqs],
+            np.diff(padded.cu_seqlens).tolist(),
+            # Fixed per bucket: kernels bake max_seqlen into their launch grid at capture.
+            max_seqlen=tokens,
+        )
+
+
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
+class Capturer(Protocol):
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+        """Records `fn` once; returns the graph and `fn`'s output tensor, which every replay rewrites."""
+        ...
+
+
+class CudaCapturer:
+    """torch.cuda.CUDAGraph capture into one memory pool shared by all graphs (unverified without a GPU)."""
+
+    def __init__(self, stream: torch.cuda.Stream | None = None):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = stream
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            output = fn()
+        return graph, output
+
+
+class BucketState(Enum):
+    WARM = "warm"  # ran eagerly once
+    CAPTURED = "captured"
+    EAGER = "eager"  # the graph bound was reached when it was due for capture: stays eager
+
+
+@dataclass
+class GraphStats:
+    eager: int = 0
+    captures: int = 0
+    replays: int = 0
+
+
+class LazyGraphs:
+    """Per bucket: first hit eager, second captured, later replayed; at most `max_graphs` graphs kept.
+
+    A bucket due for capture once the bound is reached stays eager rather than evicting another graph:
+    evicting and recapturing in turn would cost a capture per step under a cycling mix of shapes.
+    """
+
+    def __init__(self, capturer: Capturer, max_graphs: int):
+        self.capturer = capturer
+        self.max_graphs = max_graphs
+        self.states: dict[Bucket, BucketState] = {}
+        self.graphs: dict[Bucket, tuple[Graph, torch.Tensor]] = {}
+        self.stats = GraphStats()
+
+    def run(
+        self,
+        bucket: Bucket,
+        eager: Callable[[], torch.Tensor],
+        capture: Callable[[], torch.Tensor],
+        before_replay: Callable[[], None],
+    ) -> torch.Tensor:
+        state = self.states.get(bucket)
+        if state is BucketState.WARM:
+            state = self._capture(bucket, capture)
+        if state is BucketState.CAPTURED:
+            graph, output = self.graphs[bucket]
+            before_replay()
+            graph.replay()
+            self.stats.replays += 1
+            return output
+        self.states.setdefault(bucket, BucketState.WARM)
+        self.stats.eager += 1
+        return eager()
+
+    def _capture(self, bucket: Bucket, capture: Callable[[], torch.Tensor]) -> BucketState:
+        if len(self.graphs) >= self.max_graphs:
+            self.states[bucket] = BucketState.EAGER
+            return BucketState.EAGER
+        self.graphs[bucket] = self.capturer.capture(capture)
+        self.stats.captures += 1
+        self.states[bucket] = BucketState.CAPTURED
+        logger.info("captured a CUDA graph for %s tokens x %s sequences", *bucket)
+        return BucketState.CAPTURED
+
+
+ForwardFn = Callable[[ModelInputs, Callable[[ForwardContext], Any]], torch.Tensor]
+
+
+class CudaGraphRunner:
+    """Pads a batch to its bucket and runs it through the lazy graphs; None above the top bucket."""
+
+    def __init__(
+        self,
+        config: CudaGraphConfig,
+        device: torch.device,
+        backend: AttentionBackend,
+        forward: ForwardFn,
+        capturer: Capturer,
+    ):
+        assert backend.supports_cuda_graphs, f"attention backend {backend.name!r} cannot run inside a CUDA graph"
+        self.buckets = GraphBuckets(config.token_buckets, config.seq_buckets)
+        self.buffers = StaticBuffers(self.buckets.top, device)
+        self.graphs = LazyGraphs(capturer, config.max_graphs)
+        self.backend = backend
+        self.forward = forward
+
+    def run(self, batch: Batch) -> torch.Tensor | None:  # [B, dim] float32 on the device
+        bucket = self.buckets.bucket_for(batch.num_tokens, batch.num_seqs)
+        if bucket is None:
+            return None
+        padded = pad_batch(batch, bucket)
+        inputs = self.buffers.load(padded, padded_positions(padded, batch.num_tokens), bucket)
+        output = self.graphs.run(
+            bucket,
+            eager=lambda: self.forward(inputs, self.backend.prepare),
+            capture=lambda: self.forward(inputs, lambda ctx: self.backend.prepare_capture(ctx, bucket)),
+            before_replay=lambda: self.backend.prepare_replay(inputs.context(self.backend), bucket),
+        )
+        return output[: batch.num_seqs]  # pad rows dropped
+
+
+def unpadded_inputs(batch: Batch, device: torch.device) -> ModelInputs:
+    """The eager path's inputs: the batch as it is, no buckets."""
+    seq_lens = np.diff(batch.cu_seqlens)
+    token_types = None
+    if batch.token_type_ids is not None:
+        token_types = torch.from_numpy(batch.token_type_ids).to(device, torch.long)
+    return ModelInputs(
+        torch.from_numpy(batch.input_ids).to(device, torch.long),
+        torch.from_numpy(padded_positions(batch, batch.num_tokens)).to(device),
+        token_types,
+        torch.from_numpy(batch.cu_seqlens).to(device),
+        torch.from_numpy(batch.dimensions).to(device),
+        torch.from_numpy(batch.normalize).to(device),
+        seq_lens.tolist(),
+        int(seq_lens.max(initial=0)),
+    )

@@ -1,0 +1,79 @@
+"""FlashAttention varlen over packed sequences: flash-attn-4 (CuTe DSL, Hopper and Blackwell) when
+installed, else FlashAttention 2's `flash_attn_varlen_func`.
+
+Its only metadata is `cu_seqlens` and `max_seqlen`, so it runs inside a CUDA graph as it is: the graph's
+`cu_seqlens` is a static buffer and `max_seqlen` is fixed per bucket (the bucket's token count, an upper
+bound). Written against the libraries' published signatures; not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from bouquet.engine.context import ForwardContext
+from bouquet.layers.attention_backends.base import AttentionBackend, BackendUnavailableError
+
+VarlenFunc = Callable[..., Any]
+
+
+def load_varlen_func() -> tuple[VarlenFunc, str]:
+    """The newest FlashAttention varlen forward installed, and which one it is."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func  # flash-attn-4
+
+        return flash_attn_varlen_func, "flash-attn-4 (CuTe DSL)"
+    except ImportError:
+        pass
+    try:
+        from flash_attn import flash_attn_varlen_func  # FlashAttention 2
+
+        return flash_attn_varlen_func, "flash-attn 2"
+    except ImportError as error:
+        raise BackendUnavailableError(
+            "attention backend 'flash_attn' needs FlashAttention: pip install flash-attn-4 (Hopper, Blackwell) "
+            "or flash-attn (FlashAttention 2)"
+        ) from error
+
+
+class FlashAttnBackend(AttentionBackend):
+    name: ClassVar[str] = "flash_attn"
+    supports_cuda_graphs: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._varlen, self.version = load_varlen_func()
+
+    def prepare(self, ctx: ForwardContext) -> None:
+        return None  # cu_seqlens and max_seqlen in the context are all it reads
+
+    def prepare_capture(self, ctx: ForwardContext, key: Hashable) -> None:
+        return None
+
+    def prepare_replay(self, ctx: ForwardContext, key: Hashable) -> None:
+        pass  # the replayed cu_seqlens buffer already holds this batch's offsets
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, D] bfloat16 or float16
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        ctx: ForwardContext,
+        causal: bool,
+        scale: float,
+    ) -> torch.Tensor:  # [T, H, D]
+        assert q.dtype in (torch.bfloat16, torch.float16), f"flash_attn needs bfloat16 or float16, got {q.dtype}"
+        out = self._varlen(
+            q,
+            k,
+            v,
+            cu_seqlens_q=ctx.cu_seqlens,
+            cu_seqlens_k=ctx.cu_seqlens,
+            max_seqlen_q=ctx.max_seqlen,
+            max_seqlen_k=ctx.max_seqlen,
+            softmax_scale=scale,
+            causal=causal,
+        )
+        # flash-attn-4 returns (out, lse); FlashAttention 2 returns out alone.
+        return out[0] if isinstance(out, tuple) else out
