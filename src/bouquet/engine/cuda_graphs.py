@@ -55,7 +55,7 @@ class GraphBuckets:
         # Pad tokens need a sequence slot of their own, so they never join (and change) a real sequence.
         needed_seqs = num_seqs + (padded_tokens > num_tokens)
         j = bisect.bisect_left(self.seq_sizes, needed_seqs)
-        if j == len(self.seq_sizes) or self.seq_sizes[j] > padded_tokens:
+        if j == len(self.seq_sizes):
             return None
         return Bucket(padded_tokens, self.seq_sizes[j])
 

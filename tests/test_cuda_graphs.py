@@ -1,0 +1,174 @@
+"""CUDA-graph logic on the CPU: bucket choice, padding that keeps real rows, the lazy capture state machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from conftest import row_cosines
+from random_models import make_bert, make_qwen3
+
+from bouquet.config import CudaGraphConfig, EngineConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.cuda_graphs import (
+    Bucket,
+    BucketState,
+    GraphBuckets,
+    LazyGraphs,
+    pad_batch,
+    padded_positions,
+    unpadded_inputs,
+)
+from bouquet.engine.engine import Engine
+
+BUCKETS = GraphBuckets((16, 32, 64, 512), (1, 2, 4, 8))
+
+
+@pytest.fixture(scope="module")
+def random_qwen3(tmp_path_factory, minilm_path) -> Iterator[Engine]:  # last-token pooling
+    path = tmp_path_factory.mktemp("qwen3")
+    make_qwen3(path, minilm_path, bidirectional=True)
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def random_bert(tmp_path_factory, minilm_path) -> Iterator[Engine]:  # CLS pooling
+    path = tmp_path_factory.mktemp("bert")
+    make_bert(path, minilm_path)
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "seqs", "bucket"),
+    [
+        (16, 1, Bucket(16, 1)),  # exact fit: no pad sequence needed
+        (10, 1, Bucket(16, 2)),  # pad tokens need a sequence slot of their own
+        (17, 3, Bucket(32, 4)),
+        (512, 8, Bucket(512, 8)),
+        (400, 8, None),  # 8 sequences plus a pad sequence exceed the top sequence bucket
+        (513, 1, None),  # above the top token bucket: eager
+    ],
+)
+def test_bucket_for(tokens: int, seqs: int, bucket: Bucket | None) -> None:
+    assert BUCKETS.bucket_for(tokens, seqs) == bucket
+
+
+def test_bucket_may_hold_more_sequence_slots_than_tokens() -> None:
+    assert GraphBuckets((4, 16), (8, 16)).bucket_for(3, 3) == Bucket(4, 8)  # slots past the pad sequence are empty
+
+
+def test_default_config_covers_the_benchmark_shapes() -> None:
+    buckets = GraphBuckets(CudaGraphConfig().token_buckets, CudaGraphConfig().seq_buckets)
+    assert buckets.bucket_for(16, 1) == Bucket(16, 1)
+    assert buckets.bucket_for(8 * 64, 8) == Bucket(512, 8)
+
+
+def test_config_rejects_unsorted_buckets() -> None:
+    with pytest.raises(ValueError, match="token_buckets"):
+        CudaGraphConfig(token_buckets=(32, 16))
+
+
+def _batch(seq_lens: list[int], seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 2000, sum(seq_lens))
+    return Batch.from_packed(ids, np.concatenate([[0], np.cumsum(seq_lens)]))
+
+
+def test_pad_batch_layout() -> None:
+    padded = pad_batch(_batch([3, 5]), Bucket(16, 4))
+    assert padded.cu_seqlens.tolist() == [0, 3, 8, 16, 16]
+    assert padded.input_ids[8:].tolist() == [0] * 8
+    assert padded.dimensions.shape == (4,) and padded.normalize.tolist() == [True, True, False, False]
+    assert padded_positions(padded, 8).tolist() == [0, 1, 2, 0, 1, 2, 3, 4] + [0] * 8
+
+
+@pytest.mark.parametrize("engine_name", ["minilm_fp32", "random_qwen3", "random_bert"])
+def test_padding_keeps_real_rows(engine_name: str, request: pytest.FixtureRequest) -> None:
+    """The padded batch through the eager model (pooling included) gives the unpadded rows."""
+    engine: Engine = request.getfixturevalue(engine_name)
+    batch = _batch([7, 12, 3])
+    bucket = Bucket(32, 8)
+    padded = pad_batch(batch, bucket)
+    with torch.inference_mode():
+        expected = engine.forward(unpadded_inputs(batch, engine.device), engine.attn_backend.prepare)
+        inputs = unpadded_inputs(padded, engine.device)
+        inputs.positions = torch.from_numpy(padded_positions(padded, batch.num_tokens))
+        got = engine.forward(inputs, engine.attn_backend.prepare)
+    assert got.shape[0] == bucket.num_seqs and torch.isfinite(got).all()
+    assert row_cosines(got[: batch.num_seqs].numpy(), expected.numpy()).min() > 0.99999
+
+
+class _RecordingCapturer:
+    """Stand-in for CudaCapturer: runs `fn` once at capture and replays by calling it again."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_RecordingGraph, torch.Tensor]:
+        self.calls.append("capture")
+        return _RecordingGraph(self.calls), fn()
+
+
+class _RecordingGraph:
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def replay(self) -> None:
+        self.calls.append("replay")
+
+
+def _run(graphs: LazyGraphs, bucket: Bucket, calls: list[str]) -> torch.Tensor:
+    def eager() -> torch.Tensor:
+        calls.append("eager")
+        return torch.zeros(1)
+
+    def capture() -> torch.Tensor:
+        calls.append("capture-forward")
+        return torch.ones(1)
+
+    return graphs.run(bucket, eager, capture, lambda: calls.append("before-replay"))
+
+
+def test_lazy_policy_eager_then_capture_then_replay() -> None:
+    capturer = _RecordingCapturer()
+    graphs = LazyGraphs(capturer, max_graphs=4)
+    bucket = Bucket(16, 1)
+    for _ in range(4):
+        _run(graphs, bucket, capturer.calls)
+    assert capturer.calls == [
+        "eager",
+        "capture",
+        "capture-forward",
+        "before-replay",
+        "replay",
+        "before-replay",
+        "replay",
+        "before-replay",
+        "replay",
+    ]
+    assert (graphs.stats.eager, graphs.stats.captures, graphs.stats.replays) == (1, 1, 3)
+
+
+def test_graph_bound_leaves_later_buckets_eager() -> None:
+    capturer = _RecordingCapturer()
+    graphs = LazyGraphs(capturer, max_graphs=2)
+    buckets = [Bucket(16, 1), Bucket(32, 1), Bucket(64, 1)]
+    for _ in range(3):
+        for bucket in buckets:
+            _run(graphs, bucket, capturer.calls)
+    assert len(graphs.graphs) == 2 and capturer.calls.count("capture") == 2
+    assert graphs.states[Bucket(64, 1)] is BucketState.EAGER
+    assert graphs.stats.eager == 3 + 2  # every first hit, then the third bucket twice more
+
+
+def test_capture_returns_the_static_output_and_replays_reuse_it() -> None:
+    capturer = _RecordingCapturer()
+    graphs = LazyGraphs(capturer, max_graphs=1)
+    outputs = [_run(graphs, Bucket(16, 1), capturer.calls) for _ in range(3)]
+    assert outputs[1] is outputs[2]
