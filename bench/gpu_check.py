@@ -1,0 +1,300 @@
+"""One-call GPU check: parity, graph == eager, latency and throughput, attention backends; writes
+docs/gpu-results.md and docs/attention-table.json (the `auto` backend's table).
+
+    python bench/gpu_check.py              # on the GPU machine, about 5 minutes on one H200, no network
+    python bench/gpu_check.py --dry-run    # on the CPU: tiny shapes, SDPA, no graphs, output to a temp dir
+
+Every section is guarded: a failure is recorded in the table and the run goes on, so a lent GPU is never
+lost to one error. The GPU machine has torch with CUDA, transformers, tokenizers and safetensors but no
+registry, so the optional kernels travel as wheels made beforehand on a machine with network (Python 3.12,
+manylinux x86_64; match the CUDA major version of the GPU machine's torch):
+
+    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
+        --platform manylinux2014_x86_64 --implementation cp -d wheels/ flash-attn-4 flashinfer-python
+    # flashinfer-python JIT-compiles kernels unless its precompiled ones are present as well:
+    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
+        -d wheels/ flashinfer-cubin
+    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
+        -d wheels/ flashinfer-jit-cache --extra-index-url https://flashinfer.ai/whl/cu129  # cuXYZ of torch
+
+and on the GPU machine, before the check: `pip install --no-index --no-deps wheels/*.whl` (add --no-deps
+only once the wheels' own dependencies, e.g. nvidia-cutlass-dsl and cuda-python for flash-attn-4, are in
+wheels/ too: `pip download` above fetches them unless --no-deps is given). The bouquet package itself
+installs with `pip install --no-deps --no-build-isolation -e .`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from random_models import write_sentence_transformers_files
+
+from bouquet.config import CudaGraphConfig, EngineConfig, default_model_path
+from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
+from bouquet.layers.attention_backends import AttentionShape
+from bouquet.layers.attention_backends.selection import GPU_BACKENDS, BackendTable, load_backends, measure_timings
+from bouquet.layers.linear import Linear
+
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, intermediate_size=3072, vocab_size=151669)  # fmt: skip
+QWEN3_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, intermediate_size=128, vocab_size=30522)  # fmt: skip
+
+
+@dataclass
+class Report:
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    deadline: float = float("inf")
+
+    def add(self, check: str, result: str, goal: str = "") -> None:
+        self.rows.append((check, result, goal))
+        print(f"| {check} | {result} | {goal} |", flush=True)
+
+    def run(self, name: str, check: Callable[[], None]) -> None:
+        """Runs one check; past the time budget it is skipped, and a failure is recorded, not raised."""
+        if time.monotonic() > self.deadline:
+            self.add(name, "SKIPPED: time budget spent")
+            return
+        try:
+            check()
+        except Exception as error:
+            self.add(name, f"FAILED: {type(error).__name__}: {str(error)[:200]}")
+            traceback.print_exc()
+
+    def markdown(self, header: list[str]) -> str:
+        lines = [*header, "", "| check | result | goal |", "| --- | --- | --- |"]
+        lines += [f"| {c} | {r} | {g} |" for c, r, g in self.rows]
+        return "\n".join([*lines, "", *[f"- {n}" for n in self.notes], ""])
+
+
+def make_qwen3(path: Path, shape: dict[str, int]) -> Path:
+    """A random-weight Qwen3 embedder (causal, last-token pooling) in the sentence-transformers layout."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**shape, max_position_embeddings=32768, tie_word_embeddings=False)
+    Qwen3Model(config).save_pretrained(path)  # transformers' own init: std 0.02, stable over 28 layers
+    write_sentence_transformers_files(path, default_model_path(), "lasttoken", max_len=32768)
+    return path
+
+
+def make_engine(path: Path, device: str, dtype: str, backend: str, graphs: bool) -> Engine:
+    config = CudaGraphConfig(enabled=graphs)
+    return Engine(EngineConfig(path, device, dtype, attention_backend=backend, cuda_graphs=config))
+
+
+def random_batch(seq_lens: list[int], vocab: int, seed: int = 0) -> Batch:
+    ids = np.random.default_rng(seed).integers(1000, vocab, sum(seq_lens))
+    return Batch.from_packed(ids, np.concatenate([[0], np.cumsum(seq_lens)]))
+
+
+def step_seconds(engine: Engine, batch: Batch, repeats: int) -> float:
+    """Median wall time of a synchronous step (launch, readback, the waiter's completion)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        engine.embed(batch)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+
+
+def matmul_tflops(device: str, dtype: torch.dtype, n: int) -> float:
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start, repeats = time.perf_counter(), 20
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def model_tflop(engine: Engine, seq_lens: list[int]) -> float:
+    """Matrix-product work of one forward: 2 flop per weight per token plus attention's QK^T and PV."""
+    weights = sum(m.weight.numel() for m in engine.model.modules() if isinstance(m, Linear))
+    shape = engine.attn_backend.shape
+    assert shape is not None
+    pairs = sum(n * n * (0.5 if shape.causal else 1.0) for n in seq_lens)
+    layers = sum(1 for m in engine.model.modules() if type(m).__name__.endswith("DecoderLayer"))
+    attention = 4 * pairs * shape.num_heads * shape.head_dim * max(layers, 1)
+    return (2 * weights * sum(seq_lens) + attention) / 1e12
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def usable_backend(path: Path, args: argparse.Namespace, loaded: list[str]) -> str | None:
+    """The first capturable backend that runs this model here (FA4 has no head_dim 32, for one), or None."""
+    if args.dry_run:
+        return None
+    for name in ("flash_attn", "flashinfer"):
+        if name not in loaded:
+            continue
+        engine = make_engine(path, args.device, "bfloat16", name, graphs=False)
+        try:
+            engine.embed(random_batch([16, 40], 30000))
+            return name
+        except Exception as error:
+            print(f"{name} cannot run {path.name}: {error}", file=sys.stderr)
+        finally:
+            engine.close()
+    return None
+
+
+def check_model(report: Report, name: str, path: Path, args: argparse.Namespace, loaded: list[str]) -> None:
+    backend = usable_backend(path, args, loaded)
+    vocab = args.vocab[name]
+    mixed = [16, 33, 64, 100, 128, 200, 256, 500] if not args.dry_run else [5, 9, 16]
+
+    def parity() -> None:
+        reference = make_engine(path, args.device, "float32", "sdpa", graphs=False)
+        engine = make_engine(path, args.device, "bfloat16", backend or "sdpa", graphs=False)
+        cosine = min_cosine(engine.embed(random_batch(mixed, vocab)), reference.embed(random_batch(mixed, vocab)))
+        report.add(f"{name}: bfloat16 ({backend or 'sdpa'}) vs float32", f"min cosine {cosine:.5f}", ">= 0.999")
+        reference.close()
+        engine.close()
+
+    report.run(f"{name}: bfloat16 parity", parity)
+    if backend is None and not args.dry_run:
+        report.add(f"{name}: CUDA graphs", "SKIPPED: no capturable backend loaded (flash-attn-4, flashinfer-python)")
+        return
+    # The dry run goes through every section with an eager SDPA engine, so the script itself is tested.
+    engine = make_engine(path, args.device, "bfloat16", backend or "sdpa", graphs=not args.dry_run)
+    report.run(f"{name}: graph == eager", lambda: graph_equals_eager(report, name, engine, mixed[:5], vocab))
+    for seqs, length in ((1, 16), (8, 64)):
+        label = f"{name}: eager vs graph, {seqs} x {length} tokens"
+        repeats = 3 if args.dry_run else 50
+        run = partial(eager_vs_graph, report, label, engine, (seqs, length), vocab, repeats)
+        report.run(label, run)
+    if name == "qwen3-0.6b":
+        saturation(report, engine, args)
+    engine.close()
+
+
+def graph_equals_eager(report: Report, name: str, engine: Engine, seq_lens: list[int], vocab: int) -> None:
+    batch = random_batch(seq_lens, vocab)
+    eager = engine.embed(batch)  # first hit of the bucket: eager
+    start = time.perf_counter()
+    engine.embed(batch)  # second: captured, then replayed
+    capture_s = time.perf_counter() - start
+    replayed = engine.embed(batch)
+    diff = np.abs(replayed - eager).max()
+    report.add(f"{name}: graph == eager", f"min cosine {min_cosine(replayed, eager):.6f}, max abs diff {diff:.2e}")
+    report.add(f"{name}: time to capture a bucket", f"{capture_s * 1e3:.0f} ms (capture and first replay)")
+
+
+def eager_vs_graph(
+    report: Report, label: str, engine: Engine, shape: tuple[int, int], vocab: int, repeats: int
+) -> None:
+    seqs, length = shape
+    batch = random_batch([length] * seqs, vocab, seed=seqs)
+    for _ in range(3):  # warm-up, capture, first replay
+        engine.embed(batch)
+    graph_s = step_seconds(engine, batch, repeats)
+    runner = None
+    if engine._cuda is not None:  # None on the dry run's CPU engine: both timings are eager there
+        runner, engine._cuda.graphs = engine._cuda.graphs, None  # the same engine, eager
+    eager_s = step_seconds(engine, batch, repeats)
+    if engine._cuda is not None:
+        engine._cuda.graphs = runner
+    goal = ">= 3x (Qwen3 shape)" if seqs == 1 else ""
+    report.add(label, f"eager {eager_s * 1e3:.2f} ms, graph {graph_s * 1e3:.2f} ms: {eager_s / graph_s:.1f}x", goal)
+
+
+def saturation(report: Report, engine: Engine, args: argparse.Namespace) -> None:
+    """Step latency and tokens/s against batch tokens, 512-token sequences; the knee at 90% of the best."""
+    sizes = [512, 1024, 2048, 4096, 8192, 16384] if not args.dry_run else [32, 64]
+    results: list[tuple[int, float]] = []
+
+    def measure(size: int) -> None:
+        seq_lens = [min(512, size)] * max(1, size // 512)
+        batch = random_batch(seq_lens, args.vocab["qwen3-0.6b"], seed=size)
+        for _ in range(3):
+            engine.embed(batch)
+        seconds = step_seconds(engine, batch, 2 if args.dry_run else 10)
+        share = model_tflop(engine, seq_lens) / seconds / args.matmul_tflops
+        results.append((size, size / seconds))
+        summary = f"{seconds * 1e3:.1f} ms/step, {size / seconds:,.0f} tokens/s, {share:.0%} of the matmul rate"
+        report.add(f"batch {size} tokens", summary, ">= 40% at saturation")
+
+    for size in sizes:
+        report.run(f"batch {size} tokens", lambda size=size: measure(size))
+    if results:
+        best = max(rate for _, rate in results)
+        knee = next(size for size, rate in results if rate >= 0.9 * best)
+        report.add("saturation knee", f"{knee} tokens (first size at 90% of the best {best:,.0f} tokens/s)")
+
+
+def check_backends(report: Report, args: argparse.Namespace, out_dir: Path) -> list[str]:
+    names = GPU_BACKENDS if not args.dry_run else ("sdpa",)
+    loaded, missing = load_backends(names)
+    for name, reason in missing.items():
+        report.add(f"backend {name}", f"NOT LOADED: {reason}")
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    shape = AttentionShape(16, 8, 128, causal=True, dtype=dtype)
+    lengths = (64, 128, 256, 512, 1024, 2048, 4096, 8192) if not args.dry_run else (16, 32)
+
+    def measure() -> None:
+        timings = measure_timings(loaded, shape, torch.device(args.device), lengths)
+        for length, times in timings.items():
+            cells = ", ".join(f"{n} {t * 1e6:.0f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
+            report.add(f"attention, {length}-token sequences (8192 tokens)", cells or "every backend failed")
+        table = BackendTable.from_timings({n: t for n, t in timings.items() if t})
+        (out_dir / "attention-table.json").write_text(table.to_json())
+        report.notes.append(f"auto table (written to attention-table.json): {table.rows}")
+
+    report.run("attention backends", measure)
+    return list(loaded)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, SDPA, no graphs, temp output")
+    parser.add_argument("--out-dir", type=Path, help="where gpu-results.md goes (default docs/, temp on dry run)")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="sections past this many seconds are skipped")
+    args = parser.parse_args()
+    args.device = "cpu" if args.dry_run else "cuda"
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --dry-run on the CPU")
+    out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.dry_run else Path(__file__).parent.parent / "docs")
+    report = Report(deadline=time.monotonic() + args.budget_s)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    args.matmul_tflops = matmul_tflops(args.device, dtype, 8192 if not args.dry_run else 256)
+    report.add(f"{dtype} matrix-product rate", f"{args.matmul_tflops:.3g} TFLOP/s (n^3 matmuls, this run)")
+    loaded = check_backends(report, args, out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen3 = make_qwen3(Path(tmp), QWEN3_TINY if args.dry_run else QWEN3_06B)
+        args.vocab = {"qwen3-0.6b": (QWEN3_TINY if args.dry_run else QWEN3_06B)["vocab_size"], "minilm": 30522}
+        check_model(report, "qwen3-0.6b", qwen3, args, loaded)
+        check_model(report, "minilm", default_model_path(), args, loaded)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
+    header = ["# GPU check", "", f"Device: {device_name}; torch {torch.__version__}; bench/gpu_check.py"]
+    (out_dir / "gpu-results.md").write_text(report.markdown(header))
+    print(f"wrote {out_dir / 'gpu-results.md'}")
+
+
+if __name__ == "__main__":
+    main()
