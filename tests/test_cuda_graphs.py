@@ -128,9 +128,9 @@ def _run(graphs: LazyGraphs, bucket: Bucket, calls: list[str]) -> torch.Tensor:
         calls.append("eager")
         return torch.zeros(1)
 
-    def capture() -> torch.Tensor:
-        calls.append("capture-forward")
-        return torch.ones(1)
+    def capture() -> Callable[[], torch.Tensor]:
+        calls.append("capture-setup")
+        return lambda: calls.append("capture-forward") or torch.ones(1)
 
     return graphs.run(bucket, eager, capture, lambda: calls.append("before-replay"))
 
@@ -143,6 +143,7 @@ def test_lazy_policy_eager_then_capture_then_replay() -> None:
         _run(graphs, bucket, capturer.calls)
     assert capturer.calls == [
         "eager",
+        "capture-setup",
         "capture",
         "capture-forward",
         "before-replay",

@@ -121,15 +121,17 @@ class StaticBuffers:
         """Copies `padded` into the buffers (stream-ordered, so a replay still in flight reads its own data)."""
         tokens, seqs = bucket.num_tokens, bucket.num_seqs
         token_types = padded.token_type_ids if padded.token_type_ids is not None else np.zeros(tokens, np.int32)
-        for buffer, host in (
-            (self.input_ids[:tokens], padded.input_ids),
-            (self.positions[:tokens], positions),
-            (self.token_type_ids[:tokens], token_types),
-            (self.cu_seqlens[: seqs + 1], padded.cu_seqlens),
-            (self.dimensions[:seqs], padded.dimensions),
-            (self.normalize[:seqs], padded.normalize),
-        ):
-            buffer.copy_(torch.from_numpy(np.ascontiguousarray(host)), non_blocking=True)
+        hosts = [padded.input_ids, positions, token_types, padded.cu_seqlens, padded.dimensions, padded.normalize]
+        buffers = [
+            self.input_ids[:tokens],
+            self.positions[:tokens],
+            self.token_type_ids[:tokens],
+            self.cu_seqlens[: seqs + 1],
+            self.dimensions[:seqs],
+            self.normalize[:seqs],
+        ]
+        for buffer, uploaded in zip(buffers, upload(hosts, self.input_ids.device), strict=True):
+            buffer.copy_(uploaded)
         return ModelInputs(
             self.input_ids[:tokens],
             self.positions[:tokens],
@@ -198,9 +200,10 @@ class LazyGraphs:
         self,
         bucket: Bucket,
         eager: Callable[[], torch.Tensor],
-        capture: Callable[[], torch.Tensor],
+        capture: Callable[[], Callable[[], torch.Tensor]],
         before_replay: Callable[[], None],
     ) -> torch.Tensor:
+        """`capture` does the host-side set-up outside the graph and returns the function to record."""
         state = self.states.get(bucket)
         if state is BucketState.WARM:
             state = self._capture(bucket, capture)
@@ -214,11 +217,11 @@ class LazyGraphs:
         self.stats.eager += 1
         return eager()
 
-    def _capture(self, bucket: Bucket, capture: Callable[[], torch.Tensor]) -> BucketState:
+    def _capture(self, bucket: Bucket, capture: Callable[[], Callable[[], torch.Tensor]]) -> BucketState:
         if len(self.graphs) >= self.max_graphs:
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
-        self.graphs[bucket] = self.capturer.capture(capture)
+        self.graphs[bucket] = self.capturer.capture(capture())
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
         logger.info("captured a CUDA graph for %s tokens x %s sequences", *bucket)
@@ -252,10 +255,16 @@ class CudaGraphRunner:
             return None
         padded = pad_batch(batch, bucket)
         inputs = self.buffers.load(padded, padded_positions(padded, batch.num_tokens), bucket)
+
+        def capture() -> Callable[[], torch.Tensor]:
+            # Planning (FlashInfer's plan() copies and may sync) must happen before the capture, not in it.
+            metadata = self.backend.prepare_capture(inputs.context(self.backend), bucket)
+            return lambda: self.forward(inputs, lambda ctx: metadata)
+
         output = self.graphs.run(
             bucket,
             eager=lambda: self.forward(inputs, self.backend.prepare),
-            capture=lambda: self.forward(inputs, lambda ctx: self.backend.prepare_capture(ctx, bucket)),
+            capture=capture,
             before_replay=lambda: self.backend.prepare_replay(inputs.context(self.backend), bucket),
         )
         return output[: batch.num_seqs]  # pad rows dropped
@@ -264,16 +273,32 @@ class CudaGraphRunner:
 def unpadded_inputs(batch: Batch, device: torch.device) -> ModelInputs:
     """The eager path's inputs: the batch as it is, no buckets."""
     seq_lens = np.diff(batch.cu_seqlens)
-    token_types = None
+    hosts = [batch.input_ids, padded_positions(batch, batch.num_tokens), batch.cu_seqlens]
+    hosts += [batch.dimensions, batch.normalize]
     if batch.token_type_ids is not None:
-        token_types = torch.from_numpy(batch.token_type_ids).to(device, torch.long)
+        hosts.append(batch.token_type_ids)
+    input_ids, positions, cu_seqlens, dimensions, normalize, *token_types = upload(hosts, device)
     return ModelInputs(
-        torch.from_numpy(batch.input_ids).to(device, torch.long),
-        torch.from_numpy(padded_positions(batch, batch.num_tokens)).to(device),
-        token_types,
-        torch.from_numpy(batch.cu_seqlens).to(device),
-        torch.from_numpy(batch.dimensions).to(device),
-        torch.from_numpy(batch.normalize).to(device),
+        input_ids,
+        positions,
+        token_types[0] if token_types else None,
+        cu_seqlens.int(),
+        dimensions.int(),
+        normalize.bool(),
         seq_lens.tolist(),
         int(seq_lens.max(initial=0)),
     )
+
+
+def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:  # each [n] int64
+    """The arrays on `device` as int64; on CUDA through one pinned buffer and one non-blocking copy.
+
+    A copy from pageable memory may make the driver wait for the stream, which would hold the engine thread
+    behind the step still in flight; the caching host allocator keeps the pinned block until the copy is done.
+    """
+    sizes = [len(a) for a in arrays]
+    if device.type != "cuda":
+        return [torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in arrays]
+    host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=True)
+    np.concatenate(arrays, out=host.numpy(), casting="unsafe")
+    return list(host.to(device, non_blocking=True).split(sizes))

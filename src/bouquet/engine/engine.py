@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -91,8 +92,8 @@ class Engine:
         backend.bind(shape)
         return backend
 
-    def forward(self, inputs: ModelInputs, prepare: Any) -> torch.Tensor:  # [B, dim] float32 on the device
-        """The model and pooling on device inputs; `prepare` builds the attention metadata (eager or capture)."""
+    def forward(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
+        """[B, dim] float32 rows on the device; `prepare` gives the attention metadata (eager or captured)."""
         ctx = inputs.context(self.attn_backend)
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
