@@ -213,9 +213,9 @@ async def _models(gateway: Gateway, request: Request) -> Response:
 
 
 async def _info(gateway: Gateway, request: Request) -> Response:
-    model = gateway.catalog.get(request.query_params.get("model"))
     if not gateway.catalog.ordered:
         raise Unavailable("no replica has reported its model yet", "no_healthy_replica")
+    model = gateway.catalog.get(request.query_params.get("model"))
     return _json({
         "model_id": model.id, "model_dtype": model.dtype, "model_type": {"embedding": {"pooling": model.pooling}},
         "dimension": model.dimension, "max_input_length": model.max_seq_length,
