@@ -135,7 +135,8 @@ def test_tei_left_truncation_keeps_the_end(server, sentence_transformer, minilm_
     assert row_cosines(np.array(body), np.array(by_ids)).min() >= 0.99999
 
 
-def test_tokenize_info_models_metrics_docs(server):
+def test_tokenize_info_models_metrics_docs(server, client):
+    client.embeddings.create(model=MODEL, input="counted in the metrics")
     status, tokens = post(f"{server}/tokenize", {"inputs": "hello world"})
     assert status == 200
     assert [token["id"] for token in tokens[0]] == [101, 7592, 2088, 102]
