@@ -6,21 +6,20 @@ docs/gpu-results.md and docs/attention-table.json (the `auto` backend's table).
 
 Every section is guarded: a failure is recorded in the table and the run goes on, so a lent GPU is never
 lost to one error. The GPU machine has torch with CUDA, transformers, tokenizers and safetensors but no
-registry, so the optional kernels travel as wheels made beforehand on a machine with network (Python 3.12,
-manylinux x86_64; match the CUDA major version of the GPU machine's torch):
+registry, so the optional kernels travel as wheels made beforehand on a machine with network, for Python
+3.12 on manylinux x86_64. Download the two packages without their dependencies (a dependency on torch
+would fetch a second, multi-GB torch), then their own dependencies, minus torch, the same way:
 
-    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
-        --platform manylinux2014_x86_64 --implementation cp -d wheels/ flash-attn-4 flashinfer-python
-    # flashinfer-python JIT-compiles kernels unless its precompiled ones are present as well:
-    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
-        -d wheels/ flashinfer-cubin
-    pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
-        -d wheels/ flashinfer-jit-cache --extra-index-url https://flashinfer.ai/whl/cu129  # cuXYZ of torch
+    P="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels/"
+    pip download $P --no-deps flash-attn-4 flashinfer-python
+    for w in wheels/*.whl; do unzip -p "$w" '*.dist-info/METADATA' | grep '^Requires-Dist'; done
+    pip download $P --no-deps <each requirement listed above but torch, e.g. nvidia-cutlass-dsl>
+    # FlashInfer JIT-compiles kernels (needs nvcc) unless its prebuilt ones travel too: flashinfer-cubin, and
+    # flashinfer-jit-cache from https://flashinfer.ai/whl/cuXYZ matching the GPU machine's torch.version.cuda.
 
-and on the GPU machine, before the check: `pip install --no-index --no-deps wheels/*.whl` (add --no-deps
-only once the wheels' own dependencies, e.g. nvidia-cutlass-dsl and cuda-python for flash-attn-4, are in
-wheels/ too: `pip download` above fetches them unless --no-deps is given). The bouquet package itself
-installs with `pip install --no-deps --no-build-isolation -e .`.
+On the GPU machine: `pip install --no-index --no-deps wheels/*.whl`, `pip install --no-deps -e .`, then
+`python bench/gpu_check.py`. A backend that does not load is named in the table with the reason.
 """
 
 from __future__ import annotations
@@ -89,13 +88,41 @@ def make_qwen3(path: Path, shape: dict[str, int]) -> Path:
     torch.manual_seed(0)
     config = Qwen3Config(**shape, max_position_embeddings=32768, tie_word_embeddings=False)
     Qwen3Model(config).save_pretrained(path)  # transformers' own init: std 0.02, stable over 28 layers
-    write_sentence_transformers_files(path, default_model_path(), "lasttoken", max_len=32768)
+    write_sentence_transformers_files(path, tokenizer_dir(path.parent), "lasttoken", max_len=32768)
     return path
 
 
-def make_engine(path: Path, device: str, dtype: str, backend: str, graphs: bool) -> Engine:
+def tokenizer_dir(tmp: Path) -> Path:
+    """The bundled MiniLM's tokenizer.json, or a minimal valid one: loading only needs the file, and the
+    MiniLM package (88 MB) is too big to travel to the GPU machine."""
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+
+        Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(tmp / "tokenizer.json"))
+        return tmp
+
+
+def minilm_dir(tmp: Path) -> tuple[str, Path]:
+    """all-MiniLM-L6-v2 from its package, else a random-weight BERT of its shape (6 x 384, 12 heads)."""
+    try:
+        return "minilm", default_model_path()
+    except FileNotFoundError:
+        from transformers import BertConfig, BertModel
+
+        path = tmp / "minilm-shaped"
+        torch.manual_seed(0)
+        config = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+        BertModel(config, add_pooling_layer=False).save_pretrained(path)
+        write_sentence_transformers_files(path, tokenizer_dir(tmp), "mean", max_len=512)
+        return "minilm-shaped (random weights: the MiniLM package is not installed here)", path
+
+
+def make_engine(path: Path, device: str, dtype: str, backend: str, graphs: bool, table: Path | None = None) -> Engine:
     config = CudaGraphConfig(enabled=graphs)
-    return Engine(EngineConfig(path, device, dtype, attention_backend=backend, cuda_graphs=config))
+    return Engine(EngineConfig(path, device, dtype, backend, cuda_graphs=config, attention_table=table))
 
 
 def random_batch(seq_lens: list[int], vocab: int, seed: int = 0) -> Batch:
@@ -191,7 +218,19 @@ def check_model(report: Report, name: str, path: Path, args: argparse.Namespace,
         report.run(label, run)
     if name == "qwen3-0.6b":
         saturation(report, engine, args)
+        report.run("auto backend from the table", partial(check_auto, report, path, args, engine, mixed))
     engine.close()
+
+
+def check_auto(report: Report, path: Path, args: argparse.Namespace, engine: Engine, seq_lens: list[int]) -> None:
+    """`auto` with the table this run wrote: the per-length choice, and rows equal to the fixed backend's."""
+    table = args.out_dir / "attention-table.json"
+    auto = make_engine(path, args.device, "bfloat16", "auto", graphs=not args.dry_run, table=table)
+    batch = random_batch(seq_lens, args.vocab["qwen3-0.6b"], seed=7)
+    cosine = min_cosine(auto.embed(batch), engine.embed(batch))
+    rows = getattr(auto.attn_backend, "table", None)
+    report.add("auto backend from the table", f"{rows.rows if rows else auto.attn_backend.name}; cosine {cosine:.5f}")
+    auto.close()
 
 
 def graph_equals_eager(report: Report, name: str, engine: Engine, seq_lens: list[int], vocab: int) -> None:
@@ -280,16 +319,18 @@ def main() -> None:
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --dry-run on the CPU")
     out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.dry_run else Path(__file__).parent.parent / "docs")
+    args.out_dir = out_dir
     report = Report(deadline=time.monotonic() + args.budget_s)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     args.matmul_tflops = matmul_tflops(args.device, dtype, 8192 if not args.dry_run else 256)
     report.add(f"{dtype} matrix-product rate", f"{args.matmul_tflops:.3g} TFLOP/s (n^3 matmuls, this run)")
     loaded = check_backends(report, args, out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        qwen3 = make_qwen3(Path(tmp), QWEN3_TINY if args.dry_run else QWEN3_06B)
-        args.vocab = {"qwen3-0.6b": (QWEN3_TINY if args.dry_run else QWEN3_06B)["vocab_size"], "minilm": 30522}
-        check_model(report, "qwen3-0.6b", qwen3, args, loaded)
-        check_model(report, "minilm", default_model_path(), args, loaded)
+        qwen3 = make_qwen3(Path(tmp) / "qwen3", QWEN3_TINY if args.dry_run else QWEN3_06B)
+        minilm_name, minilm = minilm_dir(Path(tmp))
+        args.vocab = {"qwen3-0.6b": (QWEN3_TINY if args.dry_run else QWEN3_06B)["vocab_size"], minilm_name: 30522}
+        report.run("qwen3-0.6b", lambda: check_model(report, "qwen3-0.6b", qwen3, args, loaded))
+        report.run(minilm_name, lambda: check_model(report, minilm_name, minilm, args, loaded))
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
     header = ["# GPU check", "", f"Device: {device_name}; torch {torch.__version__}; bench/gpu_check.py"]
     (out_dir / "gpu-results.md").write_text(report.markdown(header))

@@ -164,7 +164,9 @@ class CudaCapturer:
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        # thread_local: the readback thread may synchronize finished events while this thread captures;
+        # the default "global" mode would make those calls fail.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             output = fn()
         return graph, output
 

@@ -34,6 +34,7 @@ class FlashInferBackend(AttentionBackend):
         self._workspace: torch.Tensor | None = None
         self._eager: Any = None
         self._graph_wrappers: dict[Hashable, Any] = {}
+        self._planned: dict[int, torch.cuda.Event] = {}  # per wrapper: after its last plan's upload
 
     def prepare(self, ctx: ForwardContext) -> Any:
         if self._eager is None:
@@ -77,6 +78,12 @@ class FlashInferBackend(AttentionBackend):
     def _plan(self, wrapper: Any, ctx: ForwardContext) -> None:
         shape = self.shape
         assert shape is not None, "flashinfer plans with the model's attention shape: call bind() first"
+        # plan() writes the wrapper's pinned host buffer and uploads it with a non-blocking copy. With the
+        # engine a step ahead, that copy may still be queued behind the step in flight: wait for it (and
+        # only it) before the buffer is rewritten.
+        previous = self._planned.get(id(wrapper))
+        if previous is not None:
+            previous.synchronize()
         # Offsets from the host copy: planning on the host needs no device-to-host sync.
         indptr = torch.tensor([0, *itertools.accumulate(ctx.seq_lens)], dtype=torch.int32)
         wrapper.plan(
@@ -90,3 +97,6 @@ class FlashInferBackend(AttentionBackend):
             q_data_type=shape.dtype,
             kv_data_type=shape.dtype,
         )
+        event = torch.cuda.Event(blocking=True)
+        event.record()
+        self._planned[id(wrapper)] = event
