@@ -1,4 +1,4 @@
-# Two commands do all the set-up: `make embed` (the main job, with the bundled model) and `make test`.
+# Two commands do all the set-up: `make serve` (the server, with the bundled model) and `make test`.
 # Each creates .venv on first use; torch is pinned to the CPU build this machine installs from local disk.
 PYTHON ?= python3.11
 VENV := .venv
