@@ -20,7 +20,7 @@ from bouquet.engine.weights import load_checked, read_checkpoint
 from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.layers.pooling import pool
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.models import create_model
@@ -37,7 +37,10 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     for module in model.modules():
         if isinstance(module, Linear):
             module.to(dtype)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if device.type == "cpu":
+        prepack_cpu_linears(model)
+    return model
 
 
 class Engine:

@@ -1,4 +1,10 @@
-"""Linear layers that compute in their weight's dtype and accept activations of any dtype."""
+"""Linear layers that compute in their weight's dtype and accept activations of any dtype.
+
+On the CPU each weight is reordered once, at load, into oneDNN's blocked layout (`prepack_cpu_linears`).
+Without that, every call reorders the weight again: a small batch (one query) pays mostly for the reorder,
+and a large float32 batch runs through MKL's sgemm, about 25% slower here than oneDNN on the packed weight
+(docs/benchmarks.md has the measurements).
+"""
 
 from __future__ import annotations
 
@@ -16,13 +22,29 @@ _ONEDNN_EPILOGUES: dict[str, tuple[str, list[object], str]] = {
     "gelu_pytorch_tanh": ("gelu", [], "tanh"),
     "relu": ("relu", [], ""),
 }
+_NO_EPILOGUE: tuple[str, list[object], str] = ("none", [], "")
 _HAS_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class Linear(nn.Linear):
-    # The residual stream stays float32 while weights may be bfloat16: cast the input, not the weight.
+    """x @ W.T + b in the weight's dtype; the residual stream may stay float32 while weights are bfloat16."""
+
+    # oneDNN-blocked copy of `weight` (CPU only), kept beside it rather than in the state dict.
+    packed_weight: torch.Tensor | None = None
+
+    def prepack(self) -> None:
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+        return self._linear(x, _NO_EPILOGUE)
+
+    def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
+        x = x.to(self.weight.dtype)
+        if self.packed_weight is not None and x.device.type == "cpu" and not x.requires_grad:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, *epilogue)
+        if epilogue is not _NO_EPILOGUE and _HAS_ONEDNN_LINEAR and x.device.type == "cpu" and not x.requires_grad:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, *epilogue)
+        return F.linear(x, self.weight, self.bias)
 
 
 class LinearActivation(Linear):
@@ -34,7 +56,15 @@ class LinearActivation(Linear):
         self.epilogue = _ONEDNN_EPILOGUES.get(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
-        if self.epilogue is not None and _HAS_ONEDNN_LINEAR and x.device.type == "cpu" and not x.requires_grad:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, *self.epilogue)
-        return self.activation(F.linear(x, self.weight, self.bias))
+        if self.epilogue is not None:
+            return self._linear(x, self.epilogue)
+        return self.activation(self._linear(x, _NO_EPILOGUE))
+
+
+def prepack_cpu_linears(model: nn.Module) -> None:
+    """Reorders every Linear's weight for oneDNN once; a no-op where torch has no oneDNN."""
+    if not _HAS_ONEDNN_LINEAR:
+        return
+    for module in model.modules():
+        if isinstance(module, Linear) and module.weight.device.type == "cpu":
+            module.prepack()
