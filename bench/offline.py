@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,6 @@ from pathlib import Path
 
 import corpus
 import torch
-
-os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars would interleave with the table
 
 from bouquet.config import EmbedConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
@@ -65,7 +62,7 @@ class BouquetRunner:
         self.config = EmbedConfig(self.input_path, workdir / f"out-{dtype}.npy", batch_tokens=batch_tokens)
 
     def __call__(self) -> None:
-        embed_file(self.engine, self.tokenizer, self.config)
+        embed_file(self.engine, self.tokenizer, self.config, progress_bar=False)
 
 
 class SentenceTransformersRunner:

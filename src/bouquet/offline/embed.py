@@ -46,13 +46,16 @@ def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[slice]:
     return runs
 
 
-def embed_file(engine: Engine, tokenizer: TextTokenizer, config: EmbedConfig, prompt: str = "") -> int:
+def embed_file(
+    engine: Engine, tokenizer: TextTokenizer, config: EmbedConfig, prompt: str = "", progress_bar: bool = True
+) -> int:
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
     partial = config.output_path.with_name(config.output_path.name + ".partial")
     output = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(num_texts, engine.dimension))
     try:
-        with tqdm(total=num_texts, unit="text", desc="embed", dynamic_ncols=True) as progress:
+        bar = tqdm(total=num_texts, unit="text", desc="embed", dynamic_ncols=True, disable=not progress_bar)
+        with bar as progress:
             for work, rows in _run_pipeline(engine, _produce_batches(tokenizer, config, prompt)):
                 output[work.rows] = rows
                 progress.update(work.batch.num_seqs)
