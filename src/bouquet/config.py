@@ -110,9 +110,10 @@ class SchedulerConfig:
     """The replica's scheduler: first come, first served batches cut by a token budget."""
 
     # Per device, the knee of bench/saturation.py's curve: past it a bigger batch adds latency, not tokens/s.
-    # CPU: 512 tokens already gives 97% (float32) and 96% (bfloat16) of the best tokens/s on the 2-core CPU.
+    # CPU (2 cores, weights prepacked for oneDNN): 1024 tokens gives 95% of the best float32 tokens/s and 88% in
+    # bfloat16, whose knee is 2048; 1024 keeps a float32 step near 140 ms (docs/benchmarks.md, 2026-11-30).
     # The "cuda" figure is the seed's, not yet measured here (docs/benchmarks.md).
-    DEFAULT_MAX_BATCH_TOKENS: ClassVar[dict[str, int]] = {"cpu": 512, "cuda": 512}
+    DEFAULT_MAX_BATCH_TOKENS: ClassVar[dict[str, int]] = {"cpu": 1024, "cuda": 512}
 
     max_batch_tokens: int
     max_batch_seqs: int = 256
