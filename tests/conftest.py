@@ -50,6 +50,26 @@ def sentence_transformer(minilm_path: Path):
     return SentenceTransformer(str(minilm_path), device="cpu")
 
 
+@pytest.fixture
+def recorder(minilm_fp32: Engine):
+    """The real engine, wrapped to record (or hold) the batches a replica sends it."""
+    from bouquet.replica.testing import RecordingEngine
+
+    engine = RecordingEngine(minilm_fp32)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def stub(replica):
+    import grpc
+
+    from bouquet.proto import embedding_pb2_grpc
+
+    with grpc.insecure_channel(replica.address) as channel:
+        yield embedding_pb2_grpc.EmbeddingStub(channel)
+
+
 def embed_ids(engine: Engine, ids: list[list[int]], normalize: bool = True, dimensions: int = 0) -> np.ndarray:
     packed = pack(ids)
     return engine.embed(Batch.from_packed(packed.input_ids, packed.cu_seqlens, normalize, dimensions))

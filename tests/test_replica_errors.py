@@ -11,7 +11,7 @@ import pytest
 from conftest import embed_ids
 
 from bouquet.config import SchedulerConfig
-from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.proto import embedding_pb2
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.request import DeadlineExpired
 from bouquet.replica.testing import RecordingEngine, ReplicaThread, marked, markers_in_order, wait_until
@@ -21,23 +21,10 @@ GOOD = [marked(90), marked(91, length=20)]
 
 
 @pytest.fixture
-def recorder(minilm_fp32) -> Iterator[RecordingEngine]:
-    engine = RecordingEngine(minilm_fp32)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture
 def replica(recorder) -> Iterator[ReplicaThread]:
     server = ReplicaThread(recorder, CONFIG)
     yield server
     server.stop()
-
-
-@pytest.fixture
-def stub(replica) -> Iterator[embedding_pb2_grpc.EmbeddingStub]:
-    with grpc.insecure_channel(replica.address) as channel:
-        yield embedding_pb2_grpc.EmbeddingStub(channel)
 
 
 def hold_engine(stub, recorder: RecordingEngine) -> list[grpc.Future]:

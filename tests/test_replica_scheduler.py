@@ -15,16 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bouquet.config import SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
-from bouquet.replica.testing import RecordingEngine, ReplicaThread, marked, markers_in_order, wait_until
+from bouquet.replica.testing import ReplicaThread, marked, markers_in_order, wait_until
 
 BUDGET = SchedulerConfig(max_batch_tokens=256, max_batch_seqs=8)
-
-
-@pytest.fixture
-def recorder(minilm_fp32) -> Iterator[RecordingEngine]:
-    engine = RecordingEngine(minilm_fp32)
-    yield engine
-    engine.close()
 
 
 @pytest.fixture
@@ -32,12 +25,6 @@ def replica(recorder) -> Iterator[ReplicaThread]:
     server = ReplicaThread(recorder, BUDGET)
     yield server
     server.stop()
-
-
-@pytest.fixture
-def stub(replica) -> Iterator[embedding_pb2_grpc.EmbeddingStub]:
-    with grpc.insecure_channel(replica.address) as channel:
-        yield embedding_pb2_grpc.EmbeddingStub(channel)
 
 
 def test_concurrent_clients_get_the_offline_embeddings_in_order(stub, recorder, minilm_fp32, minilm_tokenizer):
