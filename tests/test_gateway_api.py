@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -204,3 +205,18 @@ def test_unknown_model_through_the_client(client):
     with pytest.raises(openai.NotFoundError) as raised:
         client.embeddings.create(model="nope", input="a")
     assert raised.value.body["code"] == "model_not_found"
+
+
+def test_a_client_that_goes_away_has_its_work_cancelled(server, client, sentence_transformer):
+    texts = [*corpus.documents(MAX_INPUTS)]  # about 8,000 tokens: seconds of work on this CPU
+    body = json.dumps({"input": texts, "model": MODEL}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
+    request = urllib.request.Request(f"{server}/v1/embeddings", data=body, headers=headers, method="POST")
+    with pytest.raises(OSError):  # the client gives up long before the rows are ready
+        urllib.request.urlopen(request, timeout=0.3)
+    deadline = time.monotonic() + 30
+    while '/v1/embeddings",status="499"' not in get(f"{server}/metrics")[1].decode():
+        assert time.monotonic() < deadline, "the gateway never saw the client go"
+        time.sleep(0.05)
+    rows = as_rows(client.embeddings.create(model=MODEL, input=["still serving"]))
+    assert_parity(rows, reference(sentence_transformer, ["still serving"]))

@@ -4,13 +4,14 @@ turned into responses in one place (errors.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
@@ -24,6 +25,7 @@ from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
     ApiError,
+    ClientClosed,
     InternalError,
     InvalidRequest,
     NotFound,
@@ -42,6 +44,7 @@ from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, par
 logger = logging.getLogger(__name__)
 
 _JSON = "application/json"
+_T = TypeVar("_T")
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -185,13 +188,35 @@ def _json(value: Any, status: int = 200) -> Response:
 
 async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
     job = parse_openai(await gateway.read_json(request))
-    model, rows, tokens = await gateway.embed(job)
+    model, rows, tokens = await _unless_disconnected(request, gateway.embed(job))
     return _json(openai_response(rows, job.model or model.id, tokens, job.encoding_format))
 
 
 async def _tei_embed(gateway: Gateway, request: Request) -> Response:
-    _, rows, _ = await gateway.embed(parse_tei(await gateway.read_json(request)))
+    job = parse_tei(await gateway.read_json(request))
+    _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
     return _json(rows)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """Runs `work`, cancelling it if the client goes away first: its gRPC calls are cancelled with it, so the
+    replicas drop the chunks still queued instead of computing rows nobody will read."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientClosed("the client closed the connection before the embeddings were ready", "client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read: the next ASGI message on this connection is the client going away.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:

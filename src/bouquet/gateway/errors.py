@@ -58,6 +58,12 @@ class Unavailable(ApiError):
     type = "server_error"
 
 
+class ClientClosed(ApiError):
+    """The client went away before its answer was ready; its chunks were cancelled (nginx's 499)."""
+
+    status = 499
+
+
 class InternalError(ApiError):
     status = 500
     type = "server_error"
