@@ -1,0 +1,53 @@
+"""The in-flight token cap end to end: a real `bouquet serve`, a long request holding the cap, a second one
+turned away with 429 and Retry-After, and service back once the first is done."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import corpus
+
+from bouquet.gateway.testing import free_port, start_serve
+
+
+def _post(url: str, body: dict) -> tuple[int, dict, dict]:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, json.loads(error.read())
+
+
+def _in_flight_tokens(base: str) -> float:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("bouquet_gateway_tokens_in_flight")]
+    return sum(float(line.split()[-1]) for line in lines)
+
+
+def test_over_the_in_flight_cap_is_429_with_retry_after_then_recovers() -> None:
+    port = free_port()
+    process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--max-inflight-tokens", "1000")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_ready()
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(_post, f"{base}/v1/embeddings", {"input": corpus.documents(48)})  # ~6,000 tokens
+            deadline = time.monotonic() + 30
+            while _in_flight_tokens(base) == 0:
+                assert time.monotonic() < deadline, "the long request never got in"
+                time.sleep(0.01)
+            status, headers, body = _post(f"{base}/v1/embeddings", {"input": "turned away while the cap is held"})
+            assert status == 429
+            assert headers.get("retry-after") == "1"
+            assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "rate_limit_error"
+            assert long.result(timeout=120)[0] == 200
+        status, _, body = _post(f"{base}/v1/embeddings", {"input": "served again once the cap is free"})
+        assert status == 200 and len(body["data"][0]["embedding"]) == 384
+    finally:
+        assert process.stop() == 0
