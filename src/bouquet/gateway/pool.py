@@ -137,7 +137,9 @@ class ReplicaPool:
 
     def _set_healthy(self, replica: Replica, healthy: bool) -> None:
         if replica.healthy != healthy:
-            logger.warning("replica %s is %s", replica.address, "serving" if healthy else "down")
+            # A replica going down is worth an operator's attention; one coming up is routine.
+            log = logger.info if healthy else logger.warning
+            log("replica %s is %s", replica.address, "serving" if healthy else "down")
         replica.healthy = healthy
         self._metrics.replica_healthy.labels(replica.address).set(1 if healthy else 0)
 
