@@ -104,21 +104,8 @@ class Engine:
         return pool(self.spec.pooling, hidden, inputs.cu_seqlens, inputs.dimensions, inputs.normalize)
 
     @torch.inference_mode()
-    def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32
-        input_ids = torch.from_numpy(batch.input_ids).to(self.device, torch.long)
-        cu_seqlens = torch.from_numpy(batch.cu_seqlens).to(self.device)
-        seq_lens = np.diff(batch.cu_seqlens)
-        positions = _positions(batch.cu_seqlens, seq_lens).to(self.device)
-        token_type_ids = None
-        if batch.token_type_ids is not None:
-            token_type_ids = torch.from_numpy(batch.token_type_ids).to(self.device, torch.long)
-        ctx = ForwardContext(cu_seqlens, int(seq_lens.max()), seq_lens.tolist(), self.attn_backend)
-        ctx.attn_metadata = self.attn_backend.prepare(ctx)
-        with forward_context(ctx):
-            hidden = self.model(input_ids, positions, token_type_ids)
-        dimensions = torch.from_numpy(batch.dimensions).to(self.device)
-        normalize = torch.from_numpy(batch.normalize).to(self.device)
-        return pool(self.spec.pooling, hidden, cu_seqlens, dimensions, normalize).cpu().numpy()
+    def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32; the CPU path, synchronous on this thread
+        return self.forward(unpadded_inputs(batch, self.device), self.attn_backend.prepare).cpu().numpy()
 
 
 class _CudaRuntime:
@@ -157,8 +144,3 @@ class _CudaRuntime:
 def _attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
     layer = next(m for m in model.modules() if isinstance(m, Attention))
     return AttentionShape(layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.causal, dtype)
-
-
-def _positions(cu_seqlens: np.ndarray, seq_lens: np.ndarray) -> torch.Tensor:  # [T] int64
-    starts = np.repeat(cu_seqlens[:-1], seq_lens)
-    return torch.from_numpy(np.arange(int(cu_seqlens[-1])) - starts)
