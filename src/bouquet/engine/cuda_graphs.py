@@ -122,7 +122,7 @@ class StaticBuffers:
         tokens, seqs = bucket.num_tokens, bucket.num_seqs
         token_types = padded.token_type_ids if padded.token_type_ids is not None else np.zeros(tokens, np.int32)
         hosts = [padded.input_ids, positions, token_types, padded.cu_seqlens, padded.dimensions, padded.normalize]
-        buffers = [
+        views = [
             self.input_ids[:tokens],
             self.positions[:tokens],
             self.token_type_ids[:tokens],
@@ -130,15 +130,10 @@ class StaticBuffers:
             self.dimensions[:seqs],
             self.normalize[:seqs],
         ]
-        for buffer, uploaded in zip(buffers, upload(hosts, self.input_ids.device), strict=True):
-            buffer.copy_(uploaded)
+        for view, uploaded in zip(views, upload(hosts, self.input_ids.device), strict=True):
+            view.copy_(uploaded)
         return ModelInputs(
-            self.input_ids[:tokens],
-            self.positions[:tokens],
-            self.token_type_ids[:tokens],
-            self.cu_seqlens[: seqs + 1],
-            self.dimensions[:seqs],
-            self.normalize[:seqs],
+            *views,
             np.diff(padded.cu_seqlens).tolist(),
             # Fixed per bucket: kernels bake max_seqlen into their launch grid at capture.
             max_seqlen=tokens,
