@@ -39,6 +39,15 @@ def _engine(path: Path, dtype: str) -> Engine:
     return Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype))
 
 
+def _assert_engine_matches(path: Path, dtype: str, token_ids: list[list[int]], reference: np.ndarray) -> None:
+    engine = _engine(path, dtype)
+    try:
+        cosines = row_cosines(embed_ids(engine, token_ids), reference)
+    finally:
+        engine.close()
+    assert cosines.min() >= BOUNDS[dtype], f"min cosine {cosines.min():.6f}"
+
+
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_qwen3_matches_transformers(tmp_path, minilm_path, token_ids, bidirectional, dtype) -> None:
@@ -50,12 +59,7 @@ def test_qwen3_matches_transformers(tmp_path, minilm_path, token_ids, bidirectio
         reference = _reference(reference_model, token_ids, -1, attention_mask={"full_attention": None})
     else:
         reference = _reference(reference_model, token_ids, -1)
-    engine = _engine(tmp_path, dtype)
-    try:
-        cosines = row_cosines(embed_ids(engine, token_ids), reference)
-    finally:
-        engine.close()
-    assert cosines.min() >= BOUNDS[dtype], f"min cosine {cosines.min():.6f}"
+    _assert_engine_matches(tmp_path, dtype, token_ids, reference)
 
 
 def test_qwen3_causal_differs_from_bidirectional(tmp_path, minilm_path, token_ids) -> None:
@@ -74,9 +78,4 @@ def test_qwen3_causal_differs_from_bidirectional(tmp_path, minilm_path, token_id
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bert_cls_pooling_matches_transformers(tmp_path, minilm_path, token_ids, dtype) -> None:
     reference = _reference(make_bert(tmp_path, minilm_path), token_ids, 0)
-    engine = _engine(tmp_path, dtype)
-    try:
-        cosines = row_cosines(embed_ids(engine, token_ids), reference)
-    finally:
-        engine.close()
-    assert cosines.min() >= BOUNDS[dtype], f"min cosine {cosines.min():.6f}"
+    _assert_engine_matches(tmp_path, dtype, token_ids, reference)
