@@ -4,8 +4,8 @@ Throughput: the same real documents (standard-library docstrings, truncated to t
 (a) the offline engine in this process, batches cut first come, first served by the same token budget and all
 steps submitted at once, and (b) a `bouquet replica` subprocess, sent by --clients concurrent gRPC clients,
 --seqs-per-request documents a call. Requests are built before the clock starts, as a gateway has them
-tokenized already. Latency: one short query as a bare `engine.step()` and as a unary Embed call, alternated
-call by call. Runs interleave (offline, replica, offline, ...) and medians are reported.
+tokenized already. Latency: one short query as a bare `engine.step()` and as a unary Embed call, in
+alternating blocks. Runs interleave (offline, replica, offline, ...) and medians are reported.
 
     .venv/bin/python bench/replica.py [--dtype float32] [--clients 8] [--docs 200] [--repeats 3]
 """
@@ -91,17 +91,31 @@ def start_replica(args: argparse.Namespace, max_batch_tokens: int) -> tuple[subp
 
 
 def latencies(
-    engine: Engine, stub: embedding_pb2_grpc.EmbeddingStub, query: list[int], calls: int
-) -> tuple[float, float, float]:
-    """Median seconds of a bare engine step on one short query, of an Embed call on it, and of an Info call
-    (gRPC's own round trip, no engine); alternated call by call."""
+    engine: Engine, stub: embedding_pb2_grpc.EmbeddingStub, query: list[int], rounds: int, calls: int
+) -> tuple[float, float, float, float, list[float]]:
+    """Seconds of a bare engine step on one short query, of an Embed call on it, and of an Info call (gRPC's
+    own round trip, no engine), hot (back to back) and cold (each after idling as long as a bare step, as the
+    replica's threads idle while the engine computes): in each round `calls` of each, one kind after the other
+    (in blocks, so that one process's idle OpenMP threads do not spin while the other computes), and the
+    median over rounds of each round's medians; and each round's added seconds (Embed minus bare)."""
     batch, request, info = _batch([query]), embed_request([query]), embedding_pb2.InfoRequest()
-    bare, served, floor = [], [], []
+    bare, served, floor, cold = [], [], [], []
+    for _ in range(rounds):
+        bare.append(_median_seconds(lambda: engine.step(batch).result(), calls))
+        served.append(_median_seconds(lambda: stub.Embed(request), calls))
+        floor.append(_median_seconds(lambda: stub.Info(info), calls))
+        cold.append(_median_seconds(lambda: stub.Info(info), calls, idle=bare[-1]))
+    added = [s - b for s, b in zip(served, bare, strict=True)]
+    medians = (statistics.median(times) for times in (bare, served, floor, cold))
+    return (*medians, added)
+
+
+def _median_seconds(call: Callable[[], object], calls: int, idle: float = 0.0) -> float:
+    times = []
     for _ in range(calls):
-        bare.append(_timed(lambda: engine.step(batch).result()))
-        served.append(_timed(lambda: stub.Embed(request)))
-        floor.append(_timed(lambda: stub.Info(info)))
-    return statistics.median(bare), statistics.median(served), statistics.median(floor)
+        time.sleep(idle)
+        times.append(_timed(call))
+    return statistics.median(times)
 
 
 def _timed(call: Callable[[], object]) -> float:
@@ -119,7 +133,8 @@ def main() -> None:
     parser.add_argument("--seqs-per-request", type=int, default=8)
     parser.add_argument("--docs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--latency-calls", type=int, default=100)
+    parser.add_argument("--latency-rounds", type=int, default=7)
+    parser.add_argument("--latency-calls", type=int, default=40, help="calls of each kind per round")
     parser.add_argument("--replica-env", nargs="*", default=[], help="NAME=VALUE for the replica process only")
     args = parser.parse_args()
     args.replica_env = dict(item.split("=", 1) for item in args.replica_env)
@@ -143,7 +158,7 @@ def main() -> None:
         query = tokenizer.encode(corpus.queries(1))[0]
         with grpc.insecure_channel(address) as channel:
             stub = embedding_pb2_grpc.EmbeddingStub(channel)
-            bare, call, floor = latencies(engine, stub, query, args.latency_calls)
+            bare, call, floor, cold, added = latencies(engine, stub, query, args.latency_rounds, args.latency_calls)
     finally:
         process.terminate()
         process.wait(timeout=120)
@@ -154,9 +169,11 @@ def main() -> None:
     print(f"offline engine  {offline_rate:>8.0f} tokens/s  (runs: {', '.join(f'{r:.0f}' for r in offline)})")
     print(f"replica (gRPC)  {served_rate:>8.0f} tokens/s  (runs: {', '.join(f'{r:.0f}' for r in served)})")
     print(f"replica / offline: {served_rate / offline_rate:.1%}")
-    print(f"one short query ({len(query)} tokens), median of {args.latency_calls}:")
+    print(f"one short query ({len(query)} tokens), median of {args.latency_rounds} rounds of {args.latency_calls}:")
     print(f"  bare engine step {bare * 1e3:.2f} ms, Embed call {call * 1e3:.2f} ms, added {(call - bare) * 1e3:.2f} ms")
-    print(f"  of which a gRPC round trip (Info call, no engine): {floor * 1e3:.2f} ms")
+    print(f"  added by round: {', '.join(f'{a * 1e3:.2f}' for a in added)} ms")
+    print(f"  a gRPC round trip (Info call, no engine): {floor * 1e3:.2f} ms back to back, {cold * 1e3:.2f} ms each")
+    print("    after idling as long as one bare step (the state the replica's threads wake from)")
 
 
 if __name__ == "__main__":

@@ -79,3 +79,17 @@ def test_waiter_passes_device_errors_to_the_step_and_keeps_going() -> None:
         LazyTensor(futures[0]).result(timeout=10)
     assert LazyTensor(futures[1]).result(timeout=10)[0] == 1.0
     waiter.close()
+
+
+def test_done_callback_runs_on_the_completing_thread_or_at_once() -> None:
+    future: Future[np.ndarray] = Future()
+    lazy = LazyTensor(future)
+    seen: list[tuple[LazyTensor, str]] = []
+    lazy.add_done_callback(lambda done: seen.append((done, threading.current_thread().name)))
+    assert seen == []
+    completer = threading.Thread(target=future.set_result, args=(np.zeros((1, 2), np.float32),), name="engine")
+    completer.start()
+    completer.join()
+    assert seen == [(lazy, "engine")]
+    lazy.add_done_callback(lambda done: seen.append((done, threading.current_thread().name)))
+    assert seen[1] == (lazy, threading.current_thread().name)

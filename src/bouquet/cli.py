@@ -152,8 +152,7 @@ def _run_embed(args: argparse.Namespace) -> int:
 
 
 def _run_replica(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from bouquet import event_loop
     from bouquet.replica.server import ReplicaConfig, run_replica
 
     engine_config = create_engine_config(args.model, args.device, args.dtype, args.attention_backend)
@@ -164,7 +163,7 @@ def _run_replica(args: argparse.Namespace) -> int:
         max_queue_tokens=args.max_queue_tokens,
     )
     replica_config = ReplicaConfig(args.listen, args.metrics_port, args.drain_seconds)
-    return asyncio.run(run_replica(engine_config, scheduler_config, replica_config))
+    return event_loop.run(run_replica(engine_config, scheduler_config, replica_config))
 
 
 _COMMANDS = {"embed": _run_embed, "replica": _run_replica, "serve": _run_serve, "gateway": _run_gateway}

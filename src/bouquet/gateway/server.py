@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from bouquet import event_loop
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
 
@@ -55,8 +56,4 @@ async def serve_gateway(config: GatewayConfig) -> int:
 
 
 def run_gateway(config: GatewayConfig) -> int:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio's own loop also works
-        return asyncio.run(serve_gateway(config))
-    return uvloop.run(serve_gateway(config))
+    return event_loop.run(serve_gateway(config))

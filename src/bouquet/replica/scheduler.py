@@ -9,9 +9,12 @@ here runs on the event loop's thread, so the queue needs no lock; only the engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,26 +56,16 @@ class Scheduler:
         self.queued_tokens = 0
         self.queued_seqs = 0
         self._queue: deque[Request] = deque()
-        self._steps_in_flight = 0  # submitted to the engine, rows not yet handed out
-        self._in_flight: asyncio.Queue[Step] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._awaited: Step | None = None  # the step the completion loop is waiting on
+        self._engine_free_at = 0.0  # perf_counter when the last step's rows were handed out
+        self._in_flight: deque[Step] = deque()  # submitted to the engine, rows not yet handed out; oldest first
         self._closed = False
 
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._complete_loop())]
-
-    async def close(self) -> None:
-        """Stops both loops; whatever is still queued fails with Unavailable."""
+    def close(self) -> None:
+        """Fails whatever is queued or in flight with Unavailable; a step that finishes later is ignored."""
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         error = Unavailable("replica is shutting down")
-        while not self._in_flight.empty():
-            self._fail_parts(self._in_flight.get_nowait().parts, error)
-        if self._awaited is not None:
-            self._fail_parts(self._awaited.parts, error)
+        while self._in_flight:
+            self._fail_parts(self._in_flight.popleft().parts, error)
         while self._queue:
             self._fail(self._queue.popleft(), error)
 
@@ -147,7 +140,8 @@ class Scheduler:
         there is both work and room: with two slots the engine is handed batch N+1 while it computes N, and no
         scheduling task has to wake up first (that hop is a measurable share of a short query's latency).
         """
-        while self._steps_in_flight < self.config.max_steps_in_flight and not self._closed:
+        wake = functools.partial(_call_soon_threadsafe, asyncio.get_running_loop(), self._hand_out_finished)
+        while len(self._in_flight) < self.config.max_steps_in_flight and not self._closed:
             parts = self._cut()
             if not parts:
                 return
@@ -160,9 +154,10 @@ class Scheduler:
                 logger.exception("engine.step failed")
                 self._fail_parts(parts, RuntimeError(f"engine step failed: {exc}"))
                 continue
-            self._steps_in_flight += 1
-            self.metrics.steps_in_flight.set(self._steps_in_flight)
-            self._in_flight.put_nowait(Step(lazy, parts, time.perf_counter()))
+            step = Step(lazy, parts, time.perf_counter())
+            self._in_flight.append(step)
+            self.metrics.steps_in_flight.set(len(self._in_flight))
+            lazy.add_done_callback(wake)
 
     def _cut(self) -> list[Part]:
         """Takes sequences from the head of the queue, in order, until the next one would pass the budget."""
@@ -193,31 +188,38 @@ class Scheduler:
                 break  # its next sequence did not fit, and nothing behind it may overtake it
         return parts
 
-    async def _complete_loop(self) -> None:
-        """Awaits each step in submission order and hands its rows to their requests."""
-        engine_free_at = 0.0
-        while True:
-            step = self._awaited = await self._in_flight.get()
+    def _hand_out_finished(self) -> None:
+        """On the event loop, once a step is done: hands out the rows of every finished step at the head, in
+        submission order, then refills the engine.
+
+        The engine's done-callback lands here directly: no task has to wake up and await the step first,
+        one event-loop hop fewer per step (measured in docs/benchmarks.md).
+        """
+        while self._in_flight and self._in_flight[0].lazy.ready():
+            step = self._in_flight.popleft()
             try:
-                rows = await step.lazy
+                rows = step.lazy.result()
             except Exception as exc:
-                logger.exception("engine step failed")
+                logger.error("engine step failed: %s", exc, exc_info=exc)
                 self._fail_parts(step.parts, RuntimeError(f"engine step failed: {exc}"))
             else:
                 hand_out(step.parts, rows)
-            # Not in a `finally`: on cancellation (close) the step stays in _awaited so close() can fail it.
-            self._awaited = None
-            self._steps_in_flight -= 1
-            self.metrics.steps_in_flight.set(self._steps_in_flight)
-            self._submit_ready()
             done = time.perf_counter()
             # The step began computing when it was submitted or when the one before it finished, if later.
-            self.metrics.step_seconds.observe(done - max(step.submitted, engine_free_at))
-            engine_free_at = done
+            self.metrics.step_seconds.observe(done - max(step.submitted, self._engine_free_at))
+            self._engine_free_at = done
+        self.metrics.steps_in_flight.set(len(self._in_flight))
+        self._submit_ready()
 
     def _fail_parts(self, parts: list[Part], error: Exception) -> None:
         for request, _, _ in parts:
             self._fail(request, error)
+
+
+def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, callback: Callable[[], None], _: LazyTensor) -> None:
+    # RuntimeError: the loop has closed; the replica is gone and nobody waits for these rows.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 def pack(parts: list[Part]) -> Batch:

@@ -151,7 +151,6 @@ class ReplicaServer:
 
     async def attach(self, engine: StepEngine, config: SchedulerConfig, dtype: str, device: str) -> Scheduler:
         self.scheduler = Scheduler(engine, config, self.metrics)
-        self.scheduler.start()
         self.servicer.attach(engine, self.scheduler, dtype, device)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         return self.scheduler
@@ -161,7 +160,7 @@ class ReplicaServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         if self.scheduler is not None:
-            await self.scheduler.close()
+            self.scheduler.close()
 
     async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for service in ("", SERVICE_NAME):

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from bouquet import event_loop
 from bouquet.config import SchedulerConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
@@ -58,7 +59,7 @@ class ReplicaThread:
     def __init__(self, engine: RecordingEngine | Engine, config: SchedulerConfig, attach: bool = True):
         self.engine = engine
         self.config = config
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loop.new_event_loop()  # the loop `bouquet replica` runs on
         self._thread = threading.Thread(target=self.loop.run_forever, name="replica-loop", daemon=True)
         self._thread.start()
         self.server: ReplicaServer = self.call(self._start())

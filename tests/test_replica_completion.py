@@ -1,0 +1,60 @@
+"""The scheduler's completion path on its own: steps finishing out of order still hand out rows in order.
+
+The engine here is a stand-in whose steps the test completes by hand, from another thread as the real
+engine does; everything else (the scheduler, its queue and its hand-out) is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+from bouquet.config import SchedulerConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.model_dir import ModelSpec, PoolingMethod
+from bouquet.replica.scheduler import Scheduler
+
+
+class _HandCompletedEngine:
+    def __init__(self) -> None:
+        config = {"architectures": ["BertModel"], "vocab_size": 100, "hidden_size": 4}
+        self.spec = ModelSpec(Path("."), "stand-in", config, (), Path("."), PoolingMethod.MEAN, True, 16)
+        self.steps: list[tuple[Batch, Future[np.ndarray]]] = []
+
+    def step(self, batch: Batch) -> LazyTensor:
+        future: Future[np.ndarray] = Future()
+        self.steps.append((batch, future))
+        return LazyTensor(future)
+
+    def finish(self, index: int) -> None:
+        """Completes step `index` from another thread: each row is its sequence's first token id."""
+        batch, future = self.steps[index]
+        rows = np.repeat(batch.input_ids[batch.cu_seqlens[:-1]].astype(np.float32)[:, None], 4, axis=1)
+        threading.Thread(target=future.set_result, args=(rows,)).start()
+
+
+async def _out_of_order() -> tuple[list[float], list[float]]:
+    engine = _HandCompletedEngine()
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=4, max_batch_seqs=1, max_steps_in_flight=2))
+    ids = np.array([7, 7, 9, 9], np.int32)
+    first = asyncio.ensure_future(scheduler.embed(ids[:2], np.array([0, 2], np.int32)))
+    second = asyncio.ensure_future(scheduler.embed(ids[2:], np.array([0, 2], np.int32)))
+    await asyncio.sleep(0)
+    assert len(engine.steps) == 2  # both in flight at once
+    engine.finish(1)  # the later step finishes first: its rows must wait for the earlier one
+    await asyncio.sleep(0.05)
+    assert not first.done() and not second.done()
+    engine.finish(0)
+    rows = await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+    return [float(r[0, 0]) for r in rows], [float(v) for v in rows[0][0]]
+
+
+def test_steps_hand_out_in_submission_order_even_when_they_finish_out_of_order() -> None:
+    firsts, row = asyncio.run(_out_of_order())
+    assert firsts == [7.0, 9.0]
+    assert row == [7.0, 7.0, 7.0, 7.0]
