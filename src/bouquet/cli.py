@@ -91,7 +91,10 @@ def _add_gateway_parser(commands: argparse._SubParsersAction) -> None:
     gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
     gateway.add_argument("--replica", action="append", required=True, help="HOST:PORT of a replica (repeat)")
     gateway.add_argument(
-        "--model", action="append", help="model directory for tokenizing (repeat; default: the bundled model)"
+        "--model",
+        action="append",
+        help="local model directory to tokenize with instead of the tokenizer the replica sends (repeat; "
+        "default: the bundled model, if installed)",
     )
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8080)
@@ -116,10 +119,19 @@ def _run_serve(args: argparse.Namespace) -> int:
     return run_serve(config)
 
 
+def _bundled_model_dirs() -> tuple[Path, ...]:
+    """The bundled model, for its published names (all-MiniLM-L6-v2); a gateway without it, or in front of another
+    model, tokenizes with what the replica's Info sends."""
+    try:
+        return (default_model_path(),)
+    except FileNotFoundError:
+        return ()
+
+
 def _run_gateway(args: argparse.Namespace) -> int:
     from bouquet.gateway.server import run_gateway
 
-    model_dirs = tuple(Path(path) for path in args.model) if args.model else (default_model_path(),)
+    model_dirs = tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs()
     config = GatewayConfig(
         replicas=tuple(args.replica), model_dirs=model_dirs, host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"), drain_seconds=args.drain_seconds,

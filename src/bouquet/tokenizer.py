@@ -40,16 +40,29 @@ def pack(sequences: list[list[int]]) -> PackedTokens:
     return PackedTokens(input_ids=input_ids, cu_seqlens=cu_seqlens)
 
 
+# A tokenizer.json file's path, its JSON text (as a replica's Info sends it), or a loaded tokenizer.
+TokenizerSource = str | Path | Tokenizer
+
+
+def load_tokenizer(source: TokenizerSource) -> Tokenizer:
+    """A tokenizer of its own (the caller may change its padding and truncation) from any TokenizerSource."""
+    if isinstance(source, Tokenizer):
+        return Tokenizer.from_str(source.to_str())
+    if isinstance(source, str) and source.lstrip().startswith("{"):  # JSON text: no file path starts with "{"
+        return Tokenizer.from_str(source)
+    return Tokenizer.from_file(str(source))
+
+
 class TextTokenizer:
     """A model's tokenizer with its export-time padding removed and truncation set to the model's limit."""
 
-    def __init__(self, tokenizer_file: str | Path, max_length: int, truncation_direction: str = "right"):
+    def __init__(self, tokenizer: TokenizerSource, max_length: int, truncation_direction: str = "right"):
         if truncation_direction not in TRUNCATION_DIRECTIONS:
             raise ValueError(
                 f"truncation_direction must be one of {TRUNCATION_DIRECTIONS}, got {truncation_direction!r}"
             )
         self.max_length = max_length
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer = load_tokenizer(tokenizer)
         # Exported tokenizer.json files often carry fixed padding (all-MiniLM-L6-v2 pads to 128); packed
         # batches must never see a pad token.
         self._tokenizer.no_padding()

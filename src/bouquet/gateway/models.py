@@ -1,8 +1,9 @@
-"""What the gateway knows about each model it fronts: learned from a replica's Info RPC, plus the tokenizer
-from the model's directory (matched by name), so requests can be checked and tokenized before any replica."""
+"""What the gateway knows about each model it fronts, learned from a replica's Info RPC, and its tokenizer (from
+a local model directory of that name, else from Info), so requests are checked and tokenized before any replica."""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound
 from bouquet.gateway.tokenization import ModelTokenizer
-from bouquet.model_dir import read_model_dir
+from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.proto import embedding_pb2
+
+logger = logging.getLogger(__name__)
 
 # The bundled model's directory is called "model"; clients ask for it by its published names.
 _BUNDLED_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -29,7 +32,7 @@ class ServedModel:
     max_batch_tokens: int
     prompts: dict[str, str]
     default_prompt_name: str | None
-    tokenizer: ModelTokenizer | None  # None: no model directory given for it, token-id input only
+    tokenizer: ModelTokenizer | None  # None: the replica sent none and no local directory has it; token ids only
 
     @property
     def id(self) -> str:
@@ -62,13 +65,18 @@ class ServedModel:
 
 
 class ModelCatalog:
-    """Model directories the gateway may tokenize for, by model name, and the models replicas have reported."""
+    """The models replicas have reported, each with its tokenizer: from a local model directory of the same name
+    when the gateway was given one, else from the replica's Info."""
 
     def __init__(self, model_dirs: tuple[Path, ...], executor: Executor):
-        self._dirs = {read_model_dir(path).name: Path(path) for path in model_dirs}
+        self._specs = {spec.name: spec for spec in map(read_model_dir, model_dirs)}
         self._executor = executor
         self._models: dict[str, ServedModel] = {}  # by every name and alias
         self.ordered: list[ServedModel] = []  # in order of discovery; the first is the default
+
+    def needs_tokenizer(self, info: embedding_pb2.InfoResponse) -> bool:
+        """Whether registering `info` needs the tokenizer JSON from the replica (large, so asked only then)."""
+        return info.model_name not in self._models and self._local_spec(info) is None
 
     def register(self, info: embedding_pb2.InfoResponse) -> ServedModel:
         known = self._models.get(info.model_name)
@@ -90,12 +98,23 @@ class ModelCatalog:
             raise NotFound(f"the model {name!r} does not exist; served models: {known}", "model_not_found", "model")
         return model
 
+    def _local_spec(self, info: embedding_pb2.InfoResponse) -> ModelSpec | None:
+        """The local directory of the replica's model: the same name, and the same architecture, width and
+        vocabulary, since a name is only a directory's name and two models may share one (the bundled: "model")."""
+        spec = self._specs.get(info.model_name)
+        served = (info.architecture, info.dimension, info.vocab_size)
+        return spec if spec is not None and (spec.architecture, spec.hidden_size, spec.vocab_size) == served else None
+
     def _create(self, info: embedding_pb2.InfoResponse) -> ServedModel:
-        path = self._dirs.get(info.model_name)
-        tokenizer = None
-        if path is not None:
-            tokenizer = ModelTokenizer(path / "tokenizer.json", info.max_seq_length, self._executor)
-        bundled = path is not None and path.parent.name == DEFAULT_MODEL_PACKAGE
+        spec = self._local_spec(info)
+        if spec is None and info.model_name in self._specs:
+            path = self._specs[info.model_name].path
+            logger.warning(
+                "%s is not the model %r a replica serves; using the replica's tokenizer", path, info.model_name
+            )
+        source = spec.tokenizer_file if spec is not None else info.tokenizer_json
+        tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor) if source else None
+        bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
         return ServedModel(
             name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling, dtype=info.dtype,

@@ -22,7 +22,7 @@ from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedding"].full_name
-_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows, or a tokenizer in Info (~11 MB for Qwen3)
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
@@ -145,6 +145,9 @@ class ReplicaPool:
 
     async def _discover(self, replica: Replica) -> None:
         info = await replica.stub.Info(embedding_pb2.InfoRequest(), timeout=10)
+        if self.catalog.needs_tokenizer(info):
+            # Asked for only for a model met for the first time with no local directory: it is megabytes.
+            info = await replica.stub.Info(embedding_pb2.InfoRequest(include_tokenizer=True), timeout=30)
         replica.model = self.catalog.register(info)
 
     async def _watch(self, replica: Replica) -> None:

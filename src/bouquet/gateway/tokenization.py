@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from bouquet.gateway.errors import TooLarge
-from bouquet.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer
+from bouquet.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, TokenizerSource, load_tokenizer
 
 
 class ModelTokenizer:
     """Truncates to the model's limit from either side, or rejects an over-long input when told not to."""
 
-    def __init__(self, tokenizer_file: Path, max_length: int, executor: Executor):
+    def __init__(self, tokenizer: TokenizerSource, max_length: int, executor: Executor):
         self.max_length = max_length
         self._executor = executor
-        self._by_direction = {d: TextTokenizer(tokenizer_file, max_length, d) for d in TRUNCATION_DIRECTIONS}
-        self._plain = Tokenizer.from_file(str(tokenizer_file))  # for /tokenize: offsets, no truncation
+        self._plain = load_tokenizer(tokenizer)  # for /tokenize: offsets, no truncation
+        self._by_direction = {d: TextTokenizer(self._plain, max_length, d) for d in TRUNCATION_DIRECTIONS}
         self._plain.no_padding()
         self._plain.no_truncation()
 

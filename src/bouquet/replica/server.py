@@ -87,6 +87,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self.metrics = metrics
         self.scheduler: Scheduler | None = None
         self._info = embedding_pb2.InfoResponse()
+        self._info_with_tokenizer = embedding_pb2.InfoResponse()
 
     def attach(self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str) -> None:
         spec = engine.spec
@@ -96,6 +97,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
             max_batch_tokens=scheduler.config.max_batch_tokens,
         )  # fmt: skip
+        # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
+        self._info_with_tokenizer = embedding_pb2.InfoResponse()
+        self._info_with_tokenizer.CopyFrom(self._info)
+        self._info_with_tokenizer.tokenizer_json = spec.tokenizer_file.read_text(encoding="utf-8")
         self.scheduler = scheduler
 
     def _ready(self) -> Scheduler:
@@ -126,7 +131,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self, request: embedding_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.InfoResponse:
         self._ready()
-        return self._info
+        return self._info_with_tokenizer if request.include_tokenizer else self._info
 
 
 class ReplicaServer:

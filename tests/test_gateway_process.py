@@ -1,0 +1,77 @@
+"""`bouquet gateway` as its own process in front of a real replica of all-MiniLM-L6-v2 served from a directory
+the gateway is not given: the tokenizer comes through the replica's Info."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import corpus
+import numpy as np
+import openai
+import pytest
+from conftest import row_cosines
+
+from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
+
+MODEL = "all-MiniLM-L6-v2"  # the replica's directory name, so its Info names the model so
+API_KEY = "test-key"
+TEXTS = [*corpus.documents(6), *corpus.queries(3), *corpus.NON_ASCII_TEXTS[:3]]
+
+
+def linked_copy(source: Path, target: Path) -> Path:
+    """The model under another directory name, its files linked rather than copied."""
+    target.mkdir()
+    for path in source.iterdir():
+        (target / path.name).symlink_to(path)
+    return target
+
+
+@pytest.fixture(scope="module")
+def replica(minilm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model_dir = linked_copy(minilm_path, tmp_path_factory.mktemp("models") / MODEL)
+    port = free_port()
+    process = start_replica(port, "--model", str(model_dir), "--dtype", "float32")
+    try:
+        process.wait_ready()
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(replica: str) -> Iterator[str]:
+    port = free_port()
+    process: Process = start_gateway(port, [replica], "--api-key", API_KEY)  # no --model
+    url = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_ready()
+        wait_healthy(url)
+        yield url
+    finally:
+        assert process.stop() == 0
+
+
+def post(url: str, body: dict) -> object:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+def test_text_through_a_gateway_without_the_model_matches_sentence_transformers(gateway, sentence_transformer):
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    response = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    rows = np.array([item.embedding for item in response.data], np.float32)
+    expected = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
+    assert rows.shape == expected.shape
+    assert row_cosines(rows, expected).min() >= 0.99999
+    assert response.usage.prompt_tokens > len(TEXTS)
+
+
+def test_tokenize_through_a_gateway_without_the_model(gateway):
+    tokens = post(f"{gateway}/tokenize", {"inputs": ["hello world"], "model": MODEL})
+    assert [token["id"] for token in tokens[0]] == [101, 7592, 2088, 102]
+    assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
