@@ -1,11 +1,16 @@
 """`bouquet gateway` as its own process in front of a real replica of all-MiniLM-L6-v2 served from a directory
-the gateway is not given: the tokenizer comes through the replica's Info."""
+the gateway is not given, so the tokenizer comes through the replica's Info; and `--workers N` as processes."""
 
 from __future__ import annotations
 
 import json
+import re
+import signal
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import corpus
@@ -14,7 +19,7 @@ import openai
 import pytest
 from conftest import row_cosines
 
-from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
+from bouquet.gateway.testing import Process, children, free_port, start_gateway, start_replica, wait_healthy
 
 MODEL = "all-MiniLM-L6-v2"  # the replica's directory name, so its Info names the model so
 API_KEY = "test-key"
@@ -57,8 +62,21 @@ def gateway(replica: str) -> Iterator[str]:
 def post(url: str, body: dict) -> object:
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
     request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
-    with urllib.request.urlopen(request, timeout=60) as reply:
+    with urllib.request.urlopen(request, timeout=120) as reply:
         return json.loads(reply.read())
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    """Status, content type and body, without the API key."""
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return reply.status, reply.headers.get("content-type", ""), reply.read()
+
+
+def in_flight(url: str) -> float:
+    request = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
+    match = re.search(r"^bouquet_gateway_requests_in_flight (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 def test_text_through_a_gateway_without_the_model_matches_sentence_transformers(gateway, sentence_transformer):
@@ -75,3 +93,27 @@ def test_tokenize_through_a_gateway_without_the_model(gateway):
     tokens = post(f"{gateway}/tokenize", {"inputs": ["hello world"], "model": MODEL})
     assert [token["id"] for token in tokens[0]] == [101, 7592, 2088, 102]
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
+
+
+def test_workers_share_the_port_and_sigterm_drains_them(replica):
+    port = free_port()
+    parent = start_gateway(port, [replica], "--workers", "2", "--api-key", API_KEY)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        parent.wait_ready()
+        wait_healthy(url)
+        workers = [command for command in children(parent.process.pid) if "bouquet.cli gateway" in command]
+        assert len(workers) == 2
+        assert not any("--workers" in command or API_KEY in command for command in workers)
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(post, f"{url}/v1/embeddings", {"input": corpus.documents(64), "model": MODEL})
+            deadline = time.monotonic() + 60
+            while in_flight(url) < 2:  # the request and this /metrics call, summed over both workers
+                assert time.monotonic() < deadline, "the request never arrived"
+            parent.process.send_signal(signal.SIGTERM)
+            assert len(call.result()["data"]) == 64  # finished, not cut
+        assert parent.process.wait(timeout=60) == 0
+        with pytest.raises(urllib.error.URLError):  # no worker is left on the port
+            get(f"{url}/health")
+    finally:
+        parent.stop()

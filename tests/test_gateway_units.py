@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bouquet.config import GatewayConfig
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
@@ -76,3 +77,10 @@ def test_request_defaults():
         parse_tei({"inputs": "a", "normalize": 1})
     with pytest.raises(InvalidRequest):
         parse_openai({"model": "m"})
+
+
+def test_gateway_workers_need_a_fixed_port():
+    with pytest.raises(ValueError, match="fixed port"):
+        GatewayConfig(replicas=("127.0.0.1:50051",), port=0, workers=2)
+    with pytest.raises(ValueError, match="workers"):
+        GatewayConfig(replicas=("127.0.0.1:50051",), workers=0)

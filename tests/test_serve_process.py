@@ -9,24 +9,10 @@ import signal
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import corpus
 
-from bouquet.gateway.testing import free_port, start_serve
-
-
-def children(pid: int) -> list[str]:
-    """Command lines of the processes whose parent is `pid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid:
-                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
+from bouquet.gateway.testing import children, free_port, start_serve
 
 
 def in_flight(url: str) -> float:

@@ -98,6 +98,7 @@ def _add_gateway_parser(commands: argparse._SubParsersAction) -> None:
     )
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8080)
+    gateway.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port")
     _add_gateway_limit_args(gateway)
 
 
@@ -105,15 +106,19 @@ def _limit_overrides(args: argparse.Namespace) -> dict[str, int]:
     return {name: getattr(args, name) for name in _GATEWAY_LIMITS if getattr(args, name) is not None}
 
 
+def _limit_args(args: argparse.Namespace) -> list[str]:
+    """The limits given, as arguments to pass on to each gateway process."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in _limit_overrides(args).items()]
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from bouquet.gateway.serve import run_serve
 
-    passed = [f"--{name.replace('_', '-')}={value}" for name, value in _limit_overrides(args).items()]
     config = ServeConfig(
         model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
         replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
-        gateway_args=tuple(passed),
+        gateway_args=tuple(_limit_args(args)),
         drain_seconds=args.drain_seconds,
     )  # fmt: skip
     return run_serve(config)
@@ -135,9 +140,19 @@ def _run_gateway(args: argparse.Namespace) -> int:
     config = GatewayConfig(
         replicas=tuple(args.replica), model_dirs=model_dirs, host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"), drain_seconds=args.drain_seconds,
+        workers=args.workers, worker_args=_gateway_worker_args(args) if args.workers > 1 else (),
         **_limit_overrides(args),
     )  # fmt: skip
     return run_gateway(config)
+
+
+def _gateway_worker_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """Each worker's arguments under `bouquet gateway --workers N`: the parent's, less --workers and the API key
+    (which goes by environment, where `ps` does not show it)."""
+    passed = [f"--replica={address}" for address in args.replica]
+    passed += [f"--model={path}" for path in args.model or ()]
+    passed += [f"--host={args.host}", f"--port={args.port}", f"--drain-seconds={args.drain_seconds}"]
+    return (*passed, *_limit_args(args))
 
 
 def _run_embed(args: argparse.Namespace) -> int:

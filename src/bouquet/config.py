@@ -150,10 +150,16 @@ class GatewayConfig:
     probe_interval: float = 0.5  # seconds between health probes of a replica that is down
     tokenizer_threads: int = 2
     drain_seconds: float = 30.0  # after SIGTERM, how long in-flight requests may take
+    workers: int = 1  # gateway processes sharing the port; more than one: this process supervises them
+    worker_args: tuple[str, ...] = ()  # with workers > 1, each worker's `bouquet gateway` arguments
 
     def __post_init__(self) -> None:
         if not self.replicas:
             raise ValueError("the gateway needs at least one --replica HOST:PORT")
+        if self.workers < 1:
+            raise ValueError(f"workers must be positive, got {self.workers}")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers share one port: give --port a fixed port, not 0")
         for name in ("max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

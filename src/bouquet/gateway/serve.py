@@ -4,96 +4,42 @@ own process (visible in `ps`, stoppable alone). Waits until the replicas serve a
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 
 from bouquet.config import ServeConfig
+from bouquet.gateway.supervisor import Child, Supervisor
 
 _PORT_LINE = re.compile(r"serving .* on port (\d+)")
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the supervisor dies without draining (killed with SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Child:
-    """A subprocess whose stderr is copied to ours line by line; `on_line` sees each line first."""
-
-    def __init__(self, name: str, command: list[str], env: dict[str, str], on_line: Callable[[str], None]):
-        self.name = name
-        self.command = command
-        self.env = env
-        self._on_line = on_line
-        self.process = self._start()
-
-    def _start(self) -> subprocess.Popen[str]:
-        # A session of its own: a Ctrl-C at the terminal reaches only the supervisor, which drains in order.
-        process = subprocess.Popen(
-            self.command, env=self.env, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )  # fmt: skip
-        threading.Thread(target=self._copy, args=(process,), name=f"{self.name}-stderr", daemon=True).start()
-        return process
-
-    def _copy(self, process: subprocess.Popen[str]) -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            self._on_line(line)
-            sys.stderr.write(f"[{self.name}] {line}")
-        process.stderr.close()
-
-    def restart(self, command: list[str] | None = None) -> None:
-        self.command = command or self.command
-        self.process = self._start()
-
-    def terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> None:
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            print(f"bouquet serve: {self.name} did not stop in {timeout:.0f} s; killing it", file=sys.stderr)
-            self.process.kill()
-            self.process.wait()
-
-
-class Supervisor:
+class ServeSupervisor(Supervisor):
     def __init__(self, config: ServeConfig):
+        super().__init__("bouquet serve", config.ready_timeout, config.drain_seconds)
         self.config = config
-        self.stop = threading.Event()
         self.replicas: list[Child] = []
         self.replica_ports: dict[str, int] = {}
-        self.gateways: list[Child] = []
-        self._listening = threading.Semaphore(0)
-        self._metrics_dir: tempfile.TemporaryDirectory[str] | None = None
 
-    def run(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: self.stop.set())
-        try:
-            if self._start_replicas() and self._start_gateways():
-                url = f"http://{self.config.host}:{self.config.port}"
-                print(f"bouquet serve: ready on {url}", file=sys.stderr, flush=True)
-                self._supervise()
-                return 0
-            return 0 if self.stop.is_set() else 1
-        finally:
-            self._drain()
+    def start(self) -> bool:
+        if not (self._start_replicas() and self._start_gateways()):
+            return False
+        print(f"bouquet serve: ready on http://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)
+        return True
+
+    def groups(self) -> list[list[Child]]:
+        return [self.gateways, self.replicas]  # gateways first: their in-flight requests still need the replicas
+
+    def restart(self, child: Child) -> None:
+        """A replica restarts on its old port, so the gateways find it again."""
+        if child not in self.replicas:
+            return super().restart(child)
+        port = self.replica_ports[child.name]
+        print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
+        child.restart(self._replica_command(f"127.0.0.1:{port}"))
 
     def _replica_command(self, listen: str) -> list[str]:
         c = self.config
@@ -111,7 +57,7 @@ class Supervisor:
         for index in range(self.config.replicas):
             name = f"replica{index}"
             self.replicas.append(Child(name, self._replica_command("127.0.0.1:0"), env, self._port_reader(name)))
-        return self._wait(lambda: len(self.replica_ports) == len(self.replicas), self.replicas, "replicas to load")
+        return self.wait(lambda: len(self.replica_ports) == len(self.replicas), self.replicas, "replicas to load")
 
     def _port_reader(self, name: str) -> Callable[[str], None]:
         def read(line: str) -> None:
@@ -123,24 +69,11 @@ class Supervisor:
 
     def _start_gateways(self) -> bool:
         c = self.config
-        env = dict(os.environ)
-        if c.api_key:
-            env["BOUQUET_API_KEY"] = c.api_key  # not on the command line, where `ps` would show it
-        if c.workers > 1:
-            self._metrics_dir = tempfile.TemporaryDirectory(prefix="bouquet-metrics-")
-            env["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir.name
-        command = [sys.executable, "-m", "bouquet.cli", "gateway", "--host", c.host, "--port", str(c.port),
-                   "--model", str(c.model_path), "--drain-seconds", str(c.drain_seconds), *c.gateway_args]  # fmt: skip
-        for port in self.replica_ports.values():
-            command += ["--replica", f"127.0.0.1:{port}"]
-        for index in range(c.workers):
-            self.gateways.append(Child(f"gateway{index}", command, env, self._listen_reader))
-        listening = self._wait(lambda: self._listening.acquire(blocking=False), self.gateways, "gateways", c.workers)
-        return listening and self._wait(self._healthy, self.gateways, "/health to answer 200")
-
-    def _listen_reader(self, line: str) -> None:
-        if "bouquet gateway: listening" in line:
-            self._listening.release()
+        args = ["--host", c.host, "--port", str(c.port), "--model", str(c.model_path),
+                "--drain-seconds", str(c.drain_seconds), *c.gateway_args]  # fmt: skip
+        args += [f"--replica=127.0.0.1:{port}" for port in self.replica_ports.values()]
+        listening = self.start_gateways(args, c.workers, c.api_key)
+        return listening and self.wait(self._healthy, self.gateways, "/health to answer 200")
 
     def _healthy(self) -> bool:
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
@@ -150,45 +83,6 @@ class Supervisor:
         except (urllib.error.URLError, OSError):
             return False
 
-    def _wait(self, condition: Callable[[], bool], children: list[Child], what: str, times: int = 1) -> bool:
-        deadline = time.monotonic() + self.config.ready_timeout
-        while times:
-            if condition():
-                times -= 1
-                continue
-            if self.stop.wait(0.05):
-                return False
-            dead = [child.name for child in children if child.process.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                reason = f"{', '.join(dead)} exited" if dead else f"timed out after {self.config.ready_timeout} s"
-                print(f"bouquet serve: error: waiting for {what}: {reason}", file=sys.stderr, flush=True)
-                return False
-        return True
-
-    def _supervise(self) -> None:
-        """Restarts a child that exits while serving: a replica on its old port, so the gateways find it."""
-        while not self.stop.wait(0.5):
-            for child in self.replicas:
-                if child.process.poll() is not None and not self.stop.is_set():
-                    port = self.replica_ports[child.name]
-                    print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
-                    child.restart(self._replica_command(f"127.0.0.1:{port}"))
-            for child in self.gateways:
-                if child.process.poll() is not None and not self.stop.is_set():
-                    print(f"bouquet serve: {child.name} exited; restarting it", file=sys.stderr)
-                    child.restart()
-
-    def _drain(self) -> None:
-        """Gateways first (their in-flight requests still need the replicas), then the replicas."""
-        print("bouquet serve: draining", file=sys.stderr, flush=True)
-        for group in (self.gateways, self.replicas):
-            for child in group:
-                child.terminate()
-            for child in group:
-                child.wait(self.config.drain_seconds + 10)
-        if self._metrics_dir is not None:
-            self._metrics_dir.cleanup()
-
 
 def run_serve(config: ServeConfig) -> int:
-    return Supervisor(config).run()
+    return ServeSupervisor(config).run()

@@ -1,6 +1,7 @@
 """`bouquet gateway`: one gateway process, uvicorn on uvloop and httptools, on a socket bound with SO_REUSEPORT
 so several gateway processes can share a port (the kernel spreads connections across them). SIGTERM stops
-accepting and lets in-flight requests finish (up to drain_seconds)."""
+accepting and lets in-flight requests finish (up to drain_seconds). With `--workers N` this process supervises N
+such processes instead, as `bouquet serve` does its gateways."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import uvicorn
 from bouquet import event_loop
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
+from bouquet.gateway.supervisor import Supervisor
+
+_WORKERS_READY_SECONDS = 60.0  # for every worker to listen; they load no model
 
 
 class _Server(uvicorn.Server):
@@ -55,5 +59,22 @@ async def serve_gateway(config: GatewayConfig) -> int:
     return 0
 
 
+class GatewayWorkers(Supervisor):
+    """`bouquet gateway --workers N`: N gateway processes on the port, restarted when one dies, drained on SIGTERM."""
+
+    def __init__(self, config: GatewayConfig):
+        super().__init__("bouquet gateway", _WORKERS_READY_SECONDS, config.drain_seconds)
+        self.config = config
+
+    def start(self) -> bool:
+        c = self.config
+        if not self.start_gateways(list(c.worker_args), c.workers, c.api_key):
+            return False
+        print(f"bouquet gateway: listening on http://{c.host}:{c.port} ({c.workers} workers)", file=sys.stderr)
+        return True
+
+
 def run_gateway(config: GatewayConfig) -> int:
+    if config.workers > 1:
+        return GatewayWorkers(config).run()
     return event_loop.run(serve_gateway(config))

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -52,6 +53,19 @@ class Process:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+def children(pid: int) -> list[str]:
+    """Command lines of the processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid:
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _bouquet(*args: str, ready: str) -> Process:
