@@ -95,6 +95,25 @@ def test_tokenize_through_a_gateway_without_the_model(gateway):
     assert tokens[0][1] == {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}
 
 
+def test_docs_load_nothing_from_outside_and_need_no_api_key(gateway):
+    status, content_type, page = get(f"{gateway}/docs")
+    assert status == 200 and content_type.startswith("text/html")
+    html = page.decode()
+    assert not re.search(r"https?:|//", html), "an external URL in /docs"
+    assets = re.findall(r'(?:href|src)="([^"]+)"', html)
+    assert sorted(assets) == ["/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css"]
+    expected_types = {".css": "text/css", ".js": "text/javascript"}
+    for asset in assets:
+        status, content_type, body = get(f"{gateway}{asset}")
+        assert status == 200 and content_type.split(";")[0] == expected_types[Path(asset).suffix], asset
+        assert len(body) > 100_000  # Swagger UI itself, not an error page
+    assert b"SwaggerUIBundle" in get(f"{gateway}/docs/swagger-ui-bundle.js")[2]
+    assert get(f"{gateway}/openapi.json")[0] == 200
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        get(f"{gateway}/docs/index.html")  # only the page's own assets are served
+    assert missing.value.code == 404
+
+
 def test_workers_share_the_port_and_sigterm_drains_them(replica):
     port = free_port()
     parent = start_gateway(port, [replica], "--workers", "2", "--api-key", API_KEY)

@@ -37,7 +37,7 @@ from bouquet.gateway.errors import (
 )
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog, ServedModel
-from bouquet.gateway.openapi import DOCS_HTML, openapi_spec
+from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
 from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
 
@@ -268,6 +268,13 @@ async def _docs(gateway: Gateway, request: Request) -> Response:
     return HTMLResponse(DOCS_HTML)
 
 
+async def _docs_asset(gateway: Gateway, request: Request) -> Response:
+    name = request.path_params["asset"]
+    if name not in DOCS_ASSETS:
+        raise NotFound(f"no route {request.url.path}", "not_found")
+    return Response(docs_asset(name), media_type=DOCS_ASSETS[name], headers={"Cache-Control": "max-age=86400"})
+
+
 async def _not_found(request: Request, exc: Exception) -> Response:
     if isinstance(exc, HTTPException) and exc.status_code == 405:
         error: ApiError = InvalidRequest(f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
@@ -296,6 +303,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/metrics", _endpoint("/metrics", _metrics), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),
         Route("/docs", _endpoint("/docs", _docs, public=True), methods=["GET"]),
+        Route("/docs/{asset}", _endpoint("/docs/{asset}", _docs_asset, public=True), methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_found})
     app.state.gateway = gateway

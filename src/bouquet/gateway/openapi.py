@@ -1,10 +1,12 @@
 """The OpenAPI description of the gateway's routes, written out (the routes check their bodies by hand), and
-the interactive docs page that renders it."""
+the interactive docs page that renders it, with Swagger UI's files served by the gateway itself."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
+
+from swagger_ui_bundle import swagger_ui_path
 
 _INPUT = {
     "oneOf": [
@@ -92,11 +94,21 @@ def openapi_spec() -> dict[str, Any]:
     }
 
 
+# Swagger UI's own files, from the swagger-ui-bundle package and served by the gateway under /docs/: the machines
+# it runs on may have no internet, so the page loads nothing from a CDN. Only these names are served.
+DOCS_ASSETS = {"swagger-ui.css": "text/css", "swagger-ui-bundle.js": "text/javascript"}
 DOCS_HTML = """<!doctype html>
 <html><head><title>bouquet API</title><meta charset="utf-8">
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<link rel="stylesheet" href="/docs/swagger-ui.css"></head>
 <body><div id="ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script src="/docs/swagger-ui-bundle.js"></script>
 <script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#ui"});</script>
 </body></html>
 """
+
+
+@cache
+def docs_asset(name: str) -> bytes:
+    """One of DOCS_ASSETS, read once."""
+    assert name in DOCS_ASSETS, f"{name!r} is not a docs asset"
+    return (swagger_ui_path / name).read_bytes()
