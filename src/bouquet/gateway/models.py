@@ -57,7 +57,8 @@ class ServedModel:
     def require_tokenizer(self) -> ModelTokenizer:
         if self.tokenizer is None:
             raise InvalidRequest(
-                f"the gateway has no tokenizer for model {self.id!r} (start it with --model DIR); send token ids",
+                f"the gateway has no tokenizer for model {self.id!r} (its replica sent none; start the gateway "
+                "with --model DIR); send token ids",
                 "no_tokenizer",
                 "input",
             )

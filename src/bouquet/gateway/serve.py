@@ -35,11 +35,12 @@ class ServeSupervisor(Supervisor):
 
     def restart(self, child: Child) -> None:
         """A replica restarts on its old port, so the gateways find it again."""
-        if child not in self.replicas:
-            return super().restart(child)
-        port = self.replica_ports[child.name]
-        print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
-        child.restart(self._replica_command(f"127.0.0.1:{port}"))
+        if child in self.replicas:
+            port = self.replica_ports[child.name]
+            print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
+            child.restart(self._replica_command(f"127.0.0.1:{port}"))
+        else:
+            super().restart(child)
 
     def _replica_command(self, listen: str) -> list[str]:
         c = self.config
