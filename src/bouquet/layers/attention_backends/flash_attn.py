@@ -8,6 +8,7 @@ bound). Written against the libraries' published signatures; not yet run on a GP
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
@@ -20,21 +21,28 @@ VarlenFunc = Callable[..., Any]
 
 
 def load_varlen_func() -> tuple[VarlenFunc, str]:
-    """The newest FlashAttention varlen forward installed, and which one it is."""
+    """The newest FlashAttention varlen forward installed, and which one it is.
+
+    Any failure to import counts as "not installed", not only ImportError: flash-attn-4 pulls in the CuTe DSL
+    and the CUDA driver bindings, whose imports may raise RuntimeError or OSError on a machine they do not
+    fit. The error names both attempts, so a broken install is told apart from a missing one.
+    """
+    reasons = []
     try:
         from flash_attn.cute import flash_attn_varlen_func  # flash-attn-4
 
         return flash_attn_varlen_func, "flash-attn-4 (CuTe DSL)"
-    except ImportError:
-        pass
+    except Exception as error:
+        reasons.append(f"flash_attn.cute: {type(error).__name__}: {error}")
     try:
         from flash_attn import flash_attn_varlen_func  # FlashAttention 2
 
         return flash_attn_varlen_func, "flash-attn 2"
-    except ImportError as error:
+    except Exception as error:
+        reasons.append(f"flash_attn: {type(error).__name__}: {error}")
         raise BackendUnavailableError(
             "attention backend 'flash_attn' needs FlashAttention: pip install flash-attn-4 (Hopper, Blackwell) "
-            "or flash-attn (FlashAttention 2)"
+            f"or flash-attn (FlashAttention 2); {'; '.join(reasons)}"
         ) from error
 
 
@@ -44,6 +52,11 @@ class FlashAttnBackend(AttentionBackend):
 
     def __init__(self) -> None:
         self._varlen, self.version = load_varlen_func()
+        # flash-attn-4 picks a KV split count itself when num_splits < 1, reading max lengths back from
+        # cu_seqlens (.item(): a host sync, which a graph capture forbids). One split, always; FA2 has no such
+        # argument.
+        accepts_splits = "num_splits" in inspect.signature(self._varlen).parameters
+        self._options: dict[str, Any] = {"num_splits": 1} if accepts_splits else {}
 
     def prepare(self, ctx: ForwardContext) -> None:
         return None  # cu_seqlens and max_seqlen in the context are all it reads
@@ -64,6 +77,9 @@ class FlashAttnBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:  # [T, H, D]
         assert q.dtype in (torch.bfloat16, torch.float16), f"flash_attn needs bfloat16 or float16, got {q.dtype}"
+        # Both take cu_seqlens as contiguous int32 on the device and max_seqlen as a Python int; neither reads
+        # anything back to the host, so the call can be captured. Keywords only: the two versions order the
+        # arguments after max_seqlen_k differently.
         out = self._varlen(
             q,
             k,
@@ -74,6 +90,7 @@ class FlashAttnBackend(AttentionBackend):
             max_seqlen_k=ctx.max_seqlen,
             softmax_scale=scale,
             causal=causal,
+            **self._options,
         )
-        # flash-attn-4 returns (out, lse); FlashAttention 2 returns out alone.
+        # flash-attn-4 returns (out, lse), lse None unless asked for; FlashAttention 2 returns out alone.
         return out[0] if isinstance(out, tuple) else out

@@ -2,8 +2,11 @@
 
 plan() turns the batch's offsets into a work schedule on the host once per forward; run() is the per-layer
 kernel. For a CUDA graph each bucket gets its own wrapper with `use_cuda_graph=True` and fixed index
-buffers, and plan() runs again before every replay to refill them. Written against FlashInfer's published
-API; not yet run on a GPU.
+buffers, and plan() runs again before every replay to refill them: with a CUDA graph FlashInfer sizes the
+schedule from the first plan's row count and the fixed batch size, so every replan of a bucket fits the
+launch the graph recorded. Its FA2 kernels (before Hopper) then always split KV and stage partial outputs in
+the float workspace, which a large bucket can outgrow: that capture fails and the bucket stays eager. On
+Hopper the FA3 kernels do not use it. Written against FlashInfer's published API; not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self) -> None:
         try:
             import flashinfer
-        except ImportError as error:
-            message = "attention backend 'flashinfer' needs pip install flashinfer-python"
+        except Exception as error:  # a broken install (a missing dependency, a CUDA mismatch) too, not only none
+            message = (
+                f"attention backend 'flashinfer' needs pip install flashinfer-python; {type(error).__name__}: {error}"
+            )
             raise BackendUnavailableError(message) from error
         self._flashinfer = flashinfer
         self._workspace: torch.Tensor | None = None

@@ -45,8 +45,10 @@ class BackendTable:
 
     @classmethod
     def from_timings(cls, timings: dict[int, dict[str, float]]) -> BackendTable:
-        """The fastest backend at each measured length (seconds per call; missing backends left out)."""
-        return cls(tuple((length, min(times, key=times.__getitem__)) for length, times in sorted(timings.items())))
+        """The fastest backend at each measured length (seconds per call; missing backends left out, and a
+        length where every backend failed left out too)."""
+        rows = [(length, min(times, key=times.__getitem__)) for length, times in sorted(timings.items()) if times]
+        return cls(tuple(rows))
 
     def restricted_to(self, names: set[str], fallback: str) -> BackendTable:
         return BackendTable(tuple((bound, name if name in names else fallback) for bound, name in self.rows))
@@ -101,13 +103,16 @@ class AutoBackend(AttentionBackend):
 
 
 def load_backends(names: tuple[str, ...]) -> tuple[dict[str, AttentionBackend], dict[str, str]]:
-    """The backends that load here, and why each other one did not."""
+    """The backends that load here, and why each other one did not (whatever it raised: `auto` and the GPU
+    check go on with the others)."""
     loaded, missing = {}, {}
     for name in names:
         try:
             loaded[name] = create_attention_backend(name)
         except BackendUnavailableError as error:
             missing[name] = str(error)
+        except Exception as error:
+            missing[name] = f"{type(error).__name__}: {error}"
     return loaded, missing
 
 
