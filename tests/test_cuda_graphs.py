@@ -17,6 +17,7 @@ from bouquet.engine.cuda_graphs import (
     BucketState,
     GraphBuckets,
     LazyGraphs,
+    StaticBuffers,
     pad_batch,
     padded_positions,
     unpadded_inputs,
@@ -173,3 +174,44 @@ def test_capture_returns_the_static_output_and_replays_reuse_it() -> None:
     graphs = LazyGraphs(capturer, max_graphs=1)
     outputs = [_run(graphs, Bucket(16, 1), capturer.calls) for _ in range(3)]
     assert outputs[1] is outputs[2]
+
+
+class _FailingCapturer:
+    """A capture that raises, as a kernel that cannot be captured or a plan that outgrows its buffers does."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_RecordingGraph, torch.Tensor]:
+        self.attempts += 1
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_failed_capture_leaves_the_bucket_eager_without_retrying() -> None:
+    capturer = _FailingCapturer()
+    graphs = LazyGraphs(capturer, max_graphs=4)  # type: ignore[arg-type]
+    calls: list[str] = []
+    outputs = [_run(graphs, Bucket(16, 1), calls) for _ in range(4)]
+    assert capturer.attempts == 1 and all(out.item() == 0 for out in outputs)  # every step ran, eagerly
+    assert graphs.states[Bucket(16, 1)] is BucketState.EAGER and not graphs.graphs
+    assert "not permitted when stream is capturing" in graphs.capture_errors[Bucket(16, 1)]
+    assert (graphs.stats.eager, graphs.stats.captures, graphs.stats.replays) == (4, 0, 0)
+
+
+def test_static_buffers_load_writes_all_a_bucket_reads() -> None:
+    """The buffers start uninitialised (no fill kernel on another stream): load must write every element of
+    the bucket's views, token types included when the model has none."""
+    buffers = StaticBuffers(Bucket(64, 8), torch.device("cpu"))
+    for buffer in vars(buffers).values():
+        buffer.fill_(7)
+    batch = _batch([3, 5])
+    bucket = Bucket(16, 4)
+    padded = pad_batch(batch, bucket)
+    inputs = buffers.load(padded, padded_positions(padded, batch.num_tokens), bucket)
+    assert inputs.input_ids.tolist() == padded.input_ids.tolist()
+    assert inputs.positions.tolist() == padded_positions(padded, batch.num_tokens).tolist()
+    assert inputs.token_type_ids is not None and inputs.token_type_ids.tolist() == [0] * 16
+    assert inputs.cu_seqlens.tolist() == [0, 3, 8, 16, 16] and inputs.cu_seqlens.dtype == torch.int32
+    assert inputs.dimensions.tolist() == [0] * 4 and inputs.normalize.tolist() == [True, True, False, False]
+    assert inputs.seq_lens == [3, 5, 8, 0] and inputs.max_seqlen == 16
+    assert inputs.cu_seqlens.data_ptr() == buffers.cu_seqlens.data_ptr()  # views at the captured addresses

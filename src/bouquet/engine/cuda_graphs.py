@@ -107,15 +107,18 @@ class StaticBuffers:
     """Device input buffers sized for the top bucket; every bucket uses leading views of them."""
 
     def __init__(self, top: Bucket, device: torch.device):
-        def zeros(size: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(size, dtype=dtype, device=device)
+        # torch.empty, not zeros: a fill kernel would run on the default stream, which does not order with
+        # the engine's stream, so it could land after the first batch is loaded. `load` writes every element
+        # a bucket's graph reads.
+        def empty(size: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty(size, dtype=dtype, device=device)
 
-        self.input_ids = zeros(top.num_tokens, torch.long)
-        self.positions = zeros(top.num_tokens, torch.long)
-        self.token_type_ids = zeros(top.num_tokens, torch.long)
-        self.cu_seqlens = zeros(top.num_seqs + 1, torch.int32)
-        self.dimensions = zeros(top.num_seqs, torch.int32)
-        self.normalize = zeros(top.num_seqs, torch.bool)
+        self.input_ids = empty(top.num_tokens, torch.long)
+        self.positions = empty(top.num_tokens, torch.long)
+        self.token_type_ids = empty(top.num_tokens, torch.long)
+        self.cu_seqlens = empty(top.num_seqs + 1, torch.int32)
+        self.dimensions = empty(top.num_seqs, torch.int32)
+        self.normalize = empty(top.num_seqs, torch.bool)
 
     def load(self, padded: Batch, positions: np.ndarray, bucket: Bucket) -> ModelInputs:
         """Copies `padded` into the buffers (stream-ordered, so a replay still in flight reads its own data)."""
@@ -169,7 +172,7 @@ class CudaCapturer:
 class BucketState(Enum):
     WARM = "warm"  # ran eagerly once
     CAPTURED = "captured"
-    EAGER = "eager"  # the graph bound was reached when it was due for capture: stays eager
+    EAGER = "eager"  # the graph bound was reached, or its capture failed, when it was due: stays eager
 
 
 @dataclass
@@ -183,7 +186,9 @@ class LazyGraphs:
     """Per bucket: first hit eager, second captured, later replayed; at most `max_graphs` graphs kept.
 
     A bucket due for capture once the bound is reached stays eager rather than evicting another graph:
-    evicting and recapturing in turn would cost a capture per step under a cycling mix of shapes.
+    evicting and recapturing in turn would cost a capture per step under a cycling mix of shapes. A bucket
+    whose capture fails (a kernel that cannot be captured, a backend's plan that does not fit its buffers)
+    stays eager too, with the error logged and kept in `capture_errors`: retrying would fail every step.
     """
 
     def __init__(self, capturer: Capturer, max_graphs: int):
@@ -191,6 +196,7 @@ class LazyGraphs:
         self.max_graphs = max_graphs
         self.states: dict[Bucket, BucketState] = {}
         self.graphs: dict[Bucket, tuple[Graph, torch.Tensor]] = {}
+        self.capture_errors: dict[Bucket, str] = {}
         self.stats = GraphStats()
 
     def run(
@@ -218,7 +224,15 @@ class LazyGraphs:
         if len(self.graphs) >= self.max_graphs:
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
-        self.graphs[bucket] = self.capturer.capture(capture())
+        try:
+            self.graphs[bucket] = self.capturer.capture(capture())
+        except Exception as error:
+            logger.warning(
+                "CUDA graph capture failed for %s tokens x %s sequences, eager from now on: %r", *bucket, error
+            )
+            self.capture_errors[bucket] = f"{type(error).__name__}: {error}"
+            self.states[bucket] = BucketState.EAGER
+            return BucketState.EAGER
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
         logger.info("captured a CUDA graph for %s tokens x %s sequences", *bucket)
