@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from concurrent.futures import Future, TimeoutError
 
 import numpy as np
 import pytest
+import torch
 
-from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor
+from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, read_copy
 
 
 class _Event:
@@ -93,3 +95,51 @@ def test_done_callback_runs_on_the_completing_thread_or_at_once() -> None:
     assert seen == [(lazy, "engine")]
     lazy.add_done_callback(lambda done: seen.append((done, threading.current_thread().name)))
     assert seen[1] == (lazy, threading.current_thread().name)
+
+
+def _readback(
+    waiter: EventWaiter, event: _Event, freed_on: list[str]
+) -> tuple[Future[np.ndarray], weakref.ref, threading.Event]:
+    """What start_cuda_readback does, with a CPU tensor standing in for the pinned buffer."""
+    host = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    weakref.finalize(host, lambda: freed_on.append(threading.current_thread().name))
+    future: Future[np.ndarray] = Future()
+    done = waiter.hold(host)
+    waiter.watch(event, read_copy(host), future, done=done)
+    return future, weakref.ref(host), done
+
+
+def test_readback_buffer_is_freed_by_its_owner_not_by_the_waiter_or_the_caller() -> None:
+    """Freeing a pinned buffer records a CUDA event; done off the engine thread during a graph capture, that
+    event would be captured. So the waiter reads a copy and only the owner's next hold() frees the buffer."""
+    waiter = EventWaiter()
+    freed_on: list[str] = []
+    event = _Event()
+    future, buffer, done = _readback(waiter, event, freed_on)
+    waiter.release_finished()
+    assert buffer() is not None  # the copy is still in flight: kept
+    event.fire()
+    rows = LazyTensor(future).result(timeout=10)
+    assert rows.tolist() == [[0, 1, 2], [3, 4, 5]] and not np.shares_memory(rows, buffer().numpy())
+    del rows, future
+    assert done.wait(10)  # the waiter is through with the step
+    assert buffer() is not None and freed_on == []  # neither the caller nor the waiter freed it
+    second = _Event()
+    _readback(waiter, second, freed_on)  # the owner's next step releases the finished buffer, on its thread
+    assert buffer() is None and freed_on == [threading.current_thread().name]
+    second.fire()
+    waiter.close()
+    assert len(freed_on) == 2
+
+
+def test_readback_buffer_of_a_failed_step_is_released_too() -> None:
+    waiter = EventWaiter()
+    freed_on: list[str] = []
+    event = _Event(fail=True)
+    future, buffer, _ = _readback(waiter, event, freed_on)
+    event.fire()
+    with pytest.raises(RuntimeError, match="device error"):
+        LazyTensor(future).result(timeout=10)
+    del future
+    waiter.close()
+    assert buffer() is None and freed_on == [threading.current_thread().name]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -52,26 +53,57 @@ class EventWaiter:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Synchronizable, Callable[[], np.ndarray], Future] | None]
-        self._queue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Watched | None] = queue.SimpleQueue()
+        self._held: list[tuple[torch.Tensor, threading.Event]] = []  # the owner's thread only
         self._thread = threading.Thread(target=self._wait_loop, name="bouquet-readback", daemon=True)
         self._thread.start()
 
-    def watch(self, event: Synchronizable, value: Callable[[], np.ndarray], future: Future[np.ndarray]) -> None:
-        self._queue.put((event, value, future))
+    def watch(
+        self,
+        event: Synchronizable,
+        value: Callable[[], np.ndarray],
+        future: Future[np.ndarray],
+        done: threading.Event | None = None,
+    ) -> None:
+        """Completes `future` with `value()` once `event` has fired; then sets `done`, by which time this
+        thread holds nothing of the step any more."""
+        self._queue.put((event, value, future, done))
+
+    def hold(self, buffer: torch.Tensor) -> threading.Event:
+        """Keeps `buffer` alive on the calling thread's behalf until the returned flag is set; the caller's
+        next `hold()` (or `close()`) drops it there, so that thread is the one that frees it."""
+        self.release_finished()
+        done = threading.Event()
+        self._held.append((buffer, done))
+        return done
+
+    def release_finished(self) -> None:
+        self._held = [(buffer, done) for buffer, done in self._held if not done.is_set()]
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
+        self._held.clear()
 
     def _wait_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            event, value, future = item
-            try:
-                event.synchronize()
-                future.set_result(value())
-            except BaseException as error:  # the step's caller gets the error, the waiter lives on
-                future.set_exception(error)
+            event, value, future, done = item
+            item = None
+            self._complete(event, value, future)
+            event = value = future = None  # type: ignore[assignment]
+            if done is not None:
+                done.set()
+
+    @staticmethod
+    def _complete(event: Synchronizable, value: Callable[[], np.ndarray], future: Future[np.ndarray]) -> None:
+        try:
+            event.synchronize()
+            future.set_result(value())
+        except BaseException as error:  # the step's caller gets the error, the waiter lives on
+            future.set_exception(error)
+
+
+_Watched = tuple[Synchronizable, Callable[[], np.ndarray], Future, threading.Event | None]
 
 
 def start_cuda_readback(
@@ -82,6 +114,11 @@ def start_cuda_readback(
 ) -> None:
     """A non-blocking copy into pinned host memory and an event after it; `future` completes when it fires.
 
+    Called on the engine thread. The step's caller gets a copy of the rows, never the pinned buffer: freeing
+    a pinned block records an event on each stream that used it, and were that done by another thread (the
+    replica's event loop dropping its rows) while the engine thread captures a CUDA graph on this stream,
+    the event would be captured and the host allocator's next query of it would raise. The buffer is owned
+    by the engine thread (`waiter.hold`) and freed there, between steps, never during a capture.
     Only written for CUDA; it has not run on a GPU yet (bench/gpu_check.py and tests/test_gpu.py check it).
     """
     # Pinned blocks come from torch's caching host allocator, which keeps a block until the copies that
@@ -92,4 +129,17 @@ def start_cuda_readback(
         # blocking=True: the waiter thread sleeps in the driver instead of spinning a CPU core.
         event = torch.cuda.Event(blocking=True)
         event.record(stream)
-    waiter.watch(event, host.numpy, future)
+    waiter.watch(event, read_copy(host), future, done=waiter.hold(host))
+
+
+def read_copy(host: torch.Tensor) -> Callable[[], np.ndarray]:
+    """Reads a copy of `host` through a weak reference: the reader never owns the buffer, so it never
+    frees it, whatever thread it runs on."""
+    buffer = weakref.ref(host)
+
+    def read() -> np.ndarray:
+        pinned = buffer()
+        assert pinned is not None, "a pinned readback buffer was freed before it was read"
+        return pinned.numpy().copy()
+
+    return read
