@@ -1,7 +1,8 @@
 """One-call GPU check: parity, graph == eager, latency and throughput, attention backends; writes
 docs/gpu-results.md and docs/attention-table.json (the `auto` backend's table).
 
-    python bench/gpu_check.py              # on the GPU machine, about 5 minutes on one H200, no network
+    python bench/gpu_check.py              # on the GPU machine: about 5 minutes on one H200, more while kernels
+                                           # JIT-compile, never past --hard-limit-s (470 s); no network
     python bench/gpu_check.py --dry-run    # on the CPU: tiny shapes, SDPA, no graphs, output to a temp dir
 
 Every section is guarded: a failure is recorded in the table and the run goes on, so a lent GPU is never
@@ -18,16 +19,21 @@ would fetch a second, multi-GB torch), then their own dependencies, minus torch,
     # FlashInfer JIT-compiles kernels (needs nvcc) unless its prebuilt ones travel too: flashinfer-cubin, and
     # flashinfer-jit-cache from https://flashinfer.ai/whl/cuXYZ matching the GPU machine's torch.version.cuda.
 
-On the GPU machine: `pip install --no-index --no-deps wheels/*.whl`, `pip install --no-deps -e .`, then
-`python bench/gpu_check.py`. A backend that does not load is named in the table with the reason.
+On the GPU machine: `pip install --no-index --no-deps wheels/*.whl`, then `python3 bench/gpu_check.py --out-dir
+DIR`. The project itself is not installed there: this script puts `src/` on the path (`pip install -e .` would
+need setuptools from the network, and the project pins Python 3.11 while that machine runs 3.12). A backend
+that does not load is named in the table with the reason. The report is rewritten after every row, and a
+watchdog ends the run at --hard-limit-s with what it has, so a run stopped from outside still leaves one.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -38,16 +44,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Runs from a checkout: the project need not be installed (on the GPU machine it is not).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from random_models import write_sentence_transformers_files
 
 from bouquet.config import CudaGraphConfig, EngineConfig, default_model_path
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
-from bouquet.layers.attention_backends import AttentionShape
+from bouquet.layers.attention import Attention
+from bouquet.layers.attention_backends import AttentionBackend, AttentionShape
 from bouquet.layers.attention_backends.selection import GPU_BACKENDS, BackendTable, load_backends, measure_timings
 from bouquet.layers.linear import Linear
 
+ROOT = Path(__file__).resolve().parent.parent
 QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, intermediate_size=3072, vocab_size=151669)  # fmt: skip
 QWEN3_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -56,13 +66,27 @@ QWEN3_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, nu
 
 @dataclass
 class Report:
+    path: Path | None = None  # rewritten after every row, so a run stopped from outside still leaves its rows
+    header: list[str] = field(default_factory=list)
     rows: list[tuple[str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     deadline: float = float("inf")
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, check: str, result: str, goal: str = "") -> None:
-        self.rows.append((check, result, goal))
-        print(f"| {check} | {result} | {goal} |", flush=True)
+        with self.lock:
+            self.rows.append((check, result, goal))
+            print(f"| {check} | {result} | {goal} |", flush=True)
+            self.write()
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.notes.append(text)
+            self.write()
+
+    def write(self) -> None:
+        if self.path is not None:
+            self.path.write_text(self.markdown(self.header))
 
     def run(self, name: str, check: Callable[[], None]) -> None:
         """Runs one check; past the time budget it is skipped, and a failure is recorded, not raised."""
@@ -79,6 +103,17 @@ class Report:
         lines = [*header, "", "| check | result | goal |", "| --- | --- | --- |"]
         lines += [f"| {c} | {r} | {g} |" for c, r, g in self.rows]
         return "\n".join([*lines, "", *[f"- {n}" for n in self.notes], ""])
+
+    def start_watchdog(self, seconds: float) -> None:
+        """Past `seconds`, records the stop, writes the report and ends the process (a section may hang in a
+        JIT compile or a kernel; the lent machine's command limit would otherwise end it with nothing)."""
+
+        def stop() -> None:
+            time.sleep(seconds)
+            self.add("run", f"ABORTED: hard time limit of {seconds:.0f} s reached (--hard-limit-s)")
+            os._exit(3)
+
+        threading.Thread(target=stop, name="gpu-check-watchdog", daemon=True).start()
 
 
 def make_qwen3(path: Path, shape: dict[str, int]) -> Path:
@@ -163,9 +198,19 @@ def model_tflop(engine: Engine, seq_lens: list[int]) -> float:
     shape = engine.attn_backend.shape
     assert shape is not None
     pairs = sum(n * n * (0.5 if shape.causal else 1.0) for n in seq_lens)
-    layers = sum(1 for m in engine.model.modules() if type(m).__name__.endswith("DecoderLayer"))
-    attention = 4 * pairs * shape.num_heads * shape.head_dim * max(layers, 1)
+    layers = sum(1 for m in engine.model.modules() if isinstance(m, Attention))
+    attention = 4 * pairs * shape.num_heads * shape.head_dim * layers
     return (2 * weights * sum(seq_lens) + attention) / 1e12
+
+
+def graph_stats(engine: Engine) -> str:
+    """The engine's graph counters and capture errors; 'eager (no CUDA graphs)' on the CPU or without them."""
+    runner = engine._cuda.graphs if engine._cuda is not None else None
+    if runner is None:
+        return "eager (no CUDA graphs)"
+    stats, errors = runner.graphs.stats, runner.graphs.capture_errors
+    summary = f"{stats.eager} eager, {stats.captures} captured, {stats.replays} replayed"
+    return summary + "".join(f"; capture of {b.num_tokens}x{b.num_seqs} failed: {e[:150]}" for b, e in errors.items())
 
 
 def sync(device: str) -> None:
@@ -173,26 +218,32 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def usable_backend(path: Path, args: argparse.Namespace, loaded: list[str]) -> str | None:
-    """The first capturable backend that runs this model here (FA4 has no head_dim 32, for one), or None."""
+def usable_backend(report: Report, name: str, path: Path, args: argparse.Namespace, loaded: list[str]) -> str | None:
+    """The first capturable backend that runs this model here (a kernel may lack its head size), or None."""
     if args.dry_run:
         return None
-    for name in ("flash_attn", "flashinfer"):
-        if name not in loaded:
+    for backend in ("flash_attn", "flashinfer"):
+        if backend not in loaded:
             continue
-        engine = make_engine(path, args.device, "bfloat16", name, graphs=False)
+        try:
+            engine = make_engine(path, args.device, "bfloat16", backend, graphs=False)
+        except Exception as error:
+            report.add(f"{name}: {backend}", f"FAILED to start: {type(error).__name__}: {str(error)[:200]}")
+            continue
         try:
             engine.embed(random_batch([16, 40], 30000))
-            return name
+            return backend
         except Exception as error:
-            print(f"{name} cannot run {path.name}: {error}", file=sys.stderr)
+            report.add(f"{name}: {backend}", f"FAILED to run (first call): {type(error).__name__}: {str(error)[:200]}")
+            traceback.print_exc()
         finally:
             engine.close()
     return None
 
 
 def check_model(report: Report, name: str, path: Path, args: argparse.Namespace, loaded: list[str]) -> None:
-    backend = usable_backend(path, args, loaded)
+    backend = usable_backend(report, name, path, args, loaded)
+    args.usable[name] = backend
     vocab = args.vocab[name]
     mixed = [16, 33, 64, 100, 128, 200, 256, 500] if not args.dry_run else [5, 9, 16]
 
@@ -218,19 +269,35 @@ def check_model(report: Report, name: str, path: Path, args: argparse.Namespace,
         report.run(label, run)
     if name == "qwen3-0.6b":
         saturation(report, engine, args)
-        report.run("auto backend from the table", partial(check_auto, report, path, args, engine, mixed))
     engine.close()
 
 
-def check_auto(report: Report, path: Path, args: argparse.Namespace, engine: Engine, seq_lens: list[int]) -> None:
+def check_auto(report: Report, path: Path, args: argparse.Namespace) -> None:
     """`auto` with the table this run wrote: the per-length choice, and rows equal to the fixed backend's."""
     table = args.out_dir / "attention-table.json"
-    auto = make_engine(path, args.device, "bfloat16", "auto", graphs=not args.dry_run, table=table)
+    if not args.table_written:
+        report.add("auto backend from the table", "SKIPPED: this run wrote no attention-table.json")
+        return
+    fixed = args.usable.get("qwen3-0.6b") or "sdpa"
+    seq_lens = [16, 33, 64, 100, 128, 200, 256, 500] if not args.dry_run else [5, 9, 16]
     batch = random_batch(seq_lens, args.vocab["qwen3-0.6b"], seed=7)
-    cosine = min_cosine(auto.embed(batch), engine.embed(batch))
-    rows = getattr(auto.attn_backend, "table", None)
-    report.add("auto backend from the table", f"{rows.rows if rows else auto.attn_backend.name}; cosine {cosine:.5f}")
-    auto.close()
+    auto = make_engine(path, args.device, "bfloat16", "auto", graphs=not args.dry_run, table=table)
+    try:
+        auto.embed(batch)  # the first hit of its bucket runs eagerly, the second is captured and replayed
+        got = auto.embed(batch)
+        rows = getattr(auto.attn_backend, "table", None)
+        choice = rows.rows if rows else auto.attn_backend.name
+        stats = graph_stats(auto)
+    finally:
+        auto.close()
+    reference = make_engine(path, args.device, "bfloat16", fixed, graphs=False)
+    try:
+        cosine = min_cosine(got, reference.embed(batch))
+    finally:
+        reference.close()
+    report.add(
+        "auto backend from the table", f"{choice}; {stats}; min cosine vs eager {fixed} {cosine:.5f}", ">= 0.999"
+    )
 
 
 def graph_equals_eager(report: Report, name: str, engine: Engine, seq_lens: list[int], vocab: int) -> None:
@@ -240,9 +307,29 @@ def graph_equals_eager(report: Report, name: str, engine: Engine, seq_lens: list
     engine.embed(batch)  # second: captured, then replayed
     capture_s = time.perf_counter() - start
     replayed = engine.embed(batch)
+    runner = engine._cuda.graphs if engine._cuda is not None else None
+    if runner is not None and runner.graphs.stats.replays == 0:
+        raise RuntimeError(f"no CUDA graph was replayed: {graph_stats(engine)}")
+    # The same bucket with other lengths and ids: a replay must read this batch's inputs, not the captured one's.
+    other = random_batch([*seq_lens[1:], seq_lens[0]], vocab, seed=3)
+    other_cosine = min_cosine(engine.embed(other), eager_rows(engine, other))
     diff = np.abs(replayed - eager).max()
-    report.add(f"{name}: graph == eager", f"min cosine {min_cosine(replayed, eager):.6f}, max abs diff {diff:.2e}")
+    summary = f"min cosine {min_cosine(replayed, eager):.6f}, max abs diff {diff:.2e}"
+    summary += f"; another batch of the bucket vs unpadded eager: min cosine {other_cosine:.6f}"
+    report.add(f"{name}: graph == eager", f"{summary}; {graph_stats(engine)}", "cosines >= 0.999")
     report.add(f"{name}: time to capture a bucket", f"{capture_s * 1e3:.0f} ms (capture and first replay)")
+
+
+def eager_rows(engine: Engine, batch: Batch) -> np.ndarray:
+    """`batch` through the same engine with its graphs set aside: the unpadded eager path."""
+    runner = engine._cuda.graphs if engine._cuda is not None else None
+    if engine._cuda is not None:
+        engine._cuda.graphs = None
+    try:
+        return engine.embed(batch)
+    finally:
+        if engine._cuda is not None:
+            engine._cuda.graphs = runner
 
 
 def eager_vs_graph(
@@ -256,9 +343,11 @@ def eager_vs_graph(
     runner = None
     if engine._cuda is not None:  # None on the dry run's CPU engine: both timings are eager there
         runner, engine._cuda.graphs = engine._cuda.graphs, None  # the same engine, eager
-    eager_s = step_seconds(engine, batch, repeats)
-    if engine._cuda is not None:
-        engine._cuda.graphs = runner
+    try:
+        eager_s = step_seconds(engine, batch, repeats)
+    finally:
+        if engine._cuda is not None:
+            engine._cuda.graphs = runner
     goal = ">= 3x (Qwen3 shape)" if seqs == 1 else ""
     report.add(label, f"eager {eager_s * 1e3:.2f} ms, graph {graph_s * 1e3:.2f} ms: {eager_s / graph_s:.1f}x", goal)
 
@@ -287,54 +376,73 @@ def saturation(report: Report, engine: Engine, args: argparse.Namespace) -> None
         report.add("saturation knee", f"{knee} tokens (first size at 90% of the best {best:,.0f} tokens/s)")
 
 
-def check_backends(report: Report, args: argparse.Namespace, out_dir: Path) -> list[str]:
-    names = GPU_BACKENDS if not args.dry_run else ("sdpa",)
-    loaded, missing = load_backends(names)
+def load_attention_backends(report: Report, args: argparse.Namespace) -> dict[str, AttentionBackend]:
+    """Imports only (no kernel runs, no JIT compiles): which backends this machine has, and why not the rest."""
+    loaded, missing = load_backends(GPU_BACKENDS if not args.dry_run else ("sdpa",))
     for name, reason in missing.items():
-        report.add(f"backend {name}", f"NOT LOADED: {reason}")
+        report.add(f"backend {name}", f"NOT LOADED: {reason[:300]}")
+    for name, backend in loaded.items():
+        report.add(f"backend {name}", f"loaded: {getattr(backend, 'version', type(backend).__name__)}")
+    return loaded
+
+
+def time_backends(report: Report, args: argparse.Namespace, loaded: dict[str, AttentionBackend]) -> None:
+    """Per-length attention timings on Qwen3-0.6B's shape, and the `auto` table they make."""
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = AttentionShape(16, 8, 128, causal=True, dtype=dtype)
     lengths = (64, 128, 256, 512, 1024, 2048, 4096, 8192) if not args.dry_run else (16, 32)
-
-    def measure() -> None:
-        timings = measure_timings(loaded, shape, torch.device(args.device), lengths)
-        for length, times in timings.items():
-            cells = ", ".join(f"{n} {t * 1e6:.0f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
-            report.add(f"attention, {length}-token sequences (8192 tokens)", cells or "every backend failed")
-        table = BackendTable.from_timings({n: t for n, t in timings.items() if t})
-        (out_dir / "attention-table.json").write_text(table.to_json())
-        report.notes.append(f"auto table (written to attention-table.json): {table.rows}")
-
-    report.run("attention backends", measure)
-    return list(loaded)
+    timings = measure_timings(loaded, shape, torch.device(args.device), lengths)
+    for length, times in timings.items():
+        cells = ", ".join(f"{n} {t * 1e6:.0f} us" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
+        report.add(f"attention, {length}-token sequences (8192 tokens)", cells or "every backend failed")
+    table = BackendTable.from_timings(timings)
+    (args.out_dir / "attention-table.json").write_text(table.to_json())
+    args.table_written = True
+    report.note(f"auto table (written to attention-table.json): {table.rows}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, SDPA, no graphs, temp output")
     parser.add_argument("--out-dir", type=Path, help="where gpu-results.md goes (default docs/, temp on dry run)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="sections past this many seconds are skipped")
+    parser.add_argument("--budget-s", type=float, default=390.0, help="sections past this many seconds are skipped")
+    parser.add_argument("--hard-limit-s", type=float, default=470.0, help="the run ends here, report written")
     args = parser.parse_args()
     args.device = "cpu" if args.dry_run else "cuda"
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --dry-run on the CPU")
-    out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.dry_run else Path(__file__).parent.parent / "docs")
-    args.out_dir = out_dir
-    report = Report(deadline=time.monotonic() + args.budget_s)
+    args.out_dir = args.out_dir or (Path(tempfile.mkdtemp()) if args.dry_run else ROOT / "docs")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args.usable, args.table_written = {}, False
+    started = time.monotonic()
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
+    cuda = f", CUDA {torch.version.cuda}" if args.device == "cuda" else ""
+    header = ["# GPU check", "", f"Device: {device_name}; torch {torch.__version__}{cuda}; bench/gpu_check.py"]
+    report = Report(args.out_dir / "gpu-results.md", header, deadline=time.monotonic() + args.budget_s)
+    report.write()
+    report.start_watchdog(args.hard_limit_s)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    args.matmul_tflops = matmul_tflops(args.device, dtype, 8192 if not args.dry_run else 256)
-    report.add(f"{dtype} matrix-product rate", f"{args.matmul_tflops:.3g} TFLOP/s (n^3 matmuls, this run)")
-    loaded = check_backends(report, args, out_dir)
+    args.matmul_tflops = float("nan")
+
+    def matmul() -> None:
+        args.matmul_tflops = matmul_tflops(args.device, dtype, 8192 if not args.dry_run else 256)
+        report.add(f"{dtype} matrix-product rate", f"{args.matmul_tflops:.3g} TFLOP/s (n^3 matmuls, this run)")
+
+    report.run("matrix-product rate", matmul)
+    loaded = load_attention_backends(report, args)
     with tempfile.TemporaryDirectory() as tmp:
         qwen3 = make_qwen3(Path(tmp) / "qwen3", QWEN3_TINY if args.dry_run else QWEN3_06B)
         minilm_name, minilm = minilm_dir(Path(tmp))
         args.vocab = {"qwen3-0.6b": (QWEN3_TINY if args.dry_run else QWEN3_06B)["vocab_size"], minilm_name: 30522}
-        report.run("qwen3-0.6b", lambda: check_model(report, "qwen3-0.6b", qwen3, args, loaded))
-        report.run(minilm_name, lambda: check_model(report, minilm_name, minilm, args, loaded))
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (dry run)"
-    header = ["# GPU check", "", f"Device: {device_name}; torch {torch.__version__}; bench/gpu_check.py"]
-    (out_dir / "gpu-results.md").write_text(report.markdown(header))
-    print(f"wrote {out_dir / 'gpu-results.md'}")
+        # Most valuable first: the Qwen3 checks, then the backend timings (they may JIT-compile FlashInfer's
+        # kernels when its prebuilt cache did not travel) and `auto`, then the small BERT (head_dim 32, the
+        # shape the kernels support least).
+        report.run("qwen3-0.6b", lambda: check_model(report, "qwen3-0.6b", qwen3, args, list(loaded)))
+        report.run("attention backends", lambda: time_backends(report, args, loaded))
+        report.run("auto backend from the table", lambda: check_auto(report, qwen3, args))
+        report.run(minilm_name, lambda: check_model(report, minilm_name, minilm, args, list(loaded)))
+    report.add("run", f"finished in {time.monotonic() - started:.0f} s")
+    print(f"wrote {report.path}")
 
 
 if __name__ == "__main__":

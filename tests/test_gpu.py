@@ -30,8 +30,10 @@ def _backend_or_skip(name: str):
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory, minilm_path) -> Path:
-    """A small random Qwen3 with head_dim 128, which every GPU backend supports."""
+def qwen3_dir(tmp_path_factory) -> Path:
+    """A small random Qwen3 with head_dim 128, which every GPU backend supports. The tokenizer is the bundled
+    MiniLM's where that package is installed, else a minimal one (the GPU machine has not got it)."""
+    from gpu_check import tokenizer_dir
     from transformers import Qwen3Config, Qwen3Model
 
     path = tmp_path_factory.mktemp("qwen3_gpu")
@@ -41,7 +43,7 @@ def qwen3_dir(tmp_path_factory, minilm_path) -> Path:
         num_attention_heads=4, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
     )  # fmt: skip
     Qwen3Model(config).save_pretrained(path)
-    write_sentence_transformers_files(path, minilm_path, "lasttoken", max_len=4096)
+    write_sentence_transformers_files(path, tokenizer_dir(tmp_path_factory.mktemp("tokenizer")), "lasttoken", 4096)
     return path
 
 
