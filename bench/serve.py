@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (2 on this 2-core CPU)")
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
 
@@ -125,8 +125,8 @@ def main() -> None:
     model.encode(docs[:32], batch_size=16)
 
     port = free_port()
-    serve = start_serve(port, "--device", "cpu", "--dtype", args.dtype, "--replicas", str(args.replicas),
-                        "--workers", str(args.workers))  # fmt: skip
+    replicas = ["--replicas", str(args.replicas)] if args.replicas else []
+    serve = start_serve(port, "--device", "cpu", "--dtype", args.dtype, "--workers", str(args.workers), *replicas)
     try:
         serve.wait_ready()
         serve_documents(port, requests[:8], args.concurrency)  # warm-up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -185,6 +186,18 @@ class ServeConfig:
     gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
     drain_seconds: float = 30.0
+
+    @staticmethod
+    def default_replicas(device: str, cores: int | None = None) -> int:
+        """Local replicas when --replicas is not given: one on CUDA; on a CPU with 2 or more cores, two, each
+        with half the cores' threads. A forward's Python dispatch runs on one thread while OpenMP's others
+        wait, so one replica leaves cores idle; two keep them busy. On this 2-core VM two single-threaded
+        replicas served 1.13x the float32 and 1.35x the bfloat16 document tokens/s of one two-threaded
+        replica, at the same single-query latency (bench/serve_configs.py, docs/benchmarks.md, 2026-12-01).
+        """
+        if device == "cuda":
+            return 1
+        return 2 if (cores if cores is not None else os.cpu_count() or 1) >= 2 else 1
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.workers < 1:
