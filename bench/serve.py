@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (2 on this 2-core CPU)")
+    parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (1)")
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
 

@@ -1,13 +1,16 @@
-"""Engine.step: a LazyTensor returned at once, awaitable, results in submission order."""
+"""Engine.step: a LazyTensor returned at once, awaitable, each step's own rows; CPU workers."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+import torch
 from conftest import embed_ids
 
+from bouquet.config import EngineConfig
 from bouquet.engine.batch import Batch
+from bouquet.engine.engine import Engine
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.tokenizer import pack
 
@@ -26,7 +29,7 @@ def test_step_returns_lazy_float32_rows(minilm_fp32, minilm_tokenizer) -> None:
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-5)
 
 
-def test_steps_in_flight_complete_in_order_and_await(minilm_fp32, minilm_tokenizer) -> None:
+def test_steps_in_flight_each_give_their_own_rows_when_awaited(minilm_fp32, minilm_tokenizer) -> None:
     texts = [f"query number {i} about embeddings" for i in range(6)]
     expected = embed_ids(minilm_fp32, minilm_tokenizer.encode(texts))
 
@@ -42,3 +45,21 @@ def test_unnormalized_rows_keep_their_norm(minilm_fp32, minilm_tokenizer) -> Non
     ids = minilm_tokenizer.encode(["an unnormalised mean-pooled vector"])
     raw = embed_ids(minilm_fp32, ids, normalize=False)
     assert abs(np.linalg.norm(raw) - 1.0) > 0.01
+
+
+def test_cpu_workers_split_the_threads_and_agree_with_one_worker(minilm_path, minilm_tokenizer) -> None:
+    """Two workers compute steps at once on half the threads each; their rows equal a single worker's."""
+    texts = [f"document {i}: " + "an embedding of this text " * (i % 7 + 1) for i in range(12)]
+    batches = [_batch(minilm_tokenizer, texts[i : i + 3]) for i in range(0, len(texts), 3)]
+    rows = {}
+    for workers in (1, 2):
+        config = EngineConfig(minilm_path, "cpu", "float32", num_threads=2, cpu_workers=workers)
+        engine = Engine(config)
+        try:
+            assert (engine.workers, engine.threads_per_worker) == (workers, 2 // workers)
+            threads = {engine._executor.submit(torch.get_num_threads).result() for _ in range(8)}
+            assert threads == {2 // workers}  # every worker thread runs with its share
+            rows[workers] = np.concatenate([lazy.result(60) for lazy in [engine.step(b) for b in batches]])
+        finally:
+            engine.close()
+    np.testing.assert_allclose(rows[2], rows[1], rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bouquet.config import GatewayConfig, ServeConfig
+from bouquet.config import GatewayConfig
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
@@ -84,10 +84,3 @@ def test_gateway_workers_need_a_fixed_port():
         GatewayConfig(replicas=("127.0.0.1:50051",), port=0, workers=2)
     with pytest.raises(ValueError, match="workers"):
         GatewayConfig(replicas=("127.0.0.1:50051",), workers=0)
-
-
-@pytest.mark.parametrize(
-    ("device", "cores", "replicas"), [("cuda", 16, 1), ("cpu", 1, 1), ("cpu", 2, 2), ("cpu", 32, 2)]
-)
-def test_serve_default_replicas(device: str, cores: int, replicas: int):
-    assert ServeConfig.default_replicas(device, cores) == replicas

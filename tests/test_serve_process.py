@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import corpus
 
-from bouquet.config import ServeConfig
 from bouquet.gateway.testing import children, free_port, start_serve
 
 
@@ -36,8 +35,7 @@ def test_sigterm_finishes_requests_in_flight():
     try:
         serve.wait_ready()
         commands = children(serve.process.pid)
-        # No --replicas: the CPU default, one replica per half of the cores (2 here), threads split between them.
-        assert sum("bouquet.cli replica" in command for command in commands) == ServeConfig.default_replicas("cpu")
+        assert sum("bouquet.cli replica" in command for command in commands) == 1
         assert sum("bouquet.cli gateway" in command for command in commands) == 2
         texts = corpus.documents(48)
         with ThreadPoolExecutor(6) as pool:

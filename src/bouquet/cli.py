@@ -16,7 +16,6 @@ from bouquet.config import (
     ServeConfig,
     create_engine_config,
     default_model_path,
-    resolve_device,
 )
 
 
@@ -80,11 +79,7 @@ def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--model", help="local model directory (default: the bundled all-MiniLM-L6-v2)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument(
-        "--replicas", type=int,
-        help="local `bouquet replica` processes (default: 2 on a CPU with 2 or more cores, splitting its threads; "
-        "1 on CUDA)",
-    )  # fmt: skip
+    serve.add_argument("--replicas", type=int, default=1, help="local `bouquet replica` processes")
     serve.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port")
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
@@ -121,8 +116,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(
         model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
-        replicas=args.replicas or ServeConfig.default_replicas(resolve_device(args.device)), workers=args.workers,
-        device=args.device, dtype=args.dtype,
+        replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
         gateway_args=tuple(_limit_args(args)),
         drain_seconds=args.drain_seconds,

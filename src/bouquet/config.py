@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -39,7 +38,10 @@ class EngineConfig:
     device: str
     dtype: str
     attention_backend: str = "sdpa"
-    num_threads: int | None = None
+    num_threads: int | None = None  # intra-op threads in all; None: torch's default (the cores, or $OMP_NUM_THREADS)
+    # CPU only: steps computed at once, each on its own thread with num_threads / cpu_workers intra-op threads.
+    # None: 2 when there are 2 or more threads, else 1 (docs/benchmarks.md, "Engine workers").
+    cpu_workers: int | None = None
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
     attention_table: Path | None = None  # `auto` backend: the per-length table bench/gpu_check.py wrote
 
@@ -50,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("float16 is not supported on the CPU; use float32 or bfloat16")
+        if self.cpu_workers is not None and self.cpu_workers < 1:
+            raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
 
 
 @dataclass(frozen=True)
@@ -186,18 +190,6 @@ class ServeConfig:
     gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
     drain_seconds: float = 30.0
-
-    @staticmethod
-    def default_replicas(device: str, cores: int | None = None) -> int:
-        """Local replicas when --replicas is not given: one on CUDA; on a CPU with 2 or more cores, two, each
-        with half the cores' threads. A forward's Python dispatch runs on one thread while OpenMP's others
-        wait, so one replica leaves cores idle; two keep them busy. On this 2-core VM two single-threaded
-        replicas served 1.13x the float32 and 1.35x the bfloat16 document tokens/s of one two-threaded
-        replica, at the same single-query latency (bench/serve_configs.py, docs/benchmarks.md, 2026-12-01).
-        """
-        if device == "cuda":
-            return 1
-        return 2 if (cores if cores is not None else os.cpu_count() or 1) >= 2 else 1
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.workers < 1:
