@@ -1,10 +1,12 @@
 """The saturation curve: step latency and tokens/s against batch tokens, on the current device.
 
 Each batch is real documents (standard-library docstrings, truncated to the model's limit) packed end to end
-up to exactly N tokens, the last sequence cut short to fit. Steps run one at a time through the engine;
-medians of --repeats are reported, sizes interleaved within each repetition so the shared machine's noise
-hits every size alike. The knee is the smallest batch within --knee of the best tokens/s: past it a bigger
-batch buys latency, not throughput, so it is the scheduler's default max_batch_tokens for this device.
+up to exactly N tokens, the last sequence cut short to fit. The engine gets as many copies of the batch at
+once as it has workers (one on CUDA, two on a 2-core CPU: as a busy replica keeps it), so step latency is
+each step's time with its peers running and tokens/s counts all of them. Medians of --repeats are reported,
+sizes interleaved within each repetition so the shared machine's noise hits every size alike. The knee is the
+smallest batch within --knee of the best tokens/s: past it a bigger batch buys latency, not throughput, so it
+is the scheduler's default max_batch_tokens for this device.
 
     .venv/bin/python bench/saturation.py [--dtype float32] [--device auto] [--repeats 5]
 """
@@ -40,8 +42,10 @@ def batch_of(sequences: list[list[int]], num_tokens: int) -> Batch:
 
 
 def timed_step(engine: Engine, batch: Batch) -> float:
+    """Seconds for `engine.workers` copies of `batch` submitted at once."""
     start = time.perf_counter()
-    engine.step(batch).result()
+    for lazy in [engine.step(batch) for _ in range(engine.workers)]:
+        lazy.result()
     return time.perf_counter() - start
 
 
@@ -71,9 +75,10 @@ def main() -> None:
         for index, batch in enumerate(batches):
             times[index].append(timed_step(engine, batch))
     latencies = [statistics.median(t) for t in times]
-    rates = [size / latency for size, latency in zip(SIZES, latencies, strict=True)]
+    rates = [engine.workers * size / latency for size, latency in zip(SIZES, latencies, strict=True)]
     config = engine.config
-    print(f"# {engine.spec.name} on {config.device} in {config.dtype}, median of {args.repeats}")
+    print(f"# {engine.spec.name} on {config.device} in {config.dtype}, {engine.workers} worker(s) x "
+          f"{engine.threads_per_worker} thread(s), median of {args.repeats}")  # fmt: skip
     print(f"{'batch tokens':>12} {'step ms':>10} {'tokens/s':>10} {'of best':>8}")
     for size, latency, rate in zip(SIZES, latencies, rates, strict=True):
         print(f"{size:>12} {latency * 1e3:>10.1f} {rate:>10.0f} {rate / max(rates):>8.0%}")

@@ -114,9 +114,9 @@ def create_engine_config(
 class SchedulerConfig:
     """The replica's scheduler: first come, first served batches cut by a token budget."""
 
-    # Per device, the knee of bench/saturation.py's curve: past it a bigger batch adds latency, not tokens/s.
-    # CPU (2 cores, weights prepacked for oneDNN): 1024 tokens gives 95% of the best float32 tokens/s and 88% in
-    # bfloat16, whose knee is 2048; 1024 keeps a float32 step near 140 ms (docs/benchmarks.md, 2026-11-30).
+    # Per device, from bench/saturation.py's curve: past the knee a bigger batch adds latency, not tokens/s.
+    # CPU (2 cores, two engine workers of one thread): 1024 tokens gives 99% of the best float32 tokens/s and
+    # 93% in bfloat16, whose curve is flat from 256 (docs/benchmarks.md, 2026-12-01).
     # The "cuda" figure is the seed's, not yet measured here (docs/benchmarks.md).
     DEFAULT_MAX_BATCH_TOKENS: ClassVar[dict[str, int]] = {"cpu": 1024, "cuda": 512}
 
