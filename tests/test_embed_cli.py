@@ -40,10 +40,18 @@ def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer
     lines = ["one line", "another line of text", "Ünïcödé ☃"]
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n")
-    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--no-normalize")
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--no-normalize", "--cpu-workers", "1")
     assert result.returncode == 0, result.stderr
     expected = embed_ids(minilm_fp32, minilm_tokenizer.encode(lines), normalize=False)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_workers_must_be_positive(tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("a line\n")
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--cpu-workers", "0")
+    assert result.returncode == 2 and "cpu_workers must be positive" in result.stderr
+    assert not (tmp_path / "out.npy").exists()
 
 
 @pytest.mark.parametrize(

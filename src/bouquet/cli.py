@@ -24,6 +24,11 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     parser.add_argument("--attention-backend", default="sdpa")
+    parser.add_argument(
+        "--cpu-workers", type=int,
+        help="CPU: steps computed at once, each on a share of the threads (default: 2 with 2 or more threads; "
+        "1 gives a lone request every thread)",
+    )  # fmt: skip
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -84,6 +89,7 @@ def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     serve.add_argument("--max-batch-tokens", type=int, help="each replica's token budget a step")
+    serve.add_argument("--cpu-workers", type=int, help="each CPU replica's engine workers (see `bouquet replica`)")
     _add_gateway_limit_args(serve)
 
 
@@ -117,7 +123,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(
         model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
         replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
-        max_batch_tokens=args.max_batch_tokens, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
+        max_batch_tokens=args.max_batch_tokens, cpu_workers=args.cpu_workers,
+        api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
         gateway_args=tuple(_limit_args(args)),
         drain_seconds=args.drain_seconds,
     )  # fmt: skip
@@ -167,7 +174,7 @@ def _run_embed(args: argparse.Namespace) -> int:
         normalize=not args.no_normalize,
         batch_tokens=args.batch_tokens,
     )
-    engine = Engine(create_engine_config(args.model, args.device, args.dtype, args.attention_backend))
+    engine = Engine(create_engine_config(args.model, args.device, args.dtype, args.attention_backend, args.cpu_workers))
     try:
         prompt = engine.spec.prompt(args.prompt_name)
         tokenizer = TextTokenizer(engine.spec.tokenizer_file, engine.max_seq_length)
@@ -182,7 +189,7 @@ def _run_replica(args: argparse.Namespace) -> int:
     from bouquet import event_loop
     from bouquet.replica.server import ReplicaConfig, run_replica
 
-    engine_config = create_engine_config(args.model, args.device, args.dtype, args.attention_backend)
+    engine_config = create_engine_config(args.model, args.device, args.dtype, args.attention_backend, args.cpu_workers)
     scheduler_config = SchedulerConfig.for_device(
         engine_config.device,
         args.max_batch_tokens,

@@ -99,7 +99,11 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 def create_engine_config(
-    model: str | None, device: str = "auto", dtype: str = "auto", attention_backend: str = "sdpa"
+    model: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    attention_backend: str = "sdpa",
+    cpu_workers: int | None = None,
 ) -> EngineConfig:
     resolved_device = resolve_device(device)
     return EngineConfig(
@@ -107,6 +111,7 @@ def create_engine_config(
         device=resolved_device,
         dtype=resolve_dtype(dtype, resolved_device),
         attention_backend=attention_backend,
+        cpu_workers=cpu_workers,
     )
 
 
@@ -186,6 +191,7 @@ class ServeConfig:
     device: str = "auto"
     dtype: str = "auto"
     max_batch_tokens: int | None = None
+    cpu_workers: int | None = None  # each replica's engine; None: the engine's default
     api_key: str | None = None
     gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health

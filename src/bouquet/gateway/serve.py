@@ -48,6 +48,8 @@ class ServeSupervisor(Supervisor):
                    "--device", c.device, "--dtype", c.dtype, "--drain-seconds", str(c.drain_seconds)]  # fmt: skip
         if c.max_batch_tokens:
             command += ["--max-batch-tokens", str(c.max_batch_tokens)]
+        if c.cpu_workers:
+            command += ["--cpu-workers", str(c.cpu_workers)]
         return command
 
     def _start_replicas(self) -> bool:
