@@ -78,8 +78,10 @@ class Engine:
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs
         on one thread while OpenMP's others wait at its barriers, so two steps computed at once, each on half
-        the threads, keep the cores busier: 1.24x float32 and 1.30x bfloat16 document tokens/s on 2 cores
-        against one step on both (docs/benchmarks.md, "Engine workers")."""
+        the threads, keep the cores busier: 1.18x float32 and 1.20x bfloat16 document tokens/s on 2 cores
+        against one step on both (bench/engine_workers.py; docs/benchmarks.md, "Engine workers"). Each worker
+        sets its own count: OpenMP's is per thread (torch also keeps it as the default for threads that start
+        later, which is why the count is read here, on the constructing thread, first)."""
         threads = torch.get_num_threads()
         if self.device.type == "cuda":
             return 1, threads
