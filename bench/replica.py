@@ -81,6 +81,8 @@ def replica_seconds(address: str, requests: list[embedding_pb2.EmbedRequest], cl
 def start_replica(args: argparse.Namespace, max_batch_tokens: int) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, "-m", "bouquet.cli", "replica", "--listen", "127.0.0.1:0", "--dtype", args.dtype,
                "--device", args.device, "--max-batch-tokens", str(max_batch_tokens)]  # fmt: skip
+    if args.cpu_workers:
+        command += ["--cpu-workers", str(args.cpu_workers)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=os.environ | args.replica_env)
     assert process.stderr is not None
     for line in process.stderr:
@@ -135,10 +137,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-rounds", type=int, default=7)
     parser.add_argument("--latency-calls", type=int, default=40, help="calls of each kind per round")
+    parser.add_argument("--cpu-workers", type=int, help="engine workers, both sides (default: the engine's)")
     parser.add_argument("--replica-env", nargs="*", default=[], help="NAME=VALUE for the replica process only")
     args = parser.parse_args()
     args.replica_env = dict(item.split("=", 1) for item in args.replica_env)
-    engine_config = create_engine_config(None, args.device, args.dtype)
+    engine_config = create_engine_config(None, args.device, args.dtype, cpu_workers=args.cpu_workers)
     max_tokens = SchedulerConfig.for_device(engine_config.device, args.max_batch_tokens).max_batch_tokens
     engine = Engine(engine_config)
     tokenizer = TextTokenizer(engine.spec.tokenizer_file, engine.max_seq_length)
