@@ -337,3 +337,37 @@ def test_flashinfer_graph_wrapper_per_bucket_replans_new_lengths(fake_flashinfer
         expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), False, 0.25)
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
     assert wrapper.plans == 3 and _FakeEvent.synchronized == 2
+
+
+def _aten_flash_attention_forward(
+    query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
+    scale=None, window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None,
+    block_table=None, num_splits=None,
+):  # fmt: skip
+    """aten::_flash_attention_forward's schema (PyTorch's FlashAttention 2, CUDA only in a real build)."""
+    assert cum_seq_q.dtype == torch.int32 and isinstance(max_q, int) and isinstance(max_k, int)
+    assert dropout_p == 0.0 and not return_debug_mask
+    assert query.stride(-1) == 1 and value.stride(-1) == 1
+    out = _reference(query.float(), key.float(), value.float(), cum_seq_q.tolist(), is_causal, scale)
+    empty = torch.empty(0)
+    return out.to(query.dtype), empty, empty, empty, empty
+
+
+def test_flash_attn_falls_back_to_pytorchs_own_kernel_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bouquet.layers.attention_backends import flash_attn
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # neither flash-attn-4 nor FlashAttention 2
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    with pytest.raises(BackendUnavailableError, match="CUDA only"):
+        load_varlen_func()  # on the CPU there is no fallback: the error says what to install
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(flash_attn, "_torch_flash_forward", _aten_flash_attention_forward)
+    backend = FlashAttnBackend()
+    assert backend.version == "PyTorch's built-in FlashAttention 2"
+    seq_lens = [6, 0, 11]
+    q, k, v, cu_seqlens = _packed(seq_lens)
+    ctx = ForwardContext(cu_seqlens, 16, seq_lens, backend)
+    for causal in (False, True):
+        out = backend.forward(q, k, v, ctx, causal, 0.25)
+        expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), causal, 0.25)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)

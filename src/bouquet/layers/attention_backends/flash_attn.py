@@ -1,5 +1,9 @@
 """FlashAttention varlen over packed sequences: flash-attn-4 (CuTe DSL, Hopper and Blackwell) when
-installed, else FlashAttention 2's `flash_attn_varlen_func`.
+installed, else FlashAttention 2's `flash_attn_varlen_func`, else on CUDA the FlashAttention 2 kernels built
+into PyTorch (`aten::_flash_attention_forward`, the op behind SDPA's flash path, which takes cu_seqlens).
+
+The last needs no wheel. That matters on the lent GPU machine: flash-attn-4's CuTe DSL libraries (92 MB for
+CUDA 13) and flashinfer-python (101 MB) are each larger than the 64 MiB a device call can carry.
 
 Its only metadata is `cu_seqlens` and `max_seqlen`, so it runs inside a CUDA graph as it is: the graph's
 `cu_seqlens` is a static buffer and `max_seqlen` is fixed per bucket (the bucket's token count, an upper
@@ -40,10 +44,37 @@ def load_varlen_func() -> tuple[VarlenFunc, str]:
         return flash_attn_varlen_func, "flash-attn 2"
     except Exception as error:
         reasons.append(f"flash_attn: {type(error).__name__}: {error}")
-        raise BackendUnavailableError(
-            "attention backend 'flash_attn' needs FlashAttention: pip install flash-attn-4 (Hopper, Blackwell) "
-            f"or flash-attn (FlashAttention 2); {'; '.join(reasons)}"
-        ) from error
+    if torch.cuda.is_available():
+        return torch_flash_varlen, "PyTorch's built-in FlashAttention 2"
+    reasons.append("PyTorch's built-in FlashAttention: CUDA only")
+    raise BackendUnavailableError(
+        "attention backend 'flash_attn' needs FlashAttention: pip install flash-attn-4 (Hopper, Blackwell) "
+        f"or flash-attn (FlashAttention 2), or a GPU for PyTorch's own; {'; '.join(reasons)}"
+    )
+
+
+# Looked up at call time so that CPU tests can stand in for the CUDA-only kernel.
+_torch_flash_forward: Callable[..., tuple[torch.Tensor, ...]] = torch.ops.aten._flash_attention_forward
+
+
+def torch_flash_varlen(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, Hkv, D]; Hkv divides H (the kernel handles GQA itself)
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,  # [B + 1] int32 on the device
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+) -> torch.Tensor:  # [T, H, D]
+    """FlashAttention 2's varlen call, as flash-attn's keywords, on PyTorch's own kernel. Nothing is read back
+    to the host and no dropout generator is touched (dropout 0), so it can be captured in a CUDA graph."""
+    out, *_ = _torch_flash_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=softmax_scale
+    )
+    return out
 
 
 class FlashAttnBackend(AttentionBackend):
