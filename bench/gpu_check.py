@@ -7,17 +7,18 @@ docs/gpu-results.md and docs/attention-table.json (the `auto` backend's table).
 
 Every section is guarded: a failure is recorded in the table and the run goes on, so a lent GPU is never
 lost to one error. The GPU machine has torch with CUDA, transformers, tokenizers and safetensors but no
-registry, so the optional kernels travel as wheels made beforehand on a machine with network, for Python
-3.12 on manylinux x86_64. Download the two packages without their dependencies (a dependency on torch
-would fetch a second, multi-GB torch), then their own dependencies, minus torch, the same way:
+registry. Its `flash_attn` backend needs no wheel: without flash-attn installed it runs PyTorch's built-in
+varlen FlashAttention 2. flash-attn-4 and FlashInfer can only travel as wheels, and they do not fit: a device
+call carries at most 64 MiB, and flash-attn-4's CuTe DSL libraries for CUDA 13
+(nvidia-cutlass-dsl-libs-cu13 4.8.1) weigh 92 MB, flashinfer-python 0.7.4 101 MB (checked 2026-12-01). So
+they are reported as not loaded unless a way to bring them appears; the wheel recipe, for Python 3.12 on
+manylinux x86_64 (the dependencies without torch, which would fetch a second, multi-GB torch):
 
     P="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels/"
     pip download $P --no-deps flash-attn-4 flashinfer-python
     for w in wheels/*.whl; do unzip -p "$w" '*.dist-info/METADATA' | grep '^Requires-Dist'; done
     pip download $P --no-deps <each requirement listed above but torch, e.g. nvidia-cutlass-dsl>
-    # FlashInfer JIT-compiles kernels (needs nvcc) unless its prebuilt ones travel too: flashinfer-cubin, and
-    # flashinfer-jit-cache from https://flashinfer.ai/whl/cuXYZ matching the GPU machine's torch.version.cuda.
 
 On the GPU machine: `pip install --no-index --no-deps wheels/*.whl`, then `python3 bench/gpu_check.py --out-dir
 DIR`. The project itself is not installed there: this script puts `src/` on the path (`pip install -e .` would
