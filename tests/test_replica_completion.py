@@ -17,6 +17,7 @@ from bouquet.config import SchedulerConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.model_dir import ModelSpec, PoolingMethod
+from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.scheduler import Scheduler
 
 
@@ -25,6 +26,7 @@ class _HandCompletedEngine:
         config = {"architectures": ["BertModel"], "vocab_size": 100, "hidden_size": 4}
         self.spec = ModelSpec(Path("."), "stand-in", config, (), Path("."), PoolingMethod.MEAN, True, 16)
         self.steps: list[tuple[Batch, Future[np.ndarray]]] = []
+        self.workers = 2  # steps computed at once, as the CPU engine's default
 
     def step(self, batch: Batch) -> LazyTensor:
         future: Future[np.ndarray] = Future()
@@ -58,3 +60,32 @@ def test_steps_hand_out_in_submission_order_even_when_they_finish_out_of_order()
     firsts, row = asyncio.run(_out_of_order())
     assert firsts == [7.0, 9.0]
     assert row == [7.0, 7.0, 7.0, 7.0]
+
+
+async def _step_seconds(workers: int, finish_order: list[int]) -> tuple[float, float]:
+    """Two steps in flight, finishing 0.2 s and 0.3 s after submission; (count, sum) of bouquet_step_seconds."""
+    engine = _HandCompletedEngine()
+    engine.workers = workers
+    metrics = ReplicaMetrics()
+    config = SchedulerConfig(max_batch_tokens=4, max_batch_seqs=1, max_steps_in_flight=2)
+    scheduler = Scheduler(engine, config, metrics)
+    calls = [
+        asyncio.ensure_future(scheduler.embed(np.array([i, i], np.int32), np.array([0, 2], np.int32))) for i in (7, 9)
+    ]
+    await asyncio.sleep(0)
+    for index, wait in zip(finish_order, (0.2, 0.1), strict=True):
+        await asyncio.sleep(wait)
+        engine.finish(index)
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=5)
+    assert metrics.value("bouquet_steps_in_flight") == 0
+    return metrics.value("bouquet_step_seconds_count"), metrics.value("bouquet_step_seconds_sum")
+
+
+def test_step_seconds_count_each_step_from_when_an_engine_worker_took_it() -> None:
+    """Two workers start both steps at once: 0.2 s + 0.3 s of engine time, whichever finishes first (not the
+    time since the previous hand-out). One worker starts the second step when the first is done: 0.2 + 0.1 s."""
+    for finish_order in ([0, 1], [1, 0]):
+        count, total = asyncio.run(_step_seconds(2, finish_order))
+        assert count == 2 and 0.45 < total < 0.75, (finish_order, total)
+    count, total = asyncio.run(_step_seconds(1, [0, 1]))
+    assert count == 2 and 0.25 < total < 0.45, total

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import logging
 import time
 from collections import deque
@@ -36,6 +37,7 @@ class StepEngine(Protocol):
     """What the scheduler needs of an Engine (tests wrap one to watch or hold its steps)."""
 
     spec: ModelSpec
+    workers: int  # steps it computes at once; a later one starts, in submission order, when one of them is done
 
     def step(self, batch: Batch) -> LazyTensor: ...
 
@@ -45,6 +47,7 @@ class Step:
     lazy: LazyTensor
     parts: list[Part]
     submitted: float  # perf_counter
+    finished: float = 0.0  # perf_counter when its result came in; set by the thread that completed it
 
 
 class Scheduler:
@@ -56,7 +59,7 @@ class Scheduler:
         self.queued_tokens = 0
         self.queued_seqs = 0
         self._queue: deque[Request] = deque()
-        self._engine_free_at = 0.0  # perf_counter when the last step's rows were handed out
+        self._latest_finishes: list[float] = []  # heap: the engine's `workers` latest step finishes
         self._in_flight: deque[Step] = deque()  # submitted to the engine, rows not yet handed out; oldest first
         self._closed = False
 
@@ -66,6 +69,7 @@ class Scheduler:
         error = Unavailable("replica is shutting down")
         while self._in_flight:
             self._fail_parts(self._in_flight.popleft().parts, error)
+        self.metrics.steps_in_flight.set(0)
         while self._queue:
             self._fail(self._queue.popleft(), error)
 
@@ -140,7 +144,7 @@ class Scheduler:
         there is both work and room: with two slots the engine is handed batch N+1 while it computes N, and no
         scheduling task has to wake up first (that hop is a measurable share of a short query's latency).
         """
-        wake = functools.partial(_call_soon_threadsafe, asyncio.get_running_loop(), self._hand_out_finished)
+        loop = asyncio.get_running_loop()
         while len(self._in_flight) < self.config.max_steps_in_flight and not self._closed:
             parts = self._cut()
             if not parts:
@@ -157,7 +161,7 @@ class Scheduler:
             step = Step(lazy, parts, time.perf_counter())
             self._in_flight.append(step)
             self.metrics.steps_in_flight.set(len(self._in_flight))
-            lazy.add_done_callback(wake)
+            lazy.add_done_callback(functools.partial(_on_step_done, loop, self._hand_out_finished, step))
 
     def _cut(self) -> list[Part]:
         """Takes sequences from the head of the queue, in order, until the next one would pass the budget."""
@@ -204,19 +208,30 @@ class Scheduler:
                 self._fail_parts(step.parts, RuntimeError(f"engine step failed: {exc}"))
             else:
                 hand_out(step.parts, rows)
-            done = time.perf_counter()
-            # The step began computing when it was submitted or when the one before it finished, if later.
-            self.metrics.step_seconds.observe(done - max(step.submitted, self._engine_free_at))
-            self._engine_free_at = done
+            self._observe_step_seconds(step)
         self.metrics.steps_in_flight.set(len(self._in_flight))
         self._submit_ready()
+
+    def _observe_step_seconds(self, step: Step) -> None:
+        """The step's engine time: from when it started, on submission or when an engine worker came free if
+        later, to its result. Steps start in submission order, and every earlier one has been handed out, so a
+        worker came free at the `workers`-th latest of their finishes (with one worker: the previous step's)."""
+        finished = step.finished or time.perf_counter()  # ready, and its done-callback not yet run
+        workers = self.engine.workers
+        free_at = self._latest_finishes[0] if len(self._latest_finishes) == workers else 0.0
+        self.metrics.step_seconds.observe(finished - max(step.submitted, free_at))
+        heapq.heappush(self._latest_finishes, finished)
+        if len(self._latest_finishes) > workers:
+            heapq.heappop(self._latest_finishes)
 
     def _fail_parts(self, parts: list[Part], error: Exception) -> None:
         for request, _, _ in parts:
             self._fail(request, error)
 
 
-def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, callback: Callable[[], None], _: LazyTensor) -> None:
+def _on_step_done(loop: asyncio.AbstractEventLoop, callback: Callable[[], None], step: Step, _: LazyTensor) -> None:
+    """On the thread that completed the step: notes when, and wakes the event loop to hand out its rows."""
+    step.finished = time.perf_counter()
     # RuntimeError: the loop has closed; the replica is gone and nobody waits for these rows.
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(callback)

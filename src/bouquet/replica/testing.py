@@ -29,6 +29,7 @@ class RecordingEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.spec = engine.spec
+        self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()
         self._open.set()
