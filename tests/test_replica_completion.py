@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bouquet.config import SchedulerConfig
 from bouquet.engine.batch import Batch
@@ -89,3 +90,18 @@ def test_step_seconds_count_each_step_from_when_an_engine_worker_took_it() -> No
         assert count == 2 and 0.45 < total < 0.75, (finish_order, total)
     count, total = asyncio.run(_step_seconds(1, [0, 1]))
     assert count == 2 and 0.25 < total < 0.45, total
+
+
+async def _short_rows() -> None:
+    engine = _HandCompletedEngine()
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=8, max_batch_seqs=2, max_steps_in_flight=2))
+    call = asyncio.ensure_future(scheduler.embed(np.array([7, 7, 9, 9], np.int32), np.array([0, 2, 4], np.int32)))
+    await asyncio.sleep(0)
+    _, future = engine.steps[0]
+    threading.Thread(target=future.set_result, args=(np.zeros((1, 4), np.float32),)).start()  # 1 row for 2 seqs
+    await asyncio.wait_for(call, timeout=5)
+
+
+def test_rows_that_cannot_be_handed_out_fail_their_requests_instead_of_losing_them() -> None:
+    with pytest.raises(RuntimeError, match="engine step failed"):
+        asyncio.run(_short_rows())

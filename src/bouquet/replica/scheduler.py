@@ -202,12 +202,10 @@ class Scheduler:
         while self._in_flight and self._in_flight[0].lazy.ready():
             step = self._in_flight.popleft()
             try:
-                rows = step.lazy.result()
-            except Exception as exc:
+                hand_out(step.parts, step.lazy.result())
+            except Exception as exc:  # its requests fail, not hang: the step has left the queue
                 logger.error("engine step failed: %s", exc, exc_info=exc)
                 self._fail_parts(step.parts, RuntimeError(f"engine step failed: {exc}"))
-            else:
-                hand_out(step.parts, rows)
             self._observe_step_seconds(step)
         self.metrics.steps_in_flight.set(len(self._in_flight))
         self._submit_ready()
@@ -263,6 +261,8 @@ def _token_types(request: Request, span: slice) -> np.ndarray:
 
 def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] float32
     """Copies each part's rows into its request (truncated to its width); completes requests with all rows."""
+    num_seqs = sum(count for _, _, count in parts)
+    assert rows.shape[0] == num_seqs, f"the engine returned {rows.shape[0]} rows for {num_seqs} sequences"
     row = 0
     for request, first, count in parts:
         if not request.future.done():  # a cancelled, expired or failed request's rows are dropped
