@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import torch
@@ -47,6 +48,14 @@ def test_unnormalized_rows_keep_their_norm(minilm_fp32, minilm_tokenizer) -> Non
     assert abs(np.linalg.norm(raw) - 1.0) > 0.01
 
 
+def _threads_on_a_new_thread() -> int:
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
 def test_cpu_workers_split_the_threads_and_agree_with_one_worker(minilm_path, minilm_tokenizer) -> None:
     """Two workers compute steps at once on half the threads each; their rows equal a single worker's."""
     texts = [f"document {i}: " + "an embedding of this text " * (i % 7 + 1) for i in range(12)]
@@ -59,6 +68,8 @@ def test_cpu_workers_split_the_threads_and_agree_with_one_worker(minilm_path, mi
             assert (engine.workers, engine.threads_per_worker) == (workers, 2 // workers)
             threads = {engine._executor.submit(torch.get_num_threads).result() for _ in range(8)}
             assert threads == {2 // workers}  # every worker thread runs with its share
+            # torch's default for threads that start later is left as it was.
+            assert _threads_on_a_new_thread() == torch.get_num_threads()
             rows[workers] = np.concatenate([lazy.result(60) for lazy in [engine.step(b) for b in batches]])
         finally:
             engine.close()

@@ -200,5 +200,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.workers < 1:
             raise ValueError(f"replicas and workers must be positive, got {self.replicas} and {self.workers}")
+        if self.cpu_workers is not None and self.cpu_workers < 1:
+            raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
         if not 1 <= self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")

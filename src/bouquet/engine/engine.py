@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -58,8 +59,9 @@ class Engine:
         self.workers, self.threads_per_worker = self._split_threads()
         self._executor = ThreadPoolExecutor(
             self.workers, thread_name_prefix="bouquet-engine",
-            initializer=torch.set_num_threads, initargs=(self.threads_per_worker,),
+            initializer=_init_worker, initargs=(self.threads_per_worker,),
         )  # fmt: skip
+        self._start_workers()
         self._cuda = _CudaRuntime(self) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)",
@@ -80,13 +82,26 @@ class Engine:
         on one thread while OpenMP's others wait at its barriers, so two steps computed at once, each on half
         the threads, keep the cores busier: 1.18x float32 and 1.20x bfloat16 document tokens/s on 2 cores
         against one step on both (bench/engine_workers.py; docs/benchmarks.md, "Engine workers"). Each worker
-        sets its own count: OpenMP's is per thread (torch also keeps it as the default for threads that start
-        later, which is why the count is read here, on the constructing thread, first)."""
+        sets its own count: OpenMP's is per thread (see `_start_workers` for torch's process-wide default)."""
         threads = torch.get_num_threads()
         if self.device.type == "cuda":
             return 1, threads
         workers = self.config.cpu_workers or (2 if threads >= 2 else 1)
         return workers, max(1, threads // workers)
+
+    def _start_workers(self) -> None:
+        """Starts every worker now, then puts torch's process-wide thread count back.
+
+        `torch.set_num_threads` in a worker sets that thread's OpenMP count but also torch's default for every
+        thread that starts using torch later (a second engine built on a fresh thread would see one thread).
+        Starting the workers here, while they all wait at a barrier, lets the constructor restore the default
+        once they hold their own count."""
+        threads = torch.get_num_threads()
+        ready = threading.Barrier(self.workers + 1)
+        for _ in range(self.workers):
+            self._executor.submit(ready.wait)
+        ready.wait()
+        torch.set_num_threads(threads)
 
     def step(self, batch: Batch) -> LazyTensor:
         """Returns at once. On the CPU with several workers, steps may finish out of submission order: callers
@@ -126,6 +141,13 @@ class Engine:
     @torch.inference_mode()
     def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32; the CPU path, synchronous on this thread
         return self.forward(unpadded_inputs(batch, self.device), self.attn_backend.prepare).cpu().numpy()
+
+
+def _init_worker(threads: int) -> None:
+    # torch sets a thread's OpenMP count lazily, from its process-wide default, at the thread's first use;
+    # that use comes first here so that the default restored after start-up cannot override this count.
+    torch.get_num_threads()
+    torch.set_num_threads(threads)
 
 
 class _CudaRuntime:

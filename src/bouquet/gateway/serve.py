@@ -48,7 +48,7 @@ class ServeSupervisor(Supervisor):
                    "--device", c.device, "--dtype", c.dtype, "--drain-seconds", str(c.drain_seconds)]  # fmt: skip
         if c.max_batch_tokens:
             command += ["--max-batch-tokens", str(c.max_batch_tokens)]
-        if c.cpu_workers:
+        if c.cpu_workers is not None:
             command += ["--cpu-workers", str(c.cpu_workers)]
         return command
 
