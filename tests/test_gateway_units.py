@@ -89,3 +89,26 @@ def test_gateway_workers_need_a_fixed_port():
 def test_serve_cpu_workers_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="cpu_workers"):
         ServeConfig(model_path=tmp_path, cpu_workers=0)
+
+
+def test_a_dead_gateway_workers_live_gauges_leave_the_shared_metrics(tmp_path):
+    from types import SimpleNamespace
+
+    from bouquet.gateway.supervisor import Supervisor
+
+    write_gauge = (
+        "from prometheus_client import Gauge; Gauge('in_flight', 'in flight', multiprocess_mode='livesum').set(5)"
+    )
+    worker = subprocess.run(
+        [sys.executable, "-c", write_gauge], env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, check=True
+    )
+    assert worker.returncode == 0
+    files = list(tmp_path.glob("gauge_livesum_*.db"))
+    assert len(files) == 1
+    pid = int(files[0].stem.rsplit("_", 1)[1])
+    supervisor = Supervisor("test", ready_timeout=1.0, drain_seconds=1.0)
+    supervisor._metrics_dir = SimpleNamespace(name=str(tmp_path))  # type: ignore[assignment]
+    child = SimpleNamespace(process=SimpleNamespace(pid=pid))
+    supervisor.gateways.append(child)  # type: ignore[arg-type]
+    supervisor.forget_metrics(child)  # type: ignore[arg-type]
+    assert not list(tmp_path.glob("gauge_livesum_*.db"))

@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from prometheus_client import multiprocess
+
 
 def _die_with_parent() -> None:
     """Linux: the child gets SIGTERM if the supervisor dies without draining (killed with SIGKILL)."""
@@ -99,7 +101,14 @@ class Supervisor:
 
     def restart(self, child: Child) -> None:
         print(f"{self.name}: {child.name} exited; restarting it", file=sys.stderr)
+        self.forget_metrics(child)
         child.restart()
+
+    def forget_metrics(self, child: Child) -> None:
+        """Drops a dead gateway's live gauges (requests and tokens in flight) from the shared metrics, which
+        would otherwise count its last values for as long as the others serve."""
+        if self._metrics_dir is not None and child in self.gateways:
+            multiprocess.mark_process_dead(child.process.pid, self._metrics_dir.name)
 
     def start_gateways(self, args: list[str], workers: int, api_key: str | None) -> bool:
         """`workers` `bouquet gateway` processes with `args`, on one port through SO_REUSEPORT; True once all
