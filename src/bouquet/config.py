@@ -128,7 +128,9 @@ class SchedulerConfig:
     max_batch_tokens: int
     max_batch_seqs: int = 256
     max_queue_tokens: int = 262_144  # tokens waiting, not yet in a step; more is RESOURCE_EXHAUSTED
-    max_steps_in_flight: int = 2  # the engine computes one while the scheduler hands it the next
+    # Two: on the CPU one per engine worker, on CUDA one computing while the next is launched. Three was no
+    # clear gain with two CPU workers (docs/benchmarks.md, replica).
+    max_steps_in_flight: int = 2
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_seqs", "max_queue_tokens", "max_steps_in_flight"):
