@@ -262,7 +262,8 @@ def _token_types(request: Request, span: slice) -> np.ndarray:
 def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] float32
     """Copies each part's rows into its request (truncated to its width); completes requests with all rows."""
     num_seqs = sum(count for _, _, count in parts)
-    assert rows.shape[0] == num_seqs, f"the engine returned {rows.shape[0]} rows for {num_seqs} sequences"
+    if rows.shape[0] != num_seqs:  # a real check, not an assert: `python -O` must not let rows be broadcast
+        raise ValueError(f"the engine returned {rows.shape[0]} rows for {num_seqs} sequences")
     row = 0
     for request, first, count in parts:
         if not request.future.done():  # a cancelled, expired or failed request's rows are dropped
