@@ -40,8 +40,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     threads = torch.get_num_threads()
+    # No lone-step borrowing: both engines live in this process, and the lead's wider OpenMP team beside the
+    # one-worker engine's would throttle both (engine/cpu_threads.py). This measures steps computed at once.
     engines = {
-        workers: Engine(EngineConfig(default_model_path(), "cpu", args.dtype, cpu_workers=workers))
+        workers: Engine(
+            EngineConfig(default_model_path(), "cpu", args.dtype, cpu_workers=workers, cpu_lone_step_tokens=0)
+        )
         for workers in (1, args.workers)
     }
     spec = engines[1].spec

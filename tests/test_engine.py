@@ -56,6 +56,11 @@ def _threads_on_a_new_thread() -> int:
     return seen[0]
 
 
+def _threads_once_all_busy(all_busy: threading.Barrier) -> int:
+    all_busy.wait(30)
+    return torch.get_num_threads()
+
+
 def test_cpu_workers_split_the_threads_and_agree_with_one_worker(minilm_path, minilm_tokenizer) -> None:
     """Two workers compute steps at once on half the threads each; their rows equal a single worker's."""
     texts = [f"document {i}: " + "an embedding of this text " * (i % 7 + 1) for i in range(12)]
@@ -66,8 +71,9 @@ def test_cpu_workers_split_the_threads_and_agree_with_one_worker(minilm_path, mi
         engine = Engine(config)
         try:
             assert (engine.workers, engine.threads_per_worker) == (workers, 2 // workers)
-            threads = {engine._executor.submit(torch.get_num_threads).result() for _ in range(8)}
-            assert threads == {2 // workers}  # every worker thread runs with its share
+            all_busy = threading.Barrier(workers)  # each worker holds one job, so each reports its own count
+            jobs = [engine._workers.submit(_threads_once_all_busy, all_busy) for _ in range(workers)]
+            assert {job.result(60) for job in jobs} == {2 // workers}  # every worker thread runs with its share
             # torch's default for threads that start later is left as it was.
             assert _threads_on_a_new_thread() == torch.get_num_threads()
             rows[workers] = np.concatenate([lazy.result(60) for lazy in [engine.step(b) for b in batches]])

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -15,8 +15,10 @@ from torch import nn
 from bouquet.config import EngineConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.context import ForwardContext, forward_context
+from bouquet.engine.cpu_threads import StepThreads, find_thread_setter, on_passing_thread
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner, ModelInputs, unpadded_inputs
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
+from bouquet.engine.step_workers import StepWorkers
 from bouquet.engine.weights import load_checked, read_checkpoint
 from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
@@ -54,19 +56,17 @@ class Engine:
         self.device = torch.device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.model = load_model(self.spec, getattr(torch, config.dtype), self.device)
-        self.attn_backend = self._create_backend()
+        # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
+        self.model, self.attn_backend = on_passing_thread(self._load)
         self.workers, self.threads_per_worker = self._split_threads()
-        self._executor = ThreadPoolExecutor(
-            self.workers, thread_name_prefix="bouquet-engine",
-            initializer=_init_worker, initargs=(self.threads_per_worker,),
-        )  # fmt: skip
-        self._start_workers()
+        self._step_threads = self._create_step_threads()
+        self._workers = self._start_workers()
         self._cuda = _CudaRuntime(self) if self.device.type == "cuda" else None
         logger.info(
-            "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)",
+            "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
             self.spec.name, self.spec.architecture, self.spec.pooling.value,
             config.device, config.dtype, self.attn_backend.name, self.workers, self.threads_per_worker,
+            "" if self._step_threads is None else f", a lone step of <= {config.cpu_lone_step_tokens} tokens on all",
         )  # fmt: skip
 
     @property
@@ -76,6 +76,10 @@ class Engine:
     @property
     def max_seq_length(self) -> int:
         return self.spec.max_seq_length
+
+    def _load(self) -> tuple[nn.Module, AttentionBackend]:
+        model = load_model(self.spec, getattr(torch, self.config.dtype), self.device)
+        return model, self._create_backend(model)
 
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs
@@ -89,27 +93,51 @@ class Engine:
         workers = self.config.cpu_workers or (2 if threads >= 2 else 1)
         return workers, max(1, threads // workers)
 
-    def _start_workers(self) -> None:
+    def _create_step_threads(self) -> StepThreads | None:
+        """CPU workers of one thread each: the lead may take every thread for a lone short step, re-checked at
+        every layer's attention. Workers of several threads never borrow: the lead's wider pool beside theirs
+        would make OpenMP manage more threads than there are cores (engine/cpu_threads.py)."""
+        all_threads = torch.get_num_threads()
+        if self.device.type != "cpu" or self.threads_per_worker != 1 or all_threads == 1:
+            return None
+        if not self.config.cpu_lone_step_tokens:
+            return None
+        setter = find_thread_setter()
+        if setter is None:
+            logger.info("no OpenMP runtime found to set per-thread counts: a lone step keeps its one thread")
+            return None
+        step_threads = StepThreads(1, all_threads, self.config.cpu_lone_step_tokens, setter)
+        for module in self.model.modules():
+            if isinstance(module, Attention):
+                module.register_forward_pre_hook(lambda *_: step_threads.rebalance())
+        return step_threads
+
+    def _start_workers(self) -> StepWorkers:
         """Starts every worker now, then puts torch's process-wide thread count back.
 
         `torch.set_num_threads` in a worker sets that thread's OpenMP count but also torch's default for every
         thread that starts using torch later (a second engine built on a fresh thread would see one thread).
-        Starting the workers here, while they all wait at a barrier, lets the constructor restore the default
-        once they hold their own count."""
+        The workers have all set their own count when `StepWorkers` returns, so the default is restored once."""
         threads = torch.get_num_threads()
-        ready = threading.Barrier(self.workers + 1)
-        for _ in range(self.workers):
-            self._executor.submit(ready.wait)
-        ready.wait()
+        workers = StepWorkers(self.workers, self._init_worker)
         torch.set_num_threads(threads)
+        return workers
+
+    def _init_worker(self, index: int) -> None:
+        # torch sets a thread's OpenMP count lazily, from its process-wide default, at the thread's first use;
+        # that use comes first here so that the default restored after start-up cannot override this count.
+        torch.get_num_threads()
+        torch.set_num_threads(self.threads_per_worker)
+        if index == 0 and self._step_threads is not None:
+            self._step_threads.make_lead()
 
     def step(self, batch: Batch) -> LazyTensor:
         """Returns at once. On the CPU with several workers, steps may finish out of submission order: callers
         that need order wait on their LazyTensors in order (the scheduler and `bouquet embed` do)."""
         if self._cuda is None:
-            return LazyTensor(self._executor.submit(self._run, batch))
+            return LazyTensor(self._workers.submit(self._run, batch))
         result: Future[np.ndarray] = Future()
-        self._executor.submit(self._cuda.launch, batch, result)
+        self._workers.submit(self._cuda.launch, batch, result)
         return LazyTensor(result)
 
     def embed(self, batch: Batch) -> np.ndarray:
@@ -117,12 +145,12 @@ class Engine:
         return self.step(batch).result()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._workers.shutdown()
         if self._cuda is not None:
             self._cuda.waiter.close()
 
-    def _create_backend(self) -> AttentionBackend:
-        shape = _attention_shape(self.model, getattr(torch, self.config.dtype))
+    def _create_backend(self, model: nn.Module) -> AttentionBackend:
+        shape = _attention_shape(model, getattr(torch, self.config.dtype))
         if self.config.attention_backend == "auto":
             backend = create_auto_backend(self.device, shape, self.config.attention_table)
         else:
@@ -140,14 +168,11 @@ class Engine:
 
     @torch.inference_mode()
     def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32; the CPU path, synchronous on this thread
-        return self.forward(unpadded_inputs(batch, self.device), self.attn_backend.prepare).cpu().numpy()
+        with self._threads_for(batch):
+            return self.forward(unpadded_inputs(batch, self.device), self.attn_backend.prepare).cpu().numpy()
 
-
-def _init_worker(threads: int) -> None:
-    # torch sets a thread's OpenMP count lazily, from its process-wide default, at the thread's first use;
-    # that use comes first here so that the default restored after start-up cannot override this count.
-    torch.get_num_threads()
-    torch.set_num_threads(threads)
+    def _threads_for(self, batch: Batch) -> AbstractContextManager[None]:
+        return nullcontext() if self._step_threads is None else self._step_threads.step(batch.num_tokens)
 
 
 class _CudaRuntime:

@@ -1,0 +1,103 @@
+"""OpenMP threads on the CPU: where the engine's may start, and a lone short step borrowing the idle cores.
+
+GNU OpenMP (the runtime in torch's wheels) keeps, for every thread that ever ran a parallel region on n
+threads, a pool of n - 1 helper threads, freed only when that thread exits. While it manages more threads
+than there are cores it stops spin-waiting between regions and puts helpers to sleep instead, and a
+forward runs hundreds of regions: on 2 cores a 15-token float32 forward on two threads went from 4.6-4.7 ms
+to 9-10 ms once a second thread's two-thread team existed (docs/benchmarks.md, "OpenMP teams"). Hence:
+
+- the engine does its own multi-threaded work (loading, prepacking) on a thread that then exits
+  (`on_passing_thread`), so the caller's thread holds no pool;
+- each engine worker keeps its share of the threads; with one thread each they hold no pool at all;
+- then exactly one worker, the lead, may widen its team to every core: a step of at most `max_tokens`
+  tokens that runs alone takes all the threads (a lone query runs on both cores instead of one: 4.6 against
+  6.5 ms above), and at each layer checks again, going back to one thread as soon as another step has
+  started, so the cores are oversubscribed for at most one short layer. Longer steps never borrow: one of
+  their layers would hold the extra core for tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# OpenMP runtimes torch is built against: GNU's (the PyPI wheels), Intel's and LLVM's.
+_OPENMP_LIBRARIES = ("libgomp.so.1", "libiomp5.so", "libomp.so")
+
+
+def on_passing_thread(fn: Callable[[], T]) -> T:
+    """`fn()` on a new thread that exits when it returns, taking any OpenMP helper threads it started."""
+    with ThreadPoolExecutor(1, thread_name_prefix="bouquet-load") as executor:
+        return executor.submit(fn).result()
+
+
+def find_thread_setter() -> Callable[[int], None] | None:
+    """OpenMP's `omp_set_num_threads` from the runtime torch already loaded, or None.
+
+    It sets the calling thread's count only. `torch.set_num_threads` would also rewrite torch's process-wide
+    default, which threads that first use torch later inherit, and the lead switching counts every step
+    would leave that default at whatever it set last.
+    """
+    for name in _OPENMP_LIBRARIES:
+        try:
+            library = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # only if torch loaded it
+        except OSError:
+            continue
+        setter = library.omp_set_num_threads
+        setter.argtypes, setter.restype = [ctypes.c_int], None
+        return setter
+    return None
+
+
+class StepThreads:
+    """Counts the steps running and sets the lead worker's OpenMP thread count for each step it runs."""
+
+    def __init__(self, own_threads: int, all_threads: int, max_tokens: int, set_threads: Callable[[int], None]) -> None:
+        self.own_threads = own_threads
+        self.all_threads = all_threads
+        self.max_tokens = max_tokens
+        self._set_threads = set_threads
+        self._running = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()  # is_lead, may_borrow, threads
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def make_lead(self) -> None:
+        """Called once, on the one worker thread allowed to borrow."""
+        self._local.is_lead = True
+
+    @contextmanager
+    def step(self, num_tokens: int) -> Iterator[None]:
+        """Around one step, on the worker thread that computes it."""
+        with self._lock:
+            self._running += 1
+        self._local.may_borrow = getattr(self._local, "is_lead", False) and num_tokens <= self.max_tokens
+        self.rebalance()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+            if self._local.may_borrow:
+                self._local.may_borrow = False
+                self._apply(self.own_threads)
+
+    def rebalance(self) -> None:
+        """At the step's start and at each layer: every thread while the step is alone, else its share."""
+        if getattr(self._local, "may_borrow", False):
+            self._apply(self.all_threads if self._running == 1 else self.own_threads)
+
+    def _apply(self, threads: int) -> None:
+        if getattr(self._local, "threads", self.own_threads) != threads:
+            self._set_threads(threads)
+            self._local.threads = threads

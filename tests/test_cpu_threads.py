@@ -1,0 +1,235 @@
+"""CPU engine threads: the step workers' dispatch, a lone short step borrowing every thread on the lead
+worker, and the engine starting no OpenMP helpers on its caller's thread."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bouquet.config import EngineConfig
+from bouquet.engine.batch import Batch
+from bouquet.engine.cpu_threads import StepThreads, find_thread_setter
+from bouquet.engine.engine import Engine
+from bouquet.engine.step_workers import StepWorkers
+from bouquet.tokenizer import pack
+
+
+def _thread_name() -> str:
+    return threading.current_thread().name
+
+
+@pytest.fixture
+def workers():
+    started: list[int] = []
+    pool = StepWorkers(3, started.append, name="test-worker")
+    assert sorted(started) == [0, 1, 2]  # every initializer ran before the constructor returned
+    yield pool
+    pool.shutdown()
+
+
+def test_an_idle_lead_takes_every_step(workers: StepWorkers) -> None:
+    names = {workers.submit(_thread_name).result(10) for _ in range(20)}
+    assert names == {"test-worker-0"}
+
+
+def test_busy_workers_queue_steps_first_in_first_out(workers: StepWorkers) -> None:
+    release = threading.Event()
+    blockers = [workers.submit(release.wait, 10) for _ in range(3)]
+    order: list[int] = []
+    queued = [workers.submit(order.append, i) for i in range(6)]
+    time.sleep(0.05)
+    assert order == [] and not any(f.done() for f in queued)  # all three workers are held
+    release.set()
+    for future in blockers + queued:
+        future.result(10)
+    assert sorted(order) == list(range(6))
+    assert order[:3] == sorted(order[:3])  # the first three taken in submission order
+
+
+def test_a_step_that_raises_fails_only_its_future(workers: StepWorkers) -> None:
+    def fail() -> None:
+        raise ValueError("bad batch")
+
+    with pytest.raises(ValueError, match="bad batch"):
+        workers.submit(fail).result(10)
+    assert workers.submit(lambda: 7).result(10) == 7
+
+
+def test_shutdown_finishes_what_was_submitted() -> None:
+    pool = StepWorkers(2, lambda _: None)
+    release = threading.Event()
+    held = [pool.submit(release.wait, 10) for _ in range(2)]
+    queued = [pool.submit(lambda i=i: i) for i in range(4)]
+    threading.Timer(0.05, release.set).start()
+    pool.shutdown()
+    assert all(f.result(0) for f in held) and [f.result(0) for f in queued] == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(lambda: None)
+
+
+def test_a_failing_initializer_fails_the_constructor() -> None:
+    def init(index: int) -> None:
+        if index == 1:
+            raise OSError("no thread for you")
+
+    with pytest.raises(OSError, match="no thread for you"):
+        StepWorkers(2, init)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, threads: int) -> None:
+        self.calls.append(threads)
+
+
+def _on_thread(fn) -> None:
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join()
+
+
+def test_only_the_lead_borrows_and_only_for_a_short_lone_step() -> None:
+    setter = _Recorder()
+    threads = StepThreads(1, 4, max_tokens=64, set_threads=setter)
+
+    def lead_steps() -> None:
+        threads.make_lead()
+        with threads.step(64):  # alone and short: every thread, then back to its own
+            assert setter.calls == [4]
+        assert setter.calls == [4, 1]
+        with threads.step(65):  # too long to borrow
+            pass
+
+    _on_thread(lead_steps)
+    assert setter.calls == [4, 1]
+
+    def other_worker_step() -> None:
+        with threads.step(8):
+            pass
+
+    _on_thread(other_worker_step)  # not the lead: never borrows
+    assert setter.calls == [4, 1] and threads.running == 0
+
+
+def test_a_borrowing_step_gives_the_threads_back_when_another_starts() -> None:
+    setter = _Recorder()
+    threads = StepThreads(1, 2, max_tokens=256, set_threads=setter)
+    other_started, other_may_finish = threading.Event(), threading.Event()
+
+    def other_step() -> None:
+        with threads.step(1024):
+            other_started.set()
+            other_may_finish.wait(10)
+
+    def lead_step() -> None:
+        threads.make_lead()
+        with threads.step(16):
+            threads.rebalance()  # a layer boundary, alone
+            assert setter.calls == [2]
+            other = threading.Thread(target=other_step)
+            other.start()
+            other_started.wait(10)
+            threads.rebalance()  # next layer: the other step runs now
+            assert setter.calls == [2, 1]
+            other_may_finish.set()
+            other.join()
+            threads.rebalance()  # alone again
+            assert setter.calls == [2, 1, 2]
+        assert setter.calls == [2, 1, 2, 1]
+
+    _on_thread(lead_step)
+
+
+def test_openmp_setter_is_found_and_sets_only_the_calling_thread() -> None:
+    setter = find_thread_setter()
+    if setter is None:
+        pytest.skip("torch here is not built with a known OpenMP runtime")
+    seen: list[int] = []
+
+    def set_one() -> None:
+        torch.get_num_threads()
+        setter(1)
+        seen.append(torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    _on_thread(set_one)
+    assert seen == [1]
+    assert torch.get_num_threads() == before
+    seen.clear()
+    _on_thread(lambda: seen.append(torch.get_num_threads()))
+    assert seen == [before]  # torch's default for new threads is untouched
+
+
+def _batch(tokenizer, texts: list[str]) -> Batch:
+    packed = pack(tokenizer.encode(texts))
+    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+
+
+def test_a_lone_short_step_runs_on_every_thread_and_a_long_one_on_its_share(minilm_path, minilm_tokenizer) -> None:
+    if find_thread_setter() is None:
+        pytest.skip("torch here is not built with a known OpenMP runtime")
+    config = EngineConfig(minilm_path, "cpu", "float32", num_threads=2, cpu_workers=2, cpu_lone_step_tokens=64)
+    engine = Engine(config)
+    seen: list[int] = []
+    engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        short = _batch(minilm_tokenizer, ["a short query"])
+        long = _batch(minilm_tokenizer, ["a document about embeddings " * 20])
+        assert long.num_tokens > 64
+        expected = {
+            "short": _rows_from_a_one_thread_engine(minilm_path, short),
+            "long": _rows_from_a_one_thread_engine(minilm_path, long),
+        }
+        short_rows = engine.embed(short)
+        long_rows = engine.embed(long)
+        assert seen == [2, 1]
+        np.testing.assert_allclose(short_rows, expected["short"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(long_rows, expected["long"], rtol=1e-5, atol=1e-6)
+    finally:
+        engine.close()
+
+
+def _rows_from_a_one_thread_engine(minilm_path: Path, batch: Batch) -> np.ndarray:
+    engine = Engine(EngineConfig(minilm_path, "cpu", "float32", num_threads=1))
+    try:
+        return engine.embed(batch)
+    finally:
+        engine.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_building_an_engine_leaves_no_openmp_helpers_behind() -> None:
+    """In a fresh interpreter: an engine built and closed on the main thread leaves no thread behind. Its
+    model loads on a passing thread; had it loaded on the caller's, that thread would keep an OpenMP helper
+    for good, and the lead's wider team beside it would throttle both (engine/cpu_threads.py). A first engine
+    built on another thread starts torch's own one-off threads, so that they are not counted."""
+    script = textwrap.dedent(
+        """
+        import os
+        import threading
+        from bouquet.config import EngineConfig, default_model_path
+        from bouquet.engine.engine import Engine
+
+        config = EngineConfig(default_model_path(), "cpu", "float32", num_threads=2, cpu_workers=2)
+        warm = threading.Thread(target=lambda: Engine(config).close())
+        warm.start()
+        warm.join()
+        before = len(os.listdir("/proc/self/task"))
+        Engine(config).close()
+        print(len(os.listdir("/proc/self/task")) - before)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"
