@@ -17,6 +17,17 @@ from bouquet.engine.engine import Engine
 from bouquet.tokenizer import TextTokenizer, pack
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """An engine built with `num_threads` sets torch's count on the caller's thread; later tests (and the
+    session's shared engines) must not inherit it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     return default_model_path()

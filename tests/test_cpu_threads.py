@@ -41,18 +41,54 @@ def test_an_idle_lead_takes_every_step(workers: StepWorkers) -> None:
     assert names == {"test-worker-0"}
 
 
-def test_busy_workers_queue_steps_first_in_first_out(workers: StepWorkers) -> None:
+def test_busy_workers_queue_steps_first_in_first_out() -> None:
+    pool = StepWorkers(1, lambda _: None)
+    try:
+        release = threading.Event()
+        blocker = pool.submit(release.wait, 10)
+        order: list[int] = []
+        queued = [pool.submit(order.append, i) for i in range(6)]
+        time.sleep(0.05)
+        assert order == [] and not any(f.done() for f in queued)  # the one worker is held
+        release.set()
+        for future in [blocker, *queued]:
+            future.result(10)
+        assert order == list(range(6))
+    finally:
+        pool.shutdown()
+
+
+def test_every_queued_step_runs_when_several_workers_free_up(workers: StepWorkers) -> None:
     release = threading.Event()
     blockers = [workers.submit(release.wait, 10) for _ in range(3)]
-    order: list[int] = []
-    queued = [workers.submit(order.append, i) for i in range(6)]
-    time.sleep(0.05)
-    assert order == [] and not any(f.done() for f in queued)  # all three workers are held
+    done: list[int] = []
+    queued = [workers.submit(done.append, i) for i in range(9)]
     release.set()
     for future in blockers + queued:
         future.result(10)
-    assert sorted(order) == list(range(6))
-    assert order[:3] == sorted(order[:3])  # the first three taken in submission order
+    assert sorted(done) == list(range(9))
+
+
+def test_a_step_submitted_from_a_done_callback_finds_the_lead_free(workers: StepWorkers) -> None:
+    """The worker is idle again before its result's callbacks run, as a replica submits its next step there."""
+    names: list[str] = []
+    finished = threading.Event()
+
+    def chain(remaining: int) -> None:
+        future = workers.submit(_thread_name)
+
+        def next_step(done) -> None:
+            names.append(done.result())
+            if remaining:
+                chain(remaining - 1)
+            else:
+                finished.set()
+
+        future.add_done_callback(next_step)
+
+    chain(20)
+    assert finished.wait(10)
+    assert set(names) == {"test-worker-0"}
 
 
 def test_a_step_that_raises_fails_only_its_future(workers: StepWorkers) -> None:
@@ -86,25 +122,50 @@ def test_a_failing_initializer_fails_the_constructor() -> None:
 
 
 class _Recorder:
+    """A stand-in OpenMP setter (and getter) that records each count set after the lead's start-up check."""
+
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.current = 1
+        self.checked = False
 
     def __call__(self, threads: int) -> None:
-        self.calls.append(threads)
+        self.current = threads
+        if self.checked:
+            self.calls.append(threads)
+
+    def get(self) -> int:
+        return self.current
+
+
+def _lead(threads: StepThreads, setter: _Recorder) -> None:
+    threads.make_lead()
+    setter.checked = True
 
 
 def _on_thread(fn) -> None:
-    thread = threading.Thread(target=fn)
+    """Runs fn on a new thread and re-raises what it raised, so that a failed assert there fails the test."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
+    if errors:
+        raise errors[0]
 
 
 def test_only_the_lead_borrows_and_only_for_a_short_lone_step() -> None:
     setter = _Recorder()
-    threads = StepThreads(1, 4, max_tokens=64, set_threads=setter)
+    threads = StepThreads(1, 4, max_tokens=64, set_threads=setter, get_threads=setter.get)
 
     def lead_steps() -> None:
-        threads.make_lead()
+        _lead(threads, setter)
         with threads.step(64):  # alone and short: every thread, then back to its own
             assert setter.calls == [4]
         assert setter.calls == [4, 1]
@@ -124,7 +185,7 @@ def test_only_the_lead_borrows_and_only_for_a_short_lone_step() -> None:
 
 def test_a_borrowing_step_gives_the_threads_back_when_another_starts() -> None:
     setter = _Recorder()
-    threads = StepThreads(1, 2, max_tokens=256, set_threads=setter)
+    threads = StepThreads(1, 2, max_tokens=256, set_threads=setter, get_threads=setter.get)
     other_started, other_may_finish = threading.Event(), threading.Event()
 
     def other_step() -> None:
@@ -133,7 +194,7 @@ def test_a_borrowing_step_gives_the_threads_back_when_another_starts() -> None:
             other_may_finish.wait(10)
 
     def lead_step() -> None:
-        threads.make_lead()
+        _lead(threads, setter)
         with threads.step(16):
             threads.rebalance()  # a layer boundary, alone
             assert setter.calls == [2]
@@ -149,6 +210,20 @@ def test_a_borrowing_step_gives_the_threads_back_when_another_starts() -> None:
         assert setter.calls == [2, 1, 2, 1]
 
     _on_thread(lead_step)
+
+
+def test_a_setter_that_does_not_move_torchs_count_leaves_borrowing_off() -> None:
+    calls: list[int] = []
+    threads = StepThreads(1, 2, max_tokens=256, set_threads=calls.append, get_threads=lambda: 1)
+
+    def step() -> None:
+        threads.make_lead()
+        calls.clear()
+        with threads.step(8):
+            pass
+
+    _on_thread(step)
+    assert calls == []
 
 
 def test_openmp_setter_is_found_and_sets_only_the_calling_thread() -> None:
@@ -201,9 +276,43 @@ def test_a_lone_short_step_runs_on_every_thread_and_a_long_one_on_its_share(mini
 
 
 def _rows_from_a_one_thread_engine(minilm_path: Path, batch: Batch) -> np.ndarray:
-    engine = Engine(EngineConfig(minilm_path, "cpu", "float32", num_threads=1))
+    engine = Engine(EngineConfig(minilm_path, "cpu", "float32", cpu_workers=1, cpu_lone_step_tokens=0))
     try:
         return engine.embed(batch)
+    finally:
+        engine.close()
+
+
+def test_the_lead_gives_the_threads_back_at_the_next_layer_once_another_step_starts(
+    minilm_path, minilm_tokenizer
+) -> None:
+    if find_thread_setter() is None:
+        pytest.skip("torch here is not built with a known OpenMP runtime")
+    config = EngineConfig(minilm_path, "cpu", "float32", num_threads=2, cpu_workers=2, cpu_lone_step_tokens=64)
+    engine = Engine(config)
+    assert engine._step_threads is not None
+    lead_threads_by_layer: list[int] = []
+    other: list = []
+    long = _batch(minilm_tokenizer, ["a document about embeddings " * 20])
+
+    def watch(*_: object) -> None:  # runs after the engine's own pre-hook, on whichever worker runs the layer
+        if threading.current_thread().name != "bouquet-engine-0":
+            return
+        lead_threads_by_layer.append(torch.get_num_threads())
+        if len(lead_threads_by_layer) == 1:  # layer 0 of the lone step: another step starts meanwhile
+            other.append(engine.step(long))
+            deadline = time.monotonic() + 30
+            while engine._step_threads.running < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    attention_layers = [m for m in engine.model.modules() if type(m).__name__ == "Attention"]
+    for layer in attention_layers:
+        layer.register_forward_pre_hook(watch)
+    try:
+        engine.embed(_batch(minilm_tokenizer, ["a short query"]))
+        other[0].result(60)
+        assert lead_threads_by_layer[:2] == [2, 1]
+        assert len(lead_threads_by_layer) == len(attention_layers)
     finally:
         engine.close()
 

@@ -42,8 +42,9 @@ class EngineConfig:
     # CPU only: steps computed at once, each on its own thread with num_threads / cpu_workers intra-op threads.
     # None: 2 when there are 2 or more threads, else 1 (docs/benchmarks.md, "Engine workers").
     cpu_workers: int | None = None
-    # CPU only: a step of at most this many tokens that starts while no other step runs takes every thread,
-    # not its worker's share (a lone query runs about 1.4x faster); 0 turns this off. See engine/cpu_threads.py.
+    # CPU with workers of one thread each: a step of at most this many tokens that starts while no other step
+    # runs takes every thread, not its worker's one (a lone query about 1.3x faster); 0 turns this off.
+    # engine/cpu_threads.py says why only then.
     cpu_lone_step_tokens: int = 256
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
     attention_table: Path | None = None  # `auto` backend: the per-length table bench/gpu_check.py wrote

@@ -14,22 +14,30 @@ to 9-10 ms once a second thread's two-thread team existed (docs/benchmarks.md, "
   6.5 ms above), and at each layer checks again, going back to one thread as soon as another step has
   started, so the cores are oversubscribed for at most one short layer. Longer steps never borrow: one of
   their layers would hold the extra core for tens of milliseconds.
+
+Borrowing therefore needs one thread per worker (2 workers on 2 or 3 cores; not 2 × 2 on 4). It widens
+OpenMP only, not MKL's per-thread count: the CPU forward's matrix products and attention go through oneDNN
+and ATen, which follow OpenMP. A sequence's embedding may differ in the last bits (about 1e-6) between a
+step that ran alone and one that did not, as the thread count changes the order of the sums.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
-T = TypeVar("T")
+import torch
 
-# OpenMP runtimes torch is built against: GNU's (the PyPI wheels), Intel's and LLVM's.
-_OPENMP_LIBRARIES = ("libgomp.so.1", "libiomp5.so", "libomp.so")
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def on_passing_thread(fn: Callable[[], T]) -> T:
@@ -39,31 +47,42 @@ def on_passing_thread(fn: Callable[[], T]) -> T:
 
 
 def find_thread_setter() -> Callable[[int], None] | None:
-    """OpenMP's `omp_set_num_threads` from the runtime torch already loaded, or None.
+    """`omp_set_num_threads` of the OpenMP runtime torch itself links, or None (no such runtime, or a platform
+    without `RTLD_NOLOAD`).
 
     It sets the calling thread's count only. `torch.set_num_threads` would also rewrite torch's process-wide
     default, which threads that first use torch later inherit, and the lead switching counts every step
-    would leave that default at whatever it set last.
+    would leave that default at whatever it set last. Looked up through torch's own library, whose lookups
+    search its dependencies, so that another OpenMP runtime some other package loaded is never the one found.
     """
-    for name in _OPENMP_LIBRARIES:
-        try:
-            library = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # only if torch loaded it
-        except OSError:
-            continue
-        setter = library.omp_set_num_threads
-        setter.argtypes, setter.restype = [ctypes.c_int], None
-        return setter
-    return None
+    no_load = getattr(os, "RTLD_NOLOAD", None)
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    if no_load is None or not library.exists():
+        return None
+    try:
+        setter = ctypes.CDLL(str(library), mode=no_load | os.RTLD_LAZY).omp_set_num_threads
+    except (OSError, AttributeError):
+        return None
+    setter.argtypes, setter.restype = [ctypes.c_int], None
+    return setter
 
 
 class StepThreads:
     """Counts the steps running and sets the lead worker's OpenMP thread count for each step it runs."""
 
-    def __init__(self, own_threads: int, all_threads: int, max_tokens: int, set_threads: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        own_threads: int,
+        all_threads: int,
+        max_tokens: int,
+        set_threads: Callable[[int], None],
+        get_threads: Callable[[], int] = torch.get_num_threads,
+    ) -> None:
         self.own_threads = own_threads
         self.all_threads = all_threads
         self.max_tokens = max_tokens
         self._set_threads = set_threads
+        self._get_threads = get_threads
         self._running = 0
         self._lock = threading.Lock()
         self._local = threading.local()  # is_lead, may_borrow, threads
@@ -73,8 +92,15 @@ class StepThreads:
         return self._running
 
     def make_lead(self) -> None:
-        """Called once, on the one worker thread allowed to borrow."""
-        self._local.is_lead = True
+        """Called once, on the one worker thread allowed to borrow; first checks that the setter really moves
+        torch's count on this thread, and leaves borrowing off (logged) where it does not."""
+        self._set_threads(self.all_threads)
+        widened = self._get_threads() == self.all_threads
+        self._set_threads(self.own_threads)
+        if widened and self._get_threads() == self.own_threads:
+            self._local.is_lead = True
+        else:
+            logger.warning("omp_set_num_threads did not change torch's thread count: a lone step keeps its share")
 
     @contextmanager
     def step(self, num_tokens: int) -> Iterator[None]:
@@ -82,8 +108,8 @@ class StepThreads:
         with self._lock:
             self._running += 1
         self._local.may_borrow = getattr(self._local, "is_lead", False) and num_tokens <= self.max_tokens
-        self.rebalance()
         try:
+            self.rebalance()
             yield
         finally:
             with self._lock:

@@ -20,7 +20,10 @@ _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
 class StepWorkers:
-    """`count` threads, each computing one job at a time; an idle lead (worker 0) is always chosen first."""
+    """`count` threads, each computing one job at a time; an idle lead (worker 0) is always chosen first.
+
+    The threads are daemons, as nothing may hold the interpreter open at exit: `shutdown()` is what finishes
+    the steps already submitted (the engine's `close()`)."""
 
     def __init__(self, count: int, initializer: Callable[[int], None], name: str = "bouquet-engine"):
         """Starts the threads and returns once `initializer(index)` has run on each; raises the first error
@@ -46,22 +49,21 @@ class StepWorkers:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
         job = (future, fn, args)
-        with self._lock:
+        with self._lock:  # the put too: a shutdown's stop marker must never overtake an accepted job
             if self._closed:
                 raise RuntimeError("submit after shutdown")
-            if not self._idle:
+            if self._idle:
+                self._inboxes[self._idle.pop(0)].put(job)
+            else:
                 self._pending.append(job)
-                return future
-            worker = self._idle.pop(0)
-        self._inboxes[worker].put(job)
         return future
 
     def shutdown(self) -> None:
         """Finishes every job already submitted, then stops the threads."""
         with self._lock:
             self._closed = True
-        for inbox in self._inboxes:
-            inbox.put(None)
+            for inbox in self._inboxes:
+                inbox.put(None)
         for thread in self._threads:
             thread.join()
 
@@ -75,8 +77,11 @@ class StepWorkers:
         started.wait()
         while (job := self._inboxes[index].get()) is not None:
             while job is not None:
-                _run(job)
+                outcome = _compute(job)
+                # Idle (or holding the next job) before the result goes out: the caller's done-callbacks run
+                # here and often submit the next step, which should find the lead free.
                 job = self._next_or_idle(index)
+                _settle(outcome)
 
     def _next_or_idle(self, index: int) -> _Job | None:
         with self._lock:
@@ -86,13 +91,24 @@ class StepWorkers:
             return None
 
 
-def _run(job: _Job) -> None:
+_Outcome = tuple[Future[Any], Any, BaseException | None]
+
+
+def _compute(job: _Job) -> _Outcome | None:
     future, fn, args = job
     if not future.set_running_or_notify_cancel():
-        return
+        return None
     try:
-        result = fn(*args)
+        return future, fn(*args), None
     except BaseException as error:  # handed to whoever waits on the step, as an executor would
-        future.set_exception(error)
-    else:
+        return future, None, error
+
+
+def _settle(outcome: _Outcome | None) -> None:
+    if outcome is None:
+        return
+    future, result, error = outcome
+    if error is None:
         future.set_result(result)
+    else:
+        future.set_exception(error)
