@@ -295,8 +295,11 @@ def test_the_lead_gives_the_threads_back_at_the_next_layer_once_another_step_sta
     other: list = []
     long = _batch(minilm_tokenizer, ["a document about embeddings " * 20])
 
+    lead_past_layer_1 = threading.Event()
+
     def watch(*_: object) -> None:  # runs after the engine's own pre-hook, on whichever worker runs the layer
         if threading.current_thread().name != "bouquet-engine-0":
+            lead_past_layer_1.wait(30)  # the other step stays running until the lead has checked again
             return
         lead_threads_by_layer.append(torch.get_num_threads())
         if len(lead_threads_by_layer) == 1:  # layer 0 of the lone step: another step starts meanwhile
@@ -304,6 +307,8 @@ def test_the_lead_gives_the_threads_back_at_the_next_layer_once_another_step_sta
             deadline = time.monotonic() + 30
             while engine._step_threads.running < 2 and time.monotonic() < deadline:
                 time.sleep(0.001)
+        elif len(lead_threads_by_layer) == 2:
+            lead_past_layer_1.set()
 
     attention_layers = [m for m in engine.model.modules() if type(m).__name__ == "Attention"]
     for layer in attention_layers:
@@ -327,16 +332,35 @@ def test_building_an_engine_leaves_no_openmp_helpers_behind() -> None:
         """
         import os
         import threading
+        import time
         from bouquet.config import EngineConfig, default_model_path
         from bouquet.engine.engine import Engine
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        def settled(expected=None):
+            # A joined thread's OS thread (and its OpenMP helpers) may linger a moment after join returns:
+            # wait for the count to reach `expected`, or without one, to hold still for 0.2 s.
+            deadline, last, still_since = time.monotonic() + 10, threads(), time.monotonic()
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+                now = threads()
+                if expected is not None and now <= expected:
+                    return now
+                if now != last:
+                    last, still_since = now, time.monotonic()
+                elif expected is None and time.monotonic() - still_since > 0.2:
+                    return now
+            return threads()
 
         config = EngineConfig(default_model_path(), "cpu", "float32", num_threads=2, cpu_workers=2)
         warm = threading.Thread(target=lambda: Engine(config).close())
         warm.start()
         warm.join()
-        before = len(os.listdir("/proc/self/task"))
+        before = settled()
         Engine(config).close()
-        print(len(os.listdir("/proc/self/task")) - before)
+        print(settled(before) - before)
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
