@@ -84,8 +84,8 @@ class Engine:
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs
         on one thread while OpenMP's others wait at its barriers, so two steps computed at once, each on half
-        the threads, keep the cores busier: 1.18x float32 and 1.20x bfloat16 document tokens/s on 2 cores
-        against one step on both (bench/engine_workers.py; docs/benchmarks.md, "Engine workers"). Each worker
+        the threads, keep the cores busier: 1.05x float32 and 1.15x bfloat16 document tokens/s on 2 cores
+        against one step on both (bench/engine_workers.py; docs/benchmarks.md, "OpenMP teams"). Each worker
         sets its own count: OpenMP's is per thread (see `_start_workers` for torch's process-wide default)."""
         threads = torch.get_num_threads()
         if self.device.type == "cuda":
