@@ -56,6 +56,7 @@ class Engine:
         self.device = torch.device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self.num_threads = torch.get_num_threads()  # intra-op threads in all, shared out among the workers
         # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
         self.model, self.attn_backend = on_passing_thread(self._load)
         self.workers, self.threads_per_worker = self._split_threads()
@@ -87,18 +88,16 @@ class Engine:
         the threads, keep the cores busier: 1.05x float32 and 1.15x bfloat16 document tokens/s on 2 cores
         against one step on both (bench/engine_workers.py; docs/benchmarks.md, "OpenMP teams"). Each worker
         sets its own count: OpenMP's is per thread (see `_start_workers` for torch's process-wide default)."""
-        threads = torch.get_num_threads()
         if self.device.type == "cuda":
-            return 1, threads
-        workers = self.config.cpu_workers or (2 if threads >= 2 else 1)
-        return workers, max(1, threads // workers)
+            return 1, self.num_threads
+        workers = self.config.cpu_workers or (2 if self.num_threads >= 2 else 1)
+        return workers, max(1, self.num_threads // workers)
 
     def _create_step_threads(self) -> StepThreads | None:
         """CPU workers of one thread each: the lead may take every thread for a lone short step, re-checked at
         every layer's attention. Workers of several threads never borrow: the lead's wider pool beside theirs
         would make OpenMP manage more threads than there are cores (engine/cpu_threads.py)."""
-        all_threads = torch.get_num_threads()
-        if self.device.type != "cpu" or self.threads_per_worker != 1 or all_threads == 1:
+        if self.device.type != "cpu" or self.threads_per_worker != 1 or self.num_threads == 1:
             return None
         if not self.config.cpu_lone_step_tokens:
             return None
@@ -106,7 +105,7 @@ class Engine:
         if setter is None:
             logger.info("no OpenMP runtime found to set per-thread counts: a lone step keeps its one thread")
             return None
-        step_threads = StepThreads(1, all_threads, self.config.cpu_lone_step_tokens, setter)
+        step_threads = StepThreads(1, self.num_threads, self.config.cpu_lone_step_tokens, setter)
         for module in self.model.modules():
             if isinstance(module, Attention):
                 module.register_forward_pre_hook(lambda *_: step_threads.rebalance())
@@ -118,9 +117,8 @@ class Engine:
         `torch.set_num_threads` in a worker sets that thread's OpenMP count but also torch's default for every
         thread that starts using torch later (a second engine built on a fresh thread would see one thread).
         The workers have all set their own count when `StepWorkers` returns, so the default is restored once."""
-        threads = torch.get_num_threads()
         workers = StepWorkers(self.workers, self._init_worker)
-        torch.set_num_threads(threads)
+        torch.set_num_threads(self.num_threads)
         return workers
 
     def _init_worker(self, index: int) -> None:
