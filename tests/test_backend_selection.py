@@ -22,7 +22,6 @@ from bouquet.layers.attention_backends.sdpa import SdpaBackend
 from bouquet.layers.attention_backends.selection import (
     AutoBackend,
     BackendTable,
-    create_auto_backend,
     load_backends,
     measure_timings,
 )
@@ -59,10 +58,6 @@ def test_table_falls_back_for_backends_that_did_not_load() -> None:
 def test_table_rejects_unsorted_rows() -> None:
     with pytest.raises(ValueError, match="increasing"):
         BackendTable(((512, "a"), (64, "b")))
-
-
-def test_auto_is_sdpa_on_the_cpu() -> None:
-    assert isinstance(create_auto_backend(torch.device("cpu"), SHAPE), SdpaBackend)
 
 
 def test_missing_gpu_backends_name_their_package() -> None:

@@ -23,7 +23,11 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="local model directory (default: the bundled all-MiniLM-L6-v2)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
-    parser.add_argument("--attention-backend", default="sdpa")
+    parser.add_argument(
+        "--attention-backend", default="auto",
+        help="auto (default: cpu_varlen on the CPU, per-length fastest on a GPU), cpu_varlen, sdpa, flash_attn, "
+        "flashinfer",
+    )  # fmt: skip
     parser.add_argument(
         "--cpu-workers", type=int,
         help="CPU: steps computed at once, each on a share of the threads (default: 2 with 2 or more threads; "
@@ -90,6 +94,7 @@ def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     serve.add_argument("--max-batch-tokens", type=int, help="each replica's token budget a step")
     serve.add_argument("--cpu-workers", type=int, help="each CPU replica's engine workers (see `bouquet replica`)")
+    serve.add_argument("--attention-backend", default="auto", help="each replica's (see `bouquet replica`)")
     _add_gateway_limit_args(serve)
 
 
@@ -124,7 +129,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
         replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
         max_batch_tokens=args.max_batch_tokens, cpu_workers=args.cpu_workers,
-        api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
+        attention_backend=args.attention_backend, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
         gateway_args=tuple(_limit_args(args)),
         drain_seconds=args.drain_seconds,
     )  # fmt: skip

@@ -37,7 +37,8 @@ class EngineConfig:
     model_path: Path
     device: str
     dtype: str
-    attention_backend: str = "sdpa"
+    # auto: cpu_varlen on the CPU (SDPA where it cannot run); on a GPU the fastest per length (selection.py).
+    attention_backend: str = "auto"
     num_threads: int | None = None  # intra-op threads in all; None: torch's default (the cores, or $OMP_NUM_THREADS)
     # CPU only: steps computed at once, each on its own thread with num_threads / cpu_workers intra-op threads.
     # None: 2 when there are 2 or more threads, else 1 (docs/benchmarks.md, "Engine workers").
@@ -108,7 +109,7 @@ def create_engine_config(
     model: str | None,
     device: str = "auto",
     dtype: str = "auto",
-    attention_backend: str = "sdpa",
+    attention_backend: str = "auto",
     cpu_workers: int | None = None,
 ) -> EngineConfig:
     resolved_device = resolve_device(device)
@@ -200,6 +201,7 @@ class ServeConfig:
     dtype: str = "auto"
     max_batch_tokens: int | None = None
     cpu_workers: int | None = None  # each replica's engine; None: the engine's default
+    attention_backend: str = "auto"
     api_key: str | None = None
     gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health

@@ -45,7 +45,8 @@ class ServeSupervisor(Supervisor):
     def _replica_command(self, listen: str) -> list[str]:
         c = self.config
         command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(c.model_path), "--listen", listen,
-                   "--device", c.device, "--dtype", c.dtype, "--drain-seconds", str(c.drain_seconds)]  # fmt: skip
+                   "--device", c.device, "--dtype", c.dtype, "--drain-seconds", str(c.drain_seconds),
+                   "--attention-backend", c.attention_backend]  # fmt: skip
         if c.max_batch_tokens:
             command += ["--max-batch-tokens", str(c.max_batch_tokens)]
         if c.cpu_workers is not None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape, BackendUnavailableError
+from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.flash_attn import FlashAttnBackend
 from bouquet.layers.attention_backends.flashinfer import FlashInferBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
 
 # flash_attn and flashinfer import their packages only when created: asking for one that is not installed
-# raises BackendUnavailableError naming the pip package. "auto" is resolved by the engine (selection.py).
+# raises BackendUnavailableError naming the pip package; cpu_varlen compiles its kernel when created, and
+# raises it without a C compiler. "auto" is resolved by the engine (selection.py).
 _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {
     SdpaBackend.name: SdpaBackend,
+    CpuVarlenBackend.name: CpuVarlenBackend,
     FlashAttnBackend.name: FlashAttnBackend,
     FlashInferBackend.name: FlashInferBackend,
 }

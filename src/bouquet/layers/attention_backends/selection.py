@@ -1,7 +1,9 @@
 """The `auto` attention backend: per max-sequence-length bucket, the backend measured fastest on this device.
 
 The table comes from a JSON file bench/gpu_check.py writes, or is measured at start-up on the model's own
-attention shape; either way the choice is logged. On the CPU `auto` is SDPA, the only CPU backend.
+attention shape; either way the choice is logged. On the CPU `auto` is cpu_varlen, faster than SDPA at every
+length measured (docs/benchmarks.md), or SDPA where it cannot run (no C compiler, float16, or a head_dim
+that is not a multiple of 16).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import ClassVar
 import torch
 
 from bouquet.engine.context import ForwardContext
-from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
+from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, cpu_varlen, create_attention_backend
 from bouquet.layers.attention_backends.base import BackendUnavailableError
+from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
 
 logger = logging.getLogger(__name__)
@@ -157,10 +160,10 @@ def measure_timings(
 def create_auto_backend(
     device: torch.device, shape: AttentionShape, table_path: Path | None = None
 ) -> AttentionBackend:
-    """SDPA on the CPU; on a GPU, the table's (or a freshly measured table's) backend per length."""
+    """cpu_varlen (else SDPA) on the CPU; on a GPU, the table's (or a freshly measured table's) backend per
+    length."""
     if device.type == "cpu":
-        logger.info("attention auto: sdpa (the CPU backend)")
-        return SdpaBackend()
+        return _cpu_backend(shape)
     backends, missing = load_backends(GPU_BACKENDS)
     for name, reason in missing.items():
         logger.info("attention auto: %s not available: %s", name, reason)
@@ -171,6 +174,19 @@ def create_auto_backend(
     logger.info("attention auto: %s", ", ".join(f"<={bound}: {name}" for bound, name in table.rows))
     used = {name for _, name in table.rows}
     return AutoBackend({name: backends[name] for name in used}, table)
+
+
+def _cpu_backend(shape: AttentionShape) -> AttentionBackend:
+    if not cpu_varlen.supports(shape):
+        logger.info("attention auto: sdpa (cpu_varlen needs float32 or bfloat16 and head_dim a multiple of 16)")
+        return SdpaBackend()
+    try:
+        backend = CpuVarlenBackend()
+    except BackendUnavailableError as error:
+        logger.warning("attention auto: sdpa, as cpu_varlen is unavailable: %s", error)
+        return SdpaBackend()
+    logger.info("attention auto: cpu_varlen")
+    return backend
 
 
 def _synchronize(device: torch.device) -> None:

@@ -1,0 +1,240 @@
+// Attention over packed, variable-length sequences on the CPU: bouquet's `cpu_varlen` attention backend
+// (layers/attention_backends/cpu_varlen.py), compiled on first use by kernels/build.py.
+//
+// Why a kernel of our own: ATen's CPU flash attention reaches 25-50 GFLOP/s at head_dim 32 (small blocks,
+// a GEMM call per block), and SDPA has no variable-length form, so sequences were padded into groups first.
+// Here each (sequence, head) is one work item of OpenMP's dynamic schedule: K is packed once, transposed, in
+// float32; the queries go through in tiles of ROWS rows whose scores for all keys ([ROWS, L], in L1/L2) get an
+// exact softmax, with no online rescaling, since an encoder's sequences are short (512 tokens, 32k at most).
+// Inputs may be float32 or bfloat16 (converted while packing); every sum is float32; the output takes the
+// input's dtype. Strides are in elements between consecutive tokens; within a token, heads are contiguous
+// and each head's head_dim values too. head_dim must be a multiple of 16 (the caller checks).
+//
+// OpenMP: the caller links it against the runtime torch already loaded (same soname, libgomp.so.1), so each
+// engine thread's team size, set through torch, applies here too.
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16f __attribute__((vector_size(64), aligned(64)));
+typedef float v16f_u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(64)));
+
+#define INLINE static inline __attribute__((always_inline))
+enum { ROWS = 8, LANES = 16 };
+
+INLINE int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+INLINE float bf16_to_f32(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, 4);
+    return value;
+}
+
+INLINE uint16_t f32_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);  // NaN stays NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+    return (uint16_t)(bits >> 16);
+}
+
+INLINE v16f vmax(v16f a, v16f b) {
+    const v16i a_wins = a > b;
+    return (v16f)(((v16i)a & a_wins) | ((v16i)b & ~a_wins));
+}
+
+INLINE float load(const void* base, int64_t index, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t*)base)[index]) : ((const float*)base)[index];
+}
+
+// exp(x) for x <= 0 (scores less their row's maximum): 2^n * p(r), Cephes' polynomial; x < -87 gives 0.
+INLINE v16f exp_nonpositive(v16f x) {
+    v16i dead = x < -87.0f;
+    x = (v16f)((v16i)x & ~dead);
+    v16i n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v16i);  // ceil: |x log2(e) - n| <= 1/2
+    v16f nf = __builtin_convertvector(n, v16f);
+    v16f r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+    v16f p = (v16f){} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    v16f scale = (v16f)((n + 127) << 23);
+    return (v16f)((v16i)(p * scale) & ~dead);
+}
+
+typedef struct {
+    const void *q, *k, *v;
+    void* out;
+    int64_t q_stride, k_stride, v_stride, out_stride;  // elements between consecutive tokens
+    int32_t head_dim;
+    float scale;
+    int32_t causal, bf16;
+} Problem;
+
+typedef struct {
+    float *kt, *vv, *qt, *s;  // K^T [D][Lp], V [Lp][D], scaled Q tile [ROWS][D], scores [ROWS][Lp]
+} Scratch;
+
+INLINE void pack_kv(const Problem* p, const Scratch* w, int64_t start, int64_t len, int64_t lp, int kv_head) {
+    const int d_count = p->head_dim;
+    for (int64_t j = 0; j < len; j++) {
+        const int64_t krow = (start + j) * p->k_stride + (int64_t)kv_head * d_count;
+        const int64_t vrow = (start + j) * p->v_stride + (int64_t)kv_head * d_count;
+        for (int d = 0; d < d_count; d++) {
+            w->kt[d * lp + j] = load(p->k, krow + d, p->bf16);
+            w->vv[j * d_count + d] = load(p->v, vrow + d, p->bf16);
+        }
+    }
+    for (int d = 0; d < d_count; d++)
+        for (int64_t j = len; j < lp; j++) w->kt[d * lp + j] = 0.0f;
+}
+
+INLINE void scores(const Problem* p, const Scratch* w, int64_t lp, int64_t keys_p) {
+    const int d_count = p->head_dim;
+    for (int64_t jb = 0; jb < keys_p; jb += LANES) {
+        v16f acc[ROWS] = {};
+        for (int d = 0; d < d_count; d++) {
+            const v16f kv = *(const v16f*)(w->kt + d * lp + jb);
+            for (int r = 0; r < ROWS; r++) acc[r] += w->qt[r * d_count + d] * kv;
+        }
+        for (int r = 0; r < ROWS; r++) *(v16f*)(w->s + r * lp + jb) = acc[r];
+    }
+}
+
+// Row r keeps keys [0, valid[r]); the rest of [0, keys_p) become 0. Returns 1 / sum per row in inv.
+INLINE void softmax(const Scratch* w, int64_t lp, int64_t keys_p, const int64_t* valid, float* inv) {
+    for (int r = 0; r < ROWS; r++) {
+        float* row = w->s + r * lp;
+        for (int64_t j = valid[r]; j < keys_p; j++) row[j] = -INFINITY;
+        v16f top = (v16f){} - INFINITY;
+        for (int64_t j = 0; j < keys_p; j += LANES) {
+            v16f x = *(v16f*)(row + j);
+            top = vmax(x, top);
+        }
+        float m = top[0];
+        for (int l = 1; l < LANES; l++) m = top[l] > m ? top[l] : m;
+        v16f total = {};
+        for (int64_t j = 0; j < keys_p; j += LANES) {
+            v16f e = exp_nonpositive(*(v16f*)(row + j) - m);
+            *(v16f*)(row + j) = e;
+            total += e;
+        }
+        float sum = 0.0f;
+        for (int l = 0; l < LANES; l++) sum += total[l];
+        inv[r] = 1.0f / sum;
+    }
+}
+
+INLINE void store_row(const Problem* p, int64_t index, v16f value) {
+    if (p->bf16) {
+        uint16_t* dst = (uint16_t*)p->out + index;
+        for (int l = 0; l < LANES; l++) dst[l] = f32_to_bf16(value[l]);
+    } else {
+        *(v16f_u*)((float*)p->out + index) = value;
+    }
+}
+
+// out rows of the tile = P V / sum, in column blocks of 32 (two vectors) and a last block of 16.
+INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int64_t keys, int rows,
+                            int64_t out_first, int head, const float* inv) {
+    const int d_count = p->head_dim;
+    int c = 0;
+    for (; c + 2 * LANES <= d_count; c += 2 * LANES) {
+        v16f lo[ROWS] = {}, hi[ROWS] = {};
+        for (int64_t j = 0; j < keys; j++) {
+            const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
+            const v16f v1 = *(const v16f*)(w->vv + j * d_count + c + LANES);
+            for (int r = 0; r < ROWS; r++) {
+                const float pr = w->s[r * lp + j];
+                lo[r] += pr * v0;
+                hi[r] += pr * v1;
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const int64_t base = (out_first + r) * p->out_stride + (int64_t)head * d_count + c;
+            store_row(p, base, lo[r] * inv[r]);
+            store_row(p, base + LANES, hi[r] * inv[r]);
+        }
+    }
+    for (; c < d_count; c += LANES) {
+        v16f acc[ROWS] = {};
+        for (int64_t j = 0; j < keys; j++) {
+            const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
+            for (int r = 0; r < ROWS; r++) acc[r] += w->s[r * lp + j] * v0;
+        }
+        for (int r = 0; r < rows; r++)
+            store_row(p, (out_first + r) * p->out_stride + (int64_t)head * d_count + c, acc[r] * inv[r]);
+    }
+}
+
+// The hot loop, compiled for AVX-512 and AVX2 besides the baseline and picked at load time (an ifunc).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), noinline))
+static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
+    const int d_count = p->head_dim;
+    const int64_t lp = round_up(len, LANES);
+    pack_kv(p, w, start, len, lp, kv_head);
+    for (int64_t i0 = 0; i0 < len; i0 += ROWS) {
+        const int rows = len - i0 < ROWS ? (int)(len - i0) : ROWS;
+        for (int r = 0; r < ROWS; r++) {
+            const int64_t qrow = (start + i0 + r) * p->q_stride + (int64_t)head * d_count;
+            for (int d = 0; d < d_count; d++)
+                w->qt[r * d_count + d] = r < rows ? load(p->q, qrow + d, p->bf16) * p->scale : 0.0f;
+        }
+        const int64_t keys = p->causal ? i0 + rows : len;  // the keys any row of the tile sees
+        const int64_t keys_p = round_up(keys, LANES);
+        int64_t valid[ROWS];
+        for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
+        float inv[ROWS];
+        scores(p, w, lp, keys_p);
+        softmax(w, lp, keys_p, valid, inv);
+        weighted_values(p, w, lp, keys, rows, start + i0, head, inv);
+    }
+}
+
+int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
+                              int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+                              int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t out_stride,
+                              float scale, int32_t causal, int32_t bf16) {
+    const Problem problem = {q, k, v, out, q_stride, k_stride, v_stride, out_stride, head_dim, scale, causal, bf16};
+    int64_t max_len = 0;
+    for (int32_t i = 0; i < num_seqs; i++) {
+        const int64_t len = cu_seqlens[i + 1] - cu_seqlens[i];
+        max_len = len > max_len ? len : max_len;
+    }
+    const int64_t lp = round_up(max_len, LANES);
+    const int64_t items = (int64_t)num_seqs * num_heads;
+    const int group = num_heads / num_kv_heads;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        Scratch w;
+        w.kt = aligned_alloc(64, round_up(head_dim * lp * 4, 64));
+        w.vv = aligned_alloc(64, round_up(lp * head_dim * 4, 64));
+        w.qt = aligned_alloc(64, round_up(ROWS * head_dim * 4, 64));
+        w.s = aligned_alloc(64, round_up(ROWS * lp * 4, 64));
+        failed = !w.kt || !w.vv || !w.qt || !w.s;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            if (failed) continue;  // every thread must still reach the loop's barrier
+            const int32_t seq = (int32_t)(item / num_heads), head = (int32_t)(item % num_heads);
+            const int64_t start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
+            if (len > 0) attend(&problem, &w, start, len, head, head / group);
+        }
+        free(w.kt);
+        free(w.vv);
+        free(w.qt);
+        free(w.s);
+    }
+    return failed;  // 1: out of memory, the output is incomplete
+}
+
+// The calling thread's OpenMP team size as this library's runtime sees it: the loader checks that it follows
+// torch's per-thread setting, i.e. that this library and torch share one runtime.
+int bouquet_omp_max_threads(void) { return omp_get_max_threads(); }

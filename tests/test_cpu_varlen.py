@@ -1,0 +1,205 @@
+"""The cpu_varlen attention backend: its C kernel against per-sequence SDPA, how it is built and loaded, and
+`auto` falling back to SDPA where it cannot run."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import embed_ids, row_cosines
+from corpus import parity_texts
+
+from bouquet.config import EngineConfig
+from bouquet.engine.context import ForwardContext
+from bouquet.engine.cpu_threads import find_thread_setter, on_passing_thread
+from bouquet.engine.engine import Engine
+from bouquet.kernels import build
+from bouquet.layers.attention_backends import AttentionShape, BackendUnavailableError, cpu_varlen
+from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
+from bouquet.layers.attention_backends.sdpa import SdpaBackend
+from bouquet.layers.attention_backends.selection import create_auto_backend
+
+# Lengths around the kernel's tiles (8 query rows, 16 keys a vector), one token, and a long one.
+SEQ_LENS = {
+    "tile_edges": [1, 7, 8, 9, 15, 16, 17, 33],
+    "single_long": [300],
+    "mixed": [5, 64, 2, 129, 31],
+}
+
+
+def _reference(q, k, v, seq_lens, causal, scale):  # float32, per sequence
+    outs, start = [], 0
+    for length in seq_lens:
+        rows = slice(start, start + length)
+        qs, ks, vs = (t[rows].transpose(0, 1).float() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=True)
+        outs.append(out.transpose(0, 1))
+        start += length
+    return torch.cat(outs)
+
+
+def _run(backend, q, k, v, seq_lens, causal, scale=None):
+    cu_seqlens = torch.tensor([0, *np.cumsum(seq_lens)], dtype=torch.int32)
+    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens), backend)
+    ctx.attn_metadata = backend.prepare(ctx)
+    return backend.forward(q, k, v, ctx, causal, scale or q.shape[-1] ** -0.5)
+
+
+@pytest.fixture(scope="module")
+def backend() -> CpuVarlenBackend:
+    return CpuVarlenBackend()
+
+
+@pytest.mark.parametrize("seq_lens", SEQ_LENS.values(), ids=SEQ_LENS.keys())
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(12, 12, 32), (4, 2, 16), (2, 1, 48), (4, 2, 128)])
+def test_float32_matches_per_sequence_sdpa(backend, seq_lens, causal, heads, kv_heads, head_dim) -> None:
+    torch.manual_seed(0)
+    total = sum(seq_lens)
+    q = torch.randn(total, heads, head_dim)
+    k, v = torch.randn(total, kv_heads, head_dim), torch.randn(total, kv_heads, head_dim)
+    out = _run(backend, q, k, v, seq_lens, causal)
+    assert out.shape == q.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out, _reference(q, k, v, seq_lens, causal, head_dim**-0.5), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_is_float32_math_rounded_once(backend, causal) -> None:
+    torch.manual_seed(1)
+    seq_lens = SEQ_LENS["mixed"]
+    q, k, v = (torch.randn(sum(seq_lens), 12, 32).bfloat16() for _ in range(3))
+    out = _run(backend, q, k, v, seq_lens, causal)
+    assert out.dtype == torch.bfloat16
+    expected = _reference(q, k, v, seq_lens, causal, 32**-0.5)
+    # Only the output's rounding to bfloat16 differs from float32 math on the same inputs: half an ulp, plus
+    # float32 noise on values near zero.
+    torch.testing.assert_close(out.float(), expected, atol=1e-5, rtol=2**-8)
+
+
+def test_strided_views_of_a_fused_projection_need_no_copy(backend) -> None:
+    torch.manual_seed(2)
+    seq_lens = [9, 40]
+    qkv = torch.randn(sum(seq_lens), 3 * 12, 32)
+    q, k, v = qkv.chunk(3, dim=1)  # what the BERT layer passes: token stride 3 * 12 * 32
+    expected = _run(backend, q.contiguous(), k.contiguous(), v.contiguous(), seq_lens, False)
+    torch.testing.assert_close(_run(backend, q, k, v, seq_lens, False), expected, atol=0, rtol=0)
+    transposed = q.transpose(1, 2).contiguous().transpose(1, 2)  # heads not contiguous: copied first
+    torch.testing.assert_close(_run(backend, transposed, k, v, seq_lens, False), expected, atol=0, rtol=0)
+
+
+def test_every_thread_count_gives_the_same_rows(backend) -> None:
+    torch.manual_seed(3)
+    seq_lens = SEQ_LENS["mixed"]
+    q, k, v = (torch.randn(sum(seq_lens), 12, 32) for _ in range(3))
+    setter = find_thread_setter()
+    assert setter is not None
+
+    def on(threads: int) -> torch.Tensor:
+        setter(threads)
+        return _run(backend, q, k, v, seq_lens, False)
+
+    # Work is split by (sequence, head), each computed whole by one thread: the same sums in the same order.
+    assert torch.equal(on_passing_thread(lambda: on(1)), on_passing_thread(lambda: on(2)))
+
+
+def test_mismatched_inputs_are_refused_before_the_kernel(backend) -> None:
+    q = torch.randn(10, 4, 32)
+    with pytest.raises(ValueError, match="do not fit"):
+        _run(backend, q, torch.randn(9, 4, 32), torch.randn(9, 4, 32), [10], False)
+    with pytest.raises(ValueError, match="one dtype"):
+        _run(backend, q, q.bfloat16(), q, [10], False)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        _run(backend, torch.randn(10, 4, 24), torch.randn(10, 4, 24), torch.randn(10, 4, 24), [10], False)
+
+
+def test_bind_accepts_only_shapes_the_kernel_has(backend) -> None:
+    backend.bind(AttentionShape(12, 12, 32, False, torch.bfloat16))
+    for dtype, head_dim in ((torch.float16, 32), (torch.float32, 24)):
+        with pytest.raises(ValueError, match="use sdpa"):
+            backend.bind(AttentionShape(12, 12, head_dim, False, dtype))
+
+
+def test_kernel_shares_torchs_openmp_runtime(backend) -> None:
+    library = build.load_kernel("varlen_attention")
+    setter = find_thread_setter()
+    assert setter is not None
+
+    def seen(threads: int) -> int:
+        setter(threads)
+        return library.bouquet_omp_max_threads()
+
+    assert [on_passing_thread(lambda n=n: seen(n)) for n in (1, 2, 3)] == [1, 2, 3]
+
+
+def test_build_is_cached_per_source_and_compiler(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path))
+    first = build.build_kernel("varlen_attention")
+    assert first.parent == tmp_path / "kernels" and first.exists()
+    stamp = first.stat().st_mtime_ns
+
+    run = subprocess.run
+
+    def no_compiling(command, **kwargs):
+        if "--version" not in command:
+            raise AssertionError(f"compiled again: {command}")
+        return run(command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", no_compiling)
+    assert build.build_kernel("varlen_attention") == first
+    assert first.stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [first.name]  # no temporary left behind
+
+
+def test_a_failed_compile_says_why(tmp_path, monkeypatch) -> None:
+    fake = tmp_path / "fake-cc"
+    fake.write_text("#!/bin/sh\necho 'fake-cc: no such luck' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(build.KernelBuildError, match="no such luck"):
+        build.build_kernel("varlen_attention")
+    monkeypatch.setenv("CC", str(tmp_path / "missing-cc"))
+    with pytest.raises(build.KernelBuildError, match="no C compiler found"):
+        build.find_compiler()
+
+
+def test_auto_on_the_cpu_picks_cpu_varlen_and_falls_back_to_sdpa(monkeypatch, caplog) -> None:
+    cpu = torch.device("cpu")
+    assert isinstance(create_auto_backend(cpu, AttentionShape(4, 2, 16, True, torch.float32)), CpuVarlenBackend)
+    assert isinstance(create_auto_backend(cpu, AttentionShape(4, 2, 24, True, torch.float32)), SdpaBackend)
+
+    def unavailable() -> None:
+        raise BackendUnavailableError("cpu_varlen needs its C kernel: no C compiler found")
+
+    monkeypatch.setattr("bouquet.layers.attention_backends.selection.CpuVarlenBackend", unavailable)
+    with caplog.at_level(logging.WARNING):
+        assert isinstance(create_auto_backend(cpu, AttentionShape(4, 2, 16, True, torch.float32)), SdpaBackend)
+    assert "no C compiler found" in caplog.text
+
+
+def test_unavailable_kernel_makes_the_backend_unavailable(monkeypatch) -> None:
+    def failing_build(name: str) -> Path:
+        raise build.KernelBuildError("no C compiler found (tried cc); install gcc or set CC")
+
+    monkeypatch.setattr(cpu_varlen, "load_kernel", lambda name: failing_build(name))
+    cpu_varlen._kernel.cache_clear()
+    try:
+        with pytest.raises(BackendUnavailableError, match="install gcc"):
+            CpuVarlenBackend()
+    finally:
+        cpu_varlen._kernel.cache_clear()
+
+
+def test_minilm_on_sdpa_and_cpu_varlen_agree(minilm_path, minilm_tokenizer, minilm_fp32) -> None:
+    assert minilm_fp32.attn_backend.name == "cpu_varlen"  # the default on the CPU
+    sdpa = Engine(EngineConfig(model_path=minilm_path, device="cpu", dtype="float32", attention_backend="sdpa"))
+    try:
+        ids = minilm_tokenizer.encode(parity_texts()[::3])
+        assert row_cosines(embed_ids(minilm_fp32, ids), embed_ids(sdpa, ids)).min() >= 0.999999
+    finally:
+        sdpa.close()
