@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (1)")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--attention-backend", default="auto", help="the replicas' (auto: cpu_varlen on the CPU)")
     args = parser.parse_args()
 
     from sentence_transformers import SentenceTransformer
@@ -126,7 +127,10 @@ def main() -> None:
 
     port = free_port()
     replicas = ["--replicas", str(args.replicas)] if args.replicas else []
-    serve = start_serve(port, "--device", "cpu", "--dtype", args.dtype, "--workers", str(args.workers), *replicas)
+    serve = start_serve(
+        port, "--device", "cpu", "--dtype", args.dtype, "--workers", str(args.workers),
+        "--attention-backend", args.attention_backend, *replicas,
+    )  # fmt: skip
     try:
         serve.wait_ready()
         serve_documents(port, requests[:8], args.concurrency)  # warm-up
@@ -144,7 +148,8 @@ def main() -> None:
         serve.stop()
 
     served_tps, reference_tps = doc_tokens / statistics.median(served), doc_tokens / statistics.median(reference)
-    print(f"bouquet serve vs sentence-transformers, {args.dtype}, {torch.get_num_threads()} threads")
+    print(f"bouquet serve ({args.attention_backend} attention) vs sentence-transformers, {args.dtype}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
     print(f"documents: {len(docs)} texts, {doc_tokens} real tokens, {args.per_request} a request, "
           f"{args.concurrency} concurrent")  # fmt: skip
     print(f"  bouquet serve          {served_tps:9,.0f} tokens/s   request {percentiles(served_latency)}")
