@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import subprocess
 from pathlib import Path
@@ -69,16 +70,41 @@ def test_float32_matches_per_sequence_sdpa(backend, seq_lens, causal, heads, kv_
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_bfloat16_is_float32_math_rounded_once(backend, causal) -> None:
+def test_bfloat16_widened_is_float32_math_rounded_once(causal) -> None:
     torch.manual_seed(1)
     seq_lens = SEQ_LENS["mixed"]
     q, k, v = (torch.randn(sum(seq_lens), 12, 32).bfloat16() for _ in range(3))
-    out = _run(backend, q, k, v, seq_lens, causal)
+    out = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, causal)
     assert out.dtype == torch.bfloat16
     expected = _reference(q, k, v, seq_lens, causal, 32**-0.5)
     # Only the output's rounding to bfloat16 differs from float32 math on the same inputs: half an ulp, plus
     # float32 noise on values near zero.
     torch.testing.assert_close(out.float(), expected, atol=1e-5, rtol=2**-8)
+
+
+def _torch_bfloat16(q, k, v, seq_lens, causal):  # ATen's own bfloat16 attention, per sequence
+    outs = []
+    for a, b in itertools.pairwise([0, *np.cumsum(seq_lens)]):
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)[0].transpose(0, 1))
+    return torch.cat(outs).float()
+
+
+@pytest.mark.skipif(not cpu_varlen.has_bf16_dot(), reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(12, 12, 32), (4, 2, 128), (2, 1, 48)])  # 48: widened
+def test_bfloat16_dot_products_are_as_close_as_torchs_bfloat16_attention(causal, heads, kv_heads, head_dim) -> None:
+    torch.manual_seed(1)
+    seq_lens = SEQ_LENS["mixed"]
+    q = torch.randn(sum(seq_lens), heads, head_dim).bfloat16()
+    k, v = (torch.randn(sum(seq_lens), kv_heads, head_dim).bfloat16() for _ in range(2))
+    out = _run(CpuVarlenBackend(bf16_dot=True), q, k, v, seq_lens, causal).float()
+    exact = _reference(q, k, v, seq_lens, causal, head_dim**-0.5)
+    ours, theirs = (out - exact).abs(), (_torch_bfloat16(q, k, v, seq_lens, causal) - exact).abs()
+    assert ours.mean() <= 1.1 * theirs.mean(), (ours.mean(), theirs.mean())
+    assert ours.max() <= 1.25 * theirs.max(), (ours.max(), theirs.max())
+    widened = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, causal).float()
+    assert torch.equal(out, widened) == (head_dim % 32 != 0), "the dot path runs where head_dim allows, only there"
 
 
 def test_strided_views_of_a_fused_projection_need_no_copy(backend) -> None:
@@ -187,11 +213,13 @@ def test_unavailable_kernel_makes_the_backend_unavailable(monkeypatch) -> None:
         raise build.KernelBuildError("no C compiler found (tried cc); install gcc or set CC")
 
     monkeypatch.setattr(cpu_varlen, "load_kernel", lambda name: failing_build(name))
+    cpu_varlen._library.cache_clear()
     cpu_varlen._kernel.cache_clear()
     try:
         with pytest.raises(BackendUnavailableError, match="install gcc"):
             CpuVarlenBackend()
     finally:
+        cpu_varlen._library.cache_clear()
         cpu_varlen._kernel.cache_clear()
 
 

@@ -6,12 +6,14 @@
 // Here each (sequence, head) is one work item of OpenMP's dynamic schedule: K is packed once, transposed, in
 // float32; the queries go through in tiles of ROWS rows whose scores for all keys ([ROWS, L], in L1/L2) get an
 // exact softmax, with no online rescaling, since an encoder's sequences are short (512 tokens, 32k at most).
-// Inputs may be float32 or bfloat16 (converted while packing); every sum is float32; the output takes the
-// input's dtype. Strides are in elements between consecutive tokens; within a token, heads are contiguous
+// Inputs may be float32 or bfloat16; every sum is float32; the output takes the input's dtype. bfloat16 either
+// is widened while packing (`attend`) or, on CPUs with AVX512-BF16, goes through bfloat16 dot products
+// (`attend_pairs`, head_dim a multiple of 32). Strides are in elements between consecutive tokens; within a token, heads are contiguous
 // and each head's head_dim values too. head_dim must be a multiple of 16 (the caller checks).
 //
 // OpenMP: the caller links it against the runtime torch already loaded (same soname, libgomp.so.1), so each
 // engine thread's team size, set through torch, applies here too.
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -79,6 +81,7 @@ typedef struct {
 typedef struct {
     float *kt, *vv, *qt, *s;  // K^T [D][Lp], V [Lp][D], scaled Q tile [ROWS][D], scores [ROWS][Lp]
     float* block;             // LANES tokens' keys [LANES][D], on their way into K^T
+    uint16_t* pb;             // bfloat16 path: the tile's probabilities [ROWS][Lp] in bfloat16
 } Scratch;
 
 // K^T and V in float32 for one (sequence, kv head). K goes through LANES tokens at a time: rows copied into
@@ -206,10 +209,102 @@ static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t le
     }
 }
 
+// bfloat16 inputs on CPUs with AVX512-BF16: QK^T and PV as bfloat16 dot products (vdpbf16ps: two products a
+// lane, summed in float32), twice the multiply-adds an instruction of the float32 path. Operands are kept as
+// pairs of bfloat16 in 32-bit words: K^T as [D/2][Lp] words (keys d, d+1 of one token), V as [Lp/2][D] words
+// (tokens j, j+1 of one column), queries as they are. The probabilities are rounded to bfloat16 for PV, as
+// ATen's bfloat16 attention does; the softmax and every sum stay float32.
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"), noinline))
+typedef uint32_t v16u __attribute__((vector_size(64), aligned(64)));
+typedef uint32_t v16u_u __attribute__((vector_size(64), aligned(4)));
+
+BF16_TARGET static void pack_kv_pairs(const Problem* p, const Scratch* w, int64_t start, int64_t len, int64_t lp,
+                                      int kv_head) {
+    const int d_count = p->head_dim, words = d_count / 2;
+    uint32_t* kt = (uint32_t*)w->kt;  // [D/2][Lp]
+    uint32_t* vv = (uint32_t*)w->vv;  // [Lp/2][D]
+    uint32_t* block = (uint32_t*)w->block;  // [LANES][D/2]
+    for (int64_t jb = 0; jb < lp; jb += LANES) {
+        for (int jj = 0; jj < LANES; jj++) {
+            const int64_t j = jb + jj;
+            const uint32_t* key = (const uint32_t*)((const uint16_t*)p->k + (start + j) * p->k_stride) +
+                                  (int64_t)kv_head * words;
+            for (int c = 0; c < words; c += LANES)
+                *(v16u*)(block + jj * words + c) = j < len ? *(const v16u_u*)(key + c) : (v16u){};
+        }
+        for (int d = 0; d < words; d++)
+            for (int jj = 0; jj < LANES; jj++) kt[d * lp + jb + jj] = block[jj * words + d];
+    }
+    for (int64_t j = 0; j < lp; j += 2) {
+        const uint16_t* even = (const uint16_t*)p->v + (start + j) * p->v_stride + (int64_t)kv_head * d_count;
+        const uint16_t* odd = even + p->v_stride;
+        for (int c = 0; c < d_count; c += LANES) {
+            v16u lo = {}, hi = {};
+            if (j < len) lo = __builtin_convertvector(*(const v16h_u*)(even + c), v16u);
+            if (j + 1 < len) hi = __builtin_convertvector(*(const v16h_u*)(odd + c), v16u);
+            *(v16u*)(vv + (j / 2) * d_count + c) = lo | (hi << 16);
+        }
+    }
+}
+
+BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head,
+                                     int kv_head) {
+    const int d_count = p->head_dim, words = d_count / 2;
+    const int64_t lp = round_up(len, LANES);
+    const uint32_t* kt = (const uint32_t*)w->kt;
+    const uint32_t* vv = (const uint32_t*)w->vv;
+    uint32_t* qt = (uint32_t*)w->qt;  // [ROWS][D/2]
+    const uint32_t* pb = (const uint32_t*)w->pb;  // [ROWS][Lp/2]
+    pack_kv_pairs(p, w, start, len, lp, kv_head);
+    for (int64_t i0 = 0; i0 < len; i0 += ROWS) {
+        const int rows = len - i0 < ROWS ? (int)(len - i0) : ROWS;
+        for (int r = 0; r < ROWS; r++) {
+            const uint32_t* query = (const uint32_t*)((const uint16_t*)p->q + (start + i0 + r) * p->q_stride) +
+                                    (int64_t)head * words;
+            for (int c = 0; c < words; c += LANES)
+                *(v16u*)(qt + r * words + c) = r < rows ? *(const v16u_u*)(query + c) : (v16u){};
+        }
+        const int64_t keys = p->causal ? i0 + rows : len;
+        const int64_t keys_p = round_up(keys, LANES);
+        int64_t valid[ROWS];
+        for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
+        for (int64_t jb = 0; jb < keys_p; jb += LANES) {
+            __m512 acc[ROWS];
+            for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+            for (int d = 0; d < words; d++) {
+                const __m512bh pair = (__m512bh)_mm512_load_si512(kt + d * lp + jb);
+                for (int r = 0; r < ROWS; r++)
+                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)qt[r * words + d]), pair);
+            }
+            for (int r = 0; r < ROWS; r++) _mm512_store_ps(w->s + r * lp + jb, acc[r] * p->scale);
+        }
+        float inv[ROWS];
+        softmax(w, lp, keys_p, valid, inv);
+        for (int r = 0; r < ROWS; r++)
+            for (int64_t j = 0; j < keys_p; j += LANES)
+                _mm256_store_si256((__m256i*)(w->pb + r * lp + j), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(w->s + r * lp + j)));
+        const int64_t pairs = (keys + 1) / 2;
+        for (int c = 0; c < d_count; c += LANES) {
+            __m512 acc[ROWS];
+            for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+            for (int64_t jp = 0; jp < pairs; jp++) {
+                const __m512bh values = (__m512bh)_mm512_load_si512(vv + jp * d_count + c);
+                for (int r = 0; r < ROWS; r++)
+                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)pb[r * (lp / 2) + jp]), values);
+            }
+            for (int r = 0; r < rows; r++)
+                store_row(p, (start + i0 + r) * p->out_stride + (int64_t)head * d_count + c, (v16f)acc[r] * inv[r]);
+        }
+    }
+}
+
+// Whether bfloat16 inputs can take the dot-product path here (the CPU has AVX512-BF16).
+int bouquet_has_bf16_dot(void) { return __builtin_cpu_supports("avx512bf16"); }
+
 int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                               int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                               int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t out_stride,
-                              float scale, int32_t causal, int32_t bf16) {
+                              float scale, int32_t causal, int32_t bf16, int32_t bf16_dot) {
     const Problem problem = {q, k, v, out, q_stride, k_stride, v_stride, out_stride, head_dim, scale, causal, bf16};
     int64_t max_len = 0;
     for (int32_t i = 0; i < num_seqs; i++) {
@@ -219,6 +314,8 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
     const int64_t lp = round_up(max_len, LANES);
     const int64_t items = (int64_t)num_seqs * num_heads;
     const int group = num_heads / num_kv_heads;
+    // The pairs path moves keys and queries 32 bfloat16 (one vector of words) at a time.
+    const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && bouquet_has_bf16_dot();
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -228,19 +325,22 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
         w.qt = aligned_alloc(64, round_up(ROWS * head_dim * 4, 64));
         w.s = aligned_alloc(64, round_up(ROWS * lp * 4, 64));
         w.block = aligned_alloc(64, round_up(LANES * head_dim * 4, 64));
-        failed = !w.kt || !w.vv || !w.qt || !w.s || !w.block;
+        w.pb = aligned_alloc(64, round_up(ROWS * lp * 2, 64));
+        failed = !w.kt || !w.vv || !w.qt || !w.s || !w.block || !w.pb;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             if (failed) continue;  // every thread must still reach the loop's barrier
             const int32_t seq = (int32_t)(item / num_heads), head = (int32_t)(item % num_heads);
             const int64_t start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
-            if (len > 0) attend(&problem, &w, start, len, head, head / group);
+            if (len > 0 && pairs) attend_pairs(&problem, &w, start, len, head, head / group);
+            else if (len > 0) attend(&problem, &w, start, len, head, head / group);
         }
         free(w.kt);
         free(w.vv);
         free(w.qt);
         free(w.s);
         free(w.block);
+        free(w.pb);
     }
     return failed;  // 1: out of memory, the output is incomplete
 }

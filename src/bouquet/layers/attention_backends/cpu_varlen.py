@@ -27,9 +27,13 @@ def supports(shape: AttentionShape) -> bool:
 
 
 @functools.cache
+def _library() -> ctypes.CDLL:
+    return load_kernel("varlen_attention")
+
+
+@functools.cache
 def _kernel() -> ctypes._CFuncPtr:
-    library = load_kernel("varlen_attention")
-    function = library.bouquet_varlen_attention
+    function = _library().bouquet_varlen_attention
     function.restype = ctypes.c_int
     function.argtypes = [
         *[ctypes.c_void_p] * 5,  # q, k, v, out, cu_seqlens
@@ -38,14 +42,26 @@ def _kernel() -> ctypes._CFuncPtr:
         ctypes.c_float,  # scale
         ctypes.c_int32,  # causal
         ctypes.c_int32,  # bfloat16 (else float32)
+        ctypes.c_int32,  # bfloat16 by dot products where the CPU has them (AVX512-BF16)
     ]
     return function
 
 
+@functools.cache
+def has_bf16_dot() -> bool:
+    """Whether this CPU runs bfloat16 attention by dot products (AVX512-BF16), not widened to float32."""
+    return bool(_library().bouquet_has_bf16_dot())
+
+
 class CpuVarlenBackend(AttentionBackend):
+    """`bf16_dot`: bfloat16 inputs take the dot-product path where the CPU has AVX512-BF16 (QK^T and PV about
+    twice as fast; the probabilities are rounded to bfloat16 for PV, as in ATen's bfloat16 attention). False
+    widens everything to float32 first, the path CPUs without it take."""
+
     name: ClassVar[str] = "cpu_varlen"
 
-    def __init__(self) -> None:
+    def __init__(self, bf16_dot: bool = True) -> None:
+        self.bf16_dot = bf16_dot
         try:
             self._attention = _kernel()
         except KernelBuildError as error:
@@ -85,7 +101,7 @@ class CpuVarlenBackend(AttentionBackend):
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
             len(cu_seqlens) - 1, num_heads, k.shape[1], head_dim,
             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-            scale, int(causal), int(q.dtype == torch.bfloat16),
+            scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot),
         )  # fmt: skip
         if failed:
             raise MemoryError("cpu_varlen: the kernel could not allocate its scratch buffers")

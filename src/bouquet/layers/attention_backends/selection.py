@@ -185,7 +185,8 @@ def _cpu_backend(shape: AttentionShape) -> AttentionBackend:
     except BackendUnavailableError as error:
         logger.warning("attention auto: sdpa, as cpu_varlen is unavailable: %s", error)
         return SdpaBackend()
-    logger.info("attention auto: cpu_varlen")
+    dot = shape.dtype == torch.bfloat16 and cpu_varlen.has_bf16_dot()
+    logger.info("attention auto: cpu_varlen%s", " (bfloat16 by AVX512-BF16 dot products)" if dot else "")
     return backend
 
 
