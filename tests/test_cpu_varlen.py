@@ -107,6 +107,17 @@ def test_bfloat16_dot_products_are_as_close_as_torchs_bfloat16_attention(causal,
     assert torch.equal(out, widened) == (head_dim % 32 != 0), "the dot path runs where head_dim allows, only there"
 
 
+def test_bfloat16_rows_off_word_boundaries_take_the_widened_path() -> None:
+    torch.manual_seed(4)
+    seq_lens = [9, 40]
+    total = sum(seq_lens)
+    q = torch.randn(total, 12 * 32 + 1).bfloat16()[:, 1:].unflatten(1, (12, 32))  # token stride 385, odd
+    k, v = (torch.randn(total, 12, 32).bfloat16() for _ in range(2))
+    out = _run(CpuVarlenBackend(bf16_dot=True), q, k, v, seq_lens, False)
+    assert torch.equal(out, _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, False))
+    torch.testing.assert_close(out.float(), _reference(q, k, v, seq_lens, False, 32**-0.5), atol=1e-5, rtol=2**-8)
+
+
 def test_strided_views_of_a_fused_projection_need_no_copy(backend) -> None:
     torch.manual_seed(2)
     seq_lens = [9, 40]

@@ -299,7 +299,10 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
 }
 
 // Whether bfloat16 inputs can take the dot-product path here (the CPU has AVX512-BF16).
-int bouquet_has_bf16_dot(void) { return __builtin_cpu_supports("avx512bf16"); }
+int bouquet_has_bf16_dot(void) {
+    __builtin_cpu_init();  // idempotent; needed before __builtin_cpu_supports outside the main program
+    return __builtin_cpu_supports("avx512bf16");
+}
 
 int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                               int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
@@ -314,8 +317,10 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
     const int64_t lp = round_up(max_len, LANES);
     const int64_t items = (int64_t)num_seqs * num_heads;
     const int group = num_heads / num_kv_heads;
-    // The pairs path moves keys and queries 32 bfloat16 (one vector of words) at a time.
-    const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && bouquet_has_bf16_dot();
+    // The pairs path moves keys and queries 32 bfloat16 (one vector of 32-bit words) at a time, so their rows
+    // must start on 4-byte boundaries.
+    const int word_aligned = !(((uintptr_t)q | (uintptr_t)k) & 3) && !((q_stride | k_stride) & 1);
+    const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && word_aligned && bouquet_has_bf16_dot();
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
