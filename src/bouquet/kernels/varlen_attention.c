@@ -1,15 +1,15 @@
 // Attention over packed, variable-length sequences on the CPU: bouquet's `cpu_varlen` attention backend
 // (layers/attention_backends/cpu_varlen.py), compiled on first use by kernels/build.py.
 //
-// Why a kernel of our own: ATen's CPU flash attention reaches 25-50 GFLOP/s at head_dim 32 (small blocks,
-// a GEMM call per block), and SDPA has no variable-length form, so sequences were padded into groups first.
-// Here each (sequence, head) is one work item of OpenMP's dynamic schedule: K is packed once, transposed, in
-// float32; the queries go through in tiles of ROWS rows whose scores for all keys ([ROWS, L], in L1/L2) get an
-// exact softmax, with no online rescaling, since an encoder's sequences are short (512 tokens, 32k at most).
-// Inputs may be float32 or bfloat16; every sum is float32; the output takes the input's dtype. bfloat16 either
-// is widened while packing (`attend`) or, on CPUs with AVX512-BF16, goes through bfloat16 dot products
-// (`attend_pairs`, head_dim a multiple of 32). Strides are in elements between consecutive tokens; within a token, heads are contiguous
-// and each head's head_dim values too. head_dim must be a multiple of 16 (the caller checks).
+// Why a kernel of our own: ATen's CPU flash attention ran at about 30-40 GFLOP/s a core here at head_dim 32
+// (small blocks, a GEMM call per block), and SDPA has no variable-length form, so sequences were padded into
+// groups first. Here each (sequence, head) is one work item of OpenMP's dynamic schedule: K is packed once,
+// transposed; the queries go through in tiles of ROWS rows whose scores for all keys ([ROWS, L], in L1/L2)
+// get an exact softmax, with no online rescaling, since an encoder's sequences are short (512 tokens, 32k at
+// most). Inputs may be float32 or bfloat16; every sum is float32; the output takes the input's dtype.
+// bfloat16 is either widened while packing (`attend`) or, on CPUs with AVX512-BF16, goes through bfloat16
+// dot products (`attend_pairs`). Strides are in elements between consecutive tokens; within a token, heads
+// are contiguous and each head's head_dim values too. head_dim must be a multiple of 16 (the caller checks).
 //
 // OpenMP: the caller links it against the runtime torch already loaded (same soname, libgomp.so.1), so each
 // engine thread's team size, set through torch, applies here too.
