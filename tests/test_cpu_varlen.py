@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import subprocess
@@ -152,6 +153,13 @@ def test_mismatched_inputs_are_refused_before_the_kernel(backend) -> None:
         _run(backend, q, q.bfloat16(), q, [10], False)
     with pytest.raises(ValueError, match="multiple of 16"):
         _run(backend, torch.randn(10, 4, 24), torch.randn(10, 4, 24), torch.randn(10, 4, 24), [10], False)
+    with pytest.raises(ValueError, match="do not fit"):  # k and v narrower than q: the kernel would read past them
+        _run(backend, q, torch.randn(10, 4, 16), torch.randn(10, 4, 16), [10], False)
+    with pytest.raises(ValueError, match="do not fit"):
+        _run(backend, q, torch.randn(10, 0, 32), torch.randn(10, 0, 32), [10], False)
+    ctx = ForwardContext(torch.tensor([0, 12], dtype=torch.int32), 10, [10], backend)
+    with pytest.raises(ValueError, match="do not match seq_lens"):
+        backend.prepare(ctx)
 
 
 def test_bind_accepts_only_shapes_the_kernel_has(backend) -> None:
@@ -201,8 +209,63 @@ def test_a_failed_compile_says_why(tmp_path, monkeypatch) -> None:
     with pytest.raises(build.KernelBuildError, match="no such luck"):
         build.build_kernel("varlen_attention")
     monkeypatch.setenv("CC", str(tmp_path / "missing-cc"))
+    with pytest.raises(build.KernelBuildError, match="not a command found on PATH"):
+        build.find_compiler()
+    monkeypatch.delenv("CC")
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(build.KernelBuildError, match="no C compiler found"):
         build.find_compiler()
+
+
+def test_every_build_failure_is_a_kernel_build_error(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(blocker / "cache"))  # a directory under a regular file
+    with pytest.raises(build.KernelBuildError, match="failed"):
+        build.build_kernel("varlen_attention")
+    slow = tmp_path / "slow-cc"
+    slow.write_text('#!/bin/sh\ncase "$1" in --version) echo slow-cc 1.0 ;; *) exec sleep 5 ;; esac\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(slow))
+    monkeypatch.setattr(build, "_COMPILE_SECONDS", 0.5)
+    with pytest.raises(build.KernelBuildError, match="timed out"):
+        build.build_kernel("varlen_attention")
+
+
+def test_cc_may_carry_arguments(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "env cc")
+    assert build.find_compiler()[1:] == ["cc"]
+    assert build.build_kernel("varlen_attention").exists()
+
+
+def test_generic_build_matches_the_x86_one(tmp_path) -> None:
+    """The build other architectures get (baseline vector code, no clones, no AVX512-BF16 path), compiled here
+    with BOUQUET_GENERIC, gives the rows the default build gives on the widened path."""
+    source = Path(build.__file__).with_name("varlen_attention.c")
+    generic = tmp_path / "generic.so"
+    command = [*build.find_compiler(), *build.CFLAGS, "-DBOUQUET_GENERIC", "-o", str(generic), str(source)]
+    subprocess.run(command, check=True, capture_output=True)
+    library = ctypes.CDLL(str(generic))
+    assert library.bouquet_has_bf16_dot() == 0
+    torch.manual_seed(5)
+    seq_lens = SEQ_LENS["mixed"]
+    cu_seqlens = torch.tensor([0, *np.cumsum(seq_lens)], dtype=torch.int32)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(sum(seq_lens), 4, 64).to(dtype)
+        k, v = (torch.randn(sum(seq_lens), 2, 64).to(dtype) for _ in range(2))
+        out = torch.empty_like(q)
+        library.bouquet_varlen_attention.argtypes = cpu_varlen._kernel().argtypes
+        status = library.bouquet_varlen_attention(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(), len(seq_lens), 4, 2,
+            64, q.stride(0), k.stride(0), v.stride(0), out.stride(0), 64**-0.5, 1, int(dtype == torch.bfloat16), 0,
+        )  # fmt: skip
+        assert status == 0
+        expected = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, True)
+        # Sums may contract into FMAs differently, so a bfloat16 output may round one ulp the other way.
+        bf16 = dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected, atol=1e-5 if bf16 else 1e-6, rtol=2**-7 if bf16 else 1e-5)
 
 
 def test_auto_on_the_cpu_picks_cpu_varlen_and_falls_back_to_sdpa(monkeypatch, caplog) -> None:

@@ -13,6 +13,8 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -25,7 +27,8 @@ from bouquet.engine.cpu_threads import find_thread_setter, on_passing_thread
 
 logger = logging.getLogger(__name__)
 
-# Vector code for AVX-512 and AVX2 comes from the sources' target_clones; no -march, so a build runs anywhere.
+# Vector code for AVX-512 and AVX2 comes from the sources' target_clones; no -march, so a build runs on any
+# x86-64 (and GCC 12 fails on these clones when its baseline already has AVX-512, e.g. under -march=native).
 CFLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-Wall", "-Wno-psabi")
 _COMPILE_SECONDS = 120
 
@@ -43,25 +46,41 @@ def cache_dir() -> Path:
     return Path(xdg) / "bouquet" / "kernels"
 
 
-def find_compiler() -> str:
-    """$CC if set, else the first of cc, gcc, clang on PATH."""
-    candidates = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    for name in candidates:
+def find_compiler() -> list[str]:
+    """$CC if set (it may carry arguments, e.g. "ccache gcc"), else the first of cc, gcc, clang on PATH."""
+    if os.environ.get("CC"):
+        command = shlex.split(os.environ["CC"])
+        path = shutil.which(command[0]) if command else None
+        if path is None:
+            raise KernelBuildError(f"CC={os.environ['CC']!r} is not a command found on PATH")
+        return [path, *command[1:]]
+    for name in ("cc", "gcc", "clang"):
         path = shutil.which(name)
         if path:
-            return path
-    raise KernelBuildError(f"no C compiler found (tried {', '.join(candidates)}); install gcc or set CC")
+            return [path]
+    raise KernelBuildError("no C compiler found (tried cc, gcc, clang); install gcc or set CC")
 
 
 def build_kernel(name: str) -> Path:
-    """The shared library for `kernels/<name>.c`, compiled now unless this machine has built it already."""
+    """The shared library for `kernels/<name>.c`, compiled now unless this machine has built it already. Every
+    failure (no compiler, a failed or hung compile, an unwritable cache) is a KernelBuildError."""
     source = resources.files("bouquet.kernels").joinpath(f"{name}.c").read_bytes()
     compiler = find_compiler()
-    version = _compiler_version(compiler)
-    key = hashlib.sha256(b"\0".join([source, " ".join(CFLAGS).encode(), compiler.encode(), version])).hexdigest()
+    # A home directory shared between machines of different architectures must not share builds.
+    parts = [source, " ".join(CFLAGS).encode(), " ".join(compiler).encode(), _compiler_version(compiler)]
+    key = hashlib.sha256(b"\0".join([*parts, platform.machine().encode()])).hexdigest()
     target = cache_dir() / f"{name}-{key[:16]}.so"
     if target.exists():
         return target
+    try:
+        _compile(name, source, compiler, target)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise KernelBuildError(f"building {name}.c into {target.parent} failed: {error}") from error
+    logger.info("compiled kernel %s into %s", name, target)
+    return target
+
+
+def _compile(name: str, source: bytes, compiler: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Compiled under a temporary name and renamed: replicas starting together never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
@@ -69,19 +88,21 @@ def build_kernel(name: str) -> Path:
         source_path.write_bytes(source)
         output = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *CFLAGS, "-o", str(output), str(source_path)],
+            [*compiler, *CFLAGS, "-o", str(output), str(source_path)],
             capture_output=True, text=True, timeout=_COMPILE_SECONDS,
         )  # fmt: skip
         if result.returncode != 0:
-            raise KernelBuildError(f"compiling {name}.c with {compiler} failed:\n{result.stderr[-2000:]}")
+            raise KernelBuildError(f"compiling {name}.c with {' '.join(compiler)} failed:\n{result.stderr[-2000:]}")
         os.replace(output, target)
-    logger.info("compiled kernel %s into %s", name, target)
-    return target
 
 
 def load_kernel(name: str) -> ctypes.CDLL:
     """Builds (or finds) and loads the kernel; it must export `bouquet_omp_max_threads` for the runtime check."""
-    library = ctypes.CDLL(str(build_kernel(name)))
+    path = build_kernel(name)
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise KernelBuildError(f"loading {path} failed: {error}") from error
     _check_shared_runtime(library, name)
     return library
 
@@ -105,8 +126,8 @@ def _check_shared_runtime(library: ctypes.CDLL, name: str) -> None:
         raise KernelBuildError(f"{name}: its OpenMP runtime is not torch's (set 1 and 2 threads, it saw {counts})")
 
 
-def _compiler_version(compiler: str) -> bytes:
+def _compiler_version(compiler: list[str]) -> bytes:
     try:
-        return subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
+        return subprocess.run([*compiler, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as error:
-        raise KernelBuildError(f"{compiler} --version failed: {error}") from error
+        raise KernelBuildError(f"{' '.join(compiler)} --version failed: {error}") from error

@@ -13,7 +13,20 @@
 //
 // OpenMP: the caller links it against the runtime torch already loaded (same soname, libgomp.so.1), so each
 // engine thread's team size, set through torch, applies here too.
+// x86-64 gets per-CPU clones and the AVX512-BF16 path; elsewhere (or with -DBOUQUET_GENERIC, to test that
+// build here) the same vector code is compiled for the baseline only.
+#if defined(__x86_64__) && !defined(BOUQUET_GENERIC)
+#define BOUQUET_X86 1
+#else
+#define BOUQUET_X86 0
+#endif
+#if BOUQUET_X86
 #include <immintrin.h>
+// The hot loops compiled for AVX-512 and AVX2 besides the baseline, picked at load time (an ifunc).
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), noinline))
+#else
+#define VECTOR_CLONES __attribute__((noinline))
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -185,9 +198,7 @@ INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int6
     }
 }
 
-// The hot loop, compiled for AVX-512 and AVX2 besides the baseline and picked at load time (an ifunc).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), noinline))
-static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
+VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
     const int d_count = p->head_dim;
     const int64_t lp = round_up(len, LANES);
     pack_kv(p, w, start, len, lp, kv_head);
@@ -209,6 +220,7 @@ static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t le
     }
 }
 
+#if BOUQUET_X86
 // bfloat16 inputs on CPUs with AVX512-BF16: QK^T and PV as bfloat16 dot products (vdpbf16ps: two products a
 // lane, summed in float32), twice the multiply-adds an instruction of the float32 path. Operands are kept as
 // pairs of bfloat16 in 32-bit words: K^T as [D/2][Lp] words (keys d, d+1 of one token), V as [Lp/2][D] words
@@ -297,11 +309,16 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
         }
     }
 }
+#endif  // BOUQUET_X86
 
 // Whether bfloat16 inputs can take the dot-product path here (the CPU has AVX512-BF16).
 int bouquet_has_bf16_dot(void) {
+#if BOUQUET_X86
     __builtin_cpu_init();  // idempotent; needed before __builtin_cpu_supports outside the main program
     return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
 }
 
 int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
@@ -321,6 +338,7 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
     // must start on 4-byte boundaries.
     const int word_aligned = !(((uintptr_t)q | (uintptr_t)k) & 3) && !((q_stride | k_stride) & 1);
     const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && word_aligned && bouquet_has_bf16_dot();
+    (void)pairs;  // the generic build has only the widened path
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -337,8 +355,14 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
             if (failed) continue;  // every thread must still reach the loop's barrier
             const int32_t seq = (int32_t)(item / num_heads), head = (int32_t)(item % num_heads);
             const int64_t start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
-            if (len > 0 && pairs) attend_pairs(&problem, &w, start, len, head, head / group);
-            else if (len > 0) attend(&problem, &w, start, len, head, head / group);
+            if (len <= 0) continue;
+#if BOUQUET_X86
+            if (pairs) {
+                attend_pairs(&problem, &w, start, len, head, head / group);
+                continue;
+            }
+#endif
+            attend(&problem, &w, start, len, head, head / group);
         }
         free(w.kt);
         free(w.vv);

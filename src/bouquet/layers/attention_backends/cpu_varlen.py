@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 from typing import ClassVar
 
 import torch
@@ -77,10 +78,14 @@ class CpuVarlenBackend(AttentionBackend):
         super().bind(shape)
 
     def prepare(self, ctx: ForwardContext) -> tuple[torch.Tensor, int]:
-        """cu_seqlens as the kernel reads it (int32, contiguous), and the tokens it covers."""
+        """cu_seqlens as the kernel reads it (int32, contiguous), checked against seq_lens, and the tokens it
+        covers. The kernel trusts it for every row it reads."""
         if ctx.cu_seqlens.device.type != "cpu":
             raise ValueError("cpu_varlen runs on the CPU only")
-        return ctx.cu_seqlens.to(torch.int32).contiguous(), sum(ctx.seq_lens)
+        cu_seqlens = ctx.cu_seqlens.to(torch.int32).contiguous()
+        if cu_seqlens.tolist() != [0, *itertools.accumulate(ctx.seq_lens)] or min(ctx.seq_lens, default=0) < 0:
+            raise ValueError(f"cu_seqlens {cu_seqlens.tolist()} do not match seq_lens {ctx.seq_lens}")
+        return cu_seqlens, sum(ctx.seq_lens)
 
     def forward(
         self,
@@ -94,13 +99,15 @@ class CpuVarlenBackend(AttentionBackend):
         cu_seqlens, covered = ctx.attn_metadata
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (_token_strided(t, q.dtype) for t in (q, k, v))
-        if not num_tokens == covered == k.shape[0] == v.shape[0] or num_heads % k.shape[1] or k.shape != v.shape:
+        kv_heads = k.shape[1]
+        fits = num_tokens == covered == k.shape[0] and k.shape == v.shape and k.shape[2] == head_dim
+        if not fits or kv_heads == 0 or num_heads % kv_heads:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the batch's "
                              f"{covered} tokens")  # fmt: skip
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         failed = self._attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
-            len(cu_seqlens) - 1, num_heads, k.shape[1], head_dim,
+            len(cu_seqlens) - 1, num_heads, kv_heads, head_dim,
             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
             scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot),
         )  # fmt: skip
