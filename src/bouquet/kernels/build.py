@@ -1,6 +1,6 @@
 """C kernels shipped as source and compiled on first use, like inductor's and Triton's: a plain C file builds
-in a fraction of a second with the system's C compiler (no torch or Python headers), so installing needs no
-build step, and each machine's build is cached under the hash of its source, flags and compiler.
+in about 2 s with the system's C compiler (no torch or Python headers), so installing needs no
+build step, and each machine's build is cached under the hash of its source, flags, compiler and architecture.
 
 A kernel that uses OpenMP links `libgomp.so.1`; loaded after torch, the dynamic loader resolves that to the
 runtime torch already loaded (same soname), so torch's per-thread team sizes apply to the kernel too.
