@@ -1,9 +1,9 @@
 """The `auto` attention backend: per max-sequence-length bucket, the backend measured fastest on this device.
 
 The table comes from a JSON file bench/gpu_check.py writes, or is measured at start-up on the model's own
-attention shape; either way the choice is logged. On the CPU `auto` is cpu_varlen, faster than SDPA at every
-length measured (docs/benchmarks.md), or SDPA where it cannot run (no C compiler, float16, or a head_dim
-that is not a multiple of 16).
+attention shape; either way the choice is logged. On the CPU `auto` is cpu_varlen, whose attention was faster
+than SDPA's in every case measured (docs/benchmarks.md), or SDPA where it cannot run (no C compiler, float16,
+or a head_dim that is not a multiple of 16).
 """
 
 from __future__ import annotations
