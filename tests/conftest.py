@@ -90,3 +90,30 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a.astype(np.float64)
     b = b.astype(np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def per_sequence_attention(q, k, v, seq_lens: list[int], causal: bool, scale: float | None = None, dtype=None):
+    """Attention references for packed [T, H, D] q, k, v: plain SDPA one sequence at a time, computed in `dtype`
+    (float32 unless given: the exact reference; the inputs' bfloat16: ATen's own bfloat16 attention); float32 out."""
+    import torch
+    import torch.nn.functional as F
+
+    outs, start = [], 0
+    for length in seq_lens:
+        qs, ks, vs = (t[start : start + length].transpose(0, 1)[None].to(dtype or torch.float32) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=True)
+        outs.append(out[0].transpose(0, 1))
+        start += length
+    return torch.cat(outs).float()
+
+
+def packed_context(backend, seq_lens: list[int]):
+    """The forward context of a packed batch of `seq_lens`, with the backend's plan for it."""
+    import torch
+
+    from bouquet.engine.context import ForwardContext
+
+    cu_seqlens = torch.tensor([0, *np.cumsum(seq_lens)], dtype=torch.int32)
+    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens), backend)
+    ctx.attn_metadata = backend.prepare(ctx)
+    return ctx

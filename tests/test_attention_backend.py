@@ -4,31 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conftest import packed_context, per_sequence_attention
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends import available_backends, create_attention_backend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend, plan_groups
-
-
-def _reference(q, k, v, seq_lens, causal, scale):
-    outs, start = [], 0
-    repeat = q.shape[1] // k.shape[1]
-    for length in seq_lens:
-        rows = slice(start, start + length)
-        qs, ks, vs = (t[rows].transpose(0, 1).float() for t in (q, k, v))
-        ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale).transpose(0, 1))
-        start += length
-    return torch.cat(outs)
-
-
-def _context(backend: SdpaBackend, seq_lens: list[int]) -> ForwardContext:
-    cu_seqlens = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
-    ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens, backend)
-    ctx.attn_metadata = backend.prepare(ctx)
-    return ctx
-
 
 SHAPES = {
     "mixed": [5, 17, 1, 64, 63, 9, 9, 9, 33],
@@ -47,8 +26,9 @@ def test_packed_attention_matches_per_sequence(seq_lens, causal, heads, kv_heads
     q = torch.randn(total, heads, head_dim)
     k, v = torch.randn(total, kv_heads, head_dim), torch.randn(total, kv_heads, head_dim)
     backend = SdpaBackend(min_efficiency=min_efficiency)
-    out = backend.forward(q, k, v, _context(backend, seq_lens), causal, head_dim**-0.5)
-    torch.testing.assert_close(out, _reference(q, k, v, seq_lens, causal, head_dim**-0.5), atol=1e-5, rtol=1e-4)
+    out = backend.forward(q, k, v, packed_context(backend, seq_lens), causal, head_dim**-0.5)
+    expected = per_sequence_attention(q, k, v, seq_lens, causal, head_dim**-0.5)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
 def test_groups_cover_every_sequence_once_within_the_efficiency_bound() -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ctypes
-import itertools
 import logging
 import subprocess
 from pathlib import Path
@@ -12,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import embed_ids, row_cosines
+from conftest import embed_ids, packed_context, per_sequence_attention, row_cosines
 from corpus import parity_texts
 
 from bouquet.config import EngineConfig
@@ -34,22 +32,8 @@ SEQ_LENS = {
 }
 
 
-def _reference(q, k, v, seq_lens, causal, scale):  # float32, per sequence
-    outs, start = [], 0
-    for length in seq_lens:
-        rows = slice(start, start + length)
-        qs, ks, vs = (t[rows].transpose(0, 1).float() for t in (q, k, v))
-        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale, enable_gqa=True)
-        outs.append(out.transpose(0, 1))
-        start += length
-    return torch.cat(outs)
-
-
 def _run(backend, q, k, v, seq_lens, causal, scale=None):
-    cu_seqlens = torch.tensor([0, *np.cumsum(seq_lens)], dtype=torch.int32)
-    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens), backend)
-    ctx.attn_metadata = backend.prepare(ctx)
-    return backend.forward(q, k, v, ctx, causal, scale or q.shape[-1] ** -0.5)
+    return backend.forward(q, k, v, packed_context(backend, seq_lens), causal, scale or q.shape[-1] ** -0.5)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +51,8 @@ def test_float32_matches_per_sequence_sdpa(backend, seq_lens, causal, heads, kv_
     k, v = torch.randn(total, kv_heads, head_dim), torch.randn(total, kv_heads, head_dim)
     out = _run(backend, q, k, v, seq_lens, causal)
     assert out.shape == q.shape and out.dtype == torch.float32
-    torch.testing.assert_close(out, _reference(q, k, v, seq_lens, causal, head_dim**-0.5), atol=2e-6, rtol=1e-5)
+    expected = per_sequence_attention(q, k, v, seq_lens, causal, head_dim**-0.5)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -77,18 +62,10 @@ def test_bfloat16_widened_is_float32_math_rounded_once(causal) -> None:
     q, k, v = (torch.randn(sum(seq_lens), 12, 32).bfloat16() for _ in range(3))
     out = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, causal)
     assert out.dtype == torch.bfloat16
-    expected = _reference(q, k, v, seq_lens, causal, 32**-0.5)
+    expected = per_sequence_attention(q, k, v, seq_lens, causal, 32**-0.5)
     # Only the output's rounding to bfloat16 differs from float32 math on the same inputs: half an ulp, plus
     # float32 noise on values near zero.
     torch.testing.assert_close(out.float(), expected, atol=1e-5, rtol=2**-8)
-
-
-def _torch_bfloat16(q, k, v, seq_lens, causal):  # ATen's own bfloat16 attention, per sequence
-    outs = []
-    for a, b in itertools.pairwise([0, *np.cumsum(seq_lens)]):
-        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)[0].transpose(0, 1))
-    return torch.cat(outs).float()
 
 
 @pytest.mark.skipif(not cpu_varlen.has_bf16_dot(), reason="this CPU has no AVX512-BF16")
@@ -100,8 +77,8 @@ def test_bfloat16_dot_products_are_as_close_as_torchs_bfloat16_attention(causal,
     q = torch.randn(sum(seq_lens), heads, head_dim).bfloat16()
     k, v = (torch.randn(sum(seq_lens), kv_heads, head_dim).bfloat16() for _ in range(2))
     out = _run(CpuVarlenBackend(bf16_dot=True), q, k, v, seq_lens, causal).float()
-    exact = _reference(q, k, v, seq_lens, causal, head_dim**-0.5)
-    ours, theirs = (out - exact).abs(), (_torch_bfloat16(q, k, v, seq_lens, causal) - exact).abs()
+    exact = per_sequence_attention(q, k, v, seq_lens, causal, head_dim**-0.5)
+    ours, theirs = (out - exact).abs(), (per_sequence_attention(q, k, v, seq_lens, causal, dtype=q.dtype) - exact).abs()
     assert ours.mean() <= 1.1 * theirs.mean(), (ours.mean(), theirs.mean())
     assert ours.max() <= 1.25 * theirs.max(), (ours.max(), theirs.max())
     widened = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, causal).float()
@@ -116,7 +93,8 @@ def test_bfloat16_rows_off_word_boundaries_take_the_widened_path() -> None:
     k, v = (torch.randn(total, 12, 32).bfloat16() for _ in range(2))
     out = _run(CpuVarlenBackend(bf16_dot=True), q, k, v, seq_lens, False)
     assert torch.equal(out, _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, False))
-    torch.testing.assert_close(out.float(), _reference(q, k, v, seq_lens, False, 32**-0.5), atol=1e-5, rtol=2**-8)
+    expected = per_sequence_attention(q, k, v, seq_lens, False, 32**-0.5)
+    torch.testing.assert_close(out.float(), expected, atol=1e-5, rtol=2**-8)
 
 
 def test_strided_views_of_a_fused_projection_need_no_copy(backend) -> None:

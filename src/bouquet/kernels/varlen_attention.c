@@ -198,6 +198,14 @@ INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int6
     }
 }
 
+// The keys a tile of `rows` queries from i0 sees, and in `valid` how many of them each row keeps (causal: up
+// to itself; padding rows past `rows` keep them all, their output is never written).
+INLINE int64_t tile_keys(const Problem* p, int64_t i0, int rows, int64_t len, int64_t* valid) {
+    const int64_t keys = p->causal ? i0 + rows : len;
+    for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
+    return keys;
+}
+
 VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
     const int d_count = p->head_dim;
     const int64_t lp = round_up(len, LANES);
@@ -209,10 +217,9 @@ VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t sta
             for (int c = 0; c < d_count; c += LANES)
                 *(v16f*)(w->qt + r * d_count + c) = r < rows ? load16(p->q, qrow + c, p->bf16) * p->scale : (v16f){};
         }
-        const int64_t keys = p->causal ? i0 + rows : len;  // the keys any row of the tile sees
-        const int64_t keys_p = round_up(keys, LANES);
         int64_t valid[ROWS];
-        for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
+        const int64_t keys = tile_keys(p, i0, rows, len, valid);
+        const int64_t keys_p = round_up(keys, LANES);
         float inv[ROWS];
         scores(p, w, lp, keys_p);
         softmax(w, lp, keys_p, valid, inv);
@@ -229,6 +236,18 @@ VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t sta
 #define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"), noinline))
 typedef uint32_t v16u __attribute__((vector_size(64), aligned(64)));
 typedef uint32_t v16u_u __attribute__((vector_size(64), aligned(4)));
+
+// acc[r] = sum over i < n of a[r * a_stride + i] (a pair, broadcast) dotted with b[i * b_stride ..] (16 pairs):
+// both QK^T (i over head_dim pairs) and PV (i over key pairs).
+__attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"))) static inline void
+pair_dots(__m512* acc, const uint32_t* a, int64_t a_stride, const uint32_t* b, int64_t b_stride, int64_t n) {
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i++) {
+        const __m512bh pairs = (__m512bh)_mm512_load_si512(b + i * b_stride);
+        for (int r = 0; r < ROWS; r++)
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)a[r * a_stride + i]), pairs);
+    }
+}
 
 BF16_TARGET static void pack_kv_pairs(const Problem* p, const Scratch* w, int64_t start, int64_t len, int64_t lp,
                                       int kv_head) {
@@ -276,18 +295,12 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
             for (int c = 0; c < words; c += LANES)
                 *(v16u*)(qt + r * words + c) = r < rows ? *(const v16u_u*)(query + c) : (v16u){};
         }
-        const int64_t keys = p->causal ? i0 + rows : len;
-        const int64_t keys_p = round_up(keys, LANES);
         int64_t valid[ROWS];
-        for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
+        const int64_t keys = tile_keys(p, i0, rows, len, valid);
+        const int64_t keys_p = round_up(keys, LANES);
         for (int64_t jb = 0; jb < keys_p; jb += LANES) {
             __m512 acc[ROWS];
-            for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-            for (int d = 0; d < words; d++) {
-                const __m512bh pair = (__m512bh)_mm512_load_si512(kt + d * lp + jb);
-                for (int r = 0; r < ROWS; r++)
-                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)qt[r * words + d]), pair);
-            }
+            pair_dots(acc, qt, words, kt + jb, lp, words);  // scores of keys jb.. for each row
             for (int r = 0; r < ROWS; r++) _mm512_store_ps(w->s + r * lp + jb, acc[r] * p->scale);
         }
         float inv[ROWS];
@@ -298,12 +311,7 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
         const int64_t pairs = (keys + 1) / 2;
         for (int c = 0; c < d_count; c += LANES) {
             __m512 acc[ROWS];
-            for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
-            for (int64_t jp = 0; jp < pairs; jp++) {
-                const __m512bh values = (__m512bh)_mm512_load_si512(vv + jp * d_count + c);
-                for (int r = 0; r < ROWS; r++)
-                    acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)pb[r * (lp / 2) + jp]), values);
-            }
+            pair_dots(acc, pb, lp / 2, vv + c, d_count, pairs);  // output columns c.. for each row
             for (int r = 0; r < rows; r++)
                 store_row(p, (start + i0 + r) * p->out_stride + (int64_t)head * d_count + c, (v16f)acc[r] * inv[r]);
         }
