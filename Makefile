@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 IN ?= examples/texts.jsonl
 OUT ?= embeddings.npy
 
-.PHONY: embed serve test lint bench
+.PHONY: embed serve test lint bench peers
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,3 +31,11 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) bench/offline.py
+
+# The servers people run today, for bench/serve.py --infinity: their own environment (Infinity pins numpy < 2
+# and sentence-transformers < 4), torch pinned to the same CPU build.
+PEERS := .venv-peers
+peers:
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS)/bin/python -m pip install --quiet 'infinity-emb[server,torch]==0.0.78' 'numpy<2' onnxruntime==1.32.0 onnx==1.23.2

@@ -1,27 +1,35 @@
-"""`bouquet serve` over HTTP against sentence-transformers in this process, on the same texts in one run.
+"""`bouquet serve` over HTTP against sentence-transformers in this process (and, with --infinity, the Infinity
+server over HTTP), on the same texts in one run.
 
 Documents: standard-library docstrings, --per-request (16) texts a request, --concurrency (8) clients at once,
 each on its own keep-alive connection; real tokens (after truncation to the model's limit, no padding) per
 second end to end, the load generator included, and request latency percentiles. Queries: one short text a
 request, one request at a time; latency percentiles. Responses are asked for in base64, as the openai client
 does. sentence-transformers runs the same texts in this process in the same dtype: documents in batches of
---per-request, queries one at a time. Runs interleave (server, reference, server, ...); medians are reported.
+--per-request, queries one at a time. With --infinity (after `make peers`), Infinity serves the same model in
+the same dtype on its defaults and gets the same requests; its embeddings are checked against bouquet's.
+Runs interleave (bouquet, reference, Infinity, bouquet, ...); medians are reported.
 
     .venv/bin/python bench/serve.py [--dtype float32|bfloat16] [--docs 512] [--queries 300] [--repeats 2]
+                                    [--infinity [PYTHON]]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import corpus
 import numpy as np
+import peers
 import torch
 
 from bouquet.config import default_model_path
@@ -38,14 +46,21 @@ class Client:
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
 
     def embed(self, texts: list[str]) -> float:
-        body = json.dumps({"input": texts, "model": "all-MiniLM-L6-v2", "encoding_format": "base64"})
         start = time.perf_counter()
+        self._post(texts)
+        return time.perf_counter() - start
+
+    def vectors(self, texts: list[str]) -> np.ndarray:
+        rows = json.loads(self._post(texts))["data"]
+        return np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
+
+    def _post(self, texts: list[str]) -> bytes:
+        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": "base64"})
         self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
         reply = self.connection.getresponse()
         data = reply.read()
-        elapsed = time.perf_counter() - start
         assert reply.status == 200, data[:300]
-        return elapsed
+        return data
 
 
 def serve_documents(port: int, requests: list[list[str]], concurrency: int) -> tuple[float, list[float]]:
@@ -101,6 +116,17 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {p50:6.2f} ms  p90 {p90:6.2f} ms  p99 {p99:6.2f} ms"
 
 
+@dataclass
+class Served:
+    """One HTTP server under test and what was measured of it."""
+
+    name: str
+    port: int
+    document_seconds: list[float] = field(default_factory=list)
+    request_latency: list[float] = field(default_factory=list)
+    query_latency: list[float] = field(default_factory=list)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
@@ -112,6 +138,10 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (1)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--attention-backend", default="auto", help="the replicas' (auto: cpu_varlen on the CPU)")
+    parser.add_argument(
+        "--infinity", nargs="?", const=peers.PEERS_PYTHON, type=Path, metavar="PYTHON",
+        help=f"also measure Infinity, run by this Python (default {peers.PEERS_PYTHON}, from `make peers`)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from sentence_transformers import SentenceTransformer
@@ -125,42 +155,92 @@ def main() -> None:
     model = SentenceTransformer(str(path), device="cpu", model_kwargs={"torch_dtype": DTYPES[args.dtype]})
     model.encode(docs[:32], batch_size=16)
 
-    port = free_port()
+    processes, servers = [], [Served("bouquet serve", free_port())]
     replicas = ["--replicas", str(args.replicas)] if args.replicas else []
-    serve = start_serve(
-        port, "--device", "cpu", "--dtype", args.dtype, "--workers", str(args.workers),
-        "--attention-backend", args.attention_backend, *replicas,
-    )  # fmt: skip
     try:
-        serve.wait_ready()
-        serve_documents(port, requests[:8], args.concurrency)  # warm-up
-        served, served_latency, reference = [], [], []
-        for _ in range(args.repeats):
-            seconds, latency = serve_documents(port, requests, args.concurrency)
-            served.append(seconds)
-            served_latency += latency
-            reference.append(reference_documents(model, requests))
-        query_latency, reference_latency = [], []
-        for _ in range(args.repeats):
-            query_latency += serve_queries(port, queries)
-            reference_latency += reference_queries(model, queries)
+        processes.append(start_serve(
+            servers[0].port, "--device", "cpu", "--dtype", args.dtype, "--workers", str(args.workers),
+            "--attention-backend", args.attention_backend, *replicas,
+        ))  # fmt: skip
+        processes[0].wait_ready()
+        if args.infinity:
+            servers.append(Served("infinity", free_port()))
+            processes.append(peers.start_infinity(args.infinity, path, servers[1].port, args.dtype))
+        reference, reference_latency = measure(servers, model, requests, queries, args)
+        agreement = [agree(servers[0], other, docs[: args.per_request]) for other in servers[1:]]
     finally:
-        serve.stop()
+        for process in processes:
+            process.stop()
+    report(servers, reference, reference_latency, agreement, doc_tokens, query_tokens, len(docs), args)
 
-    served_tps, reference_tps = doc_tokens / statistics.median(served), doc_tokens / statistics.median(reference)
-    print(f"bouquet serve ({args.attention_backend} attention) vs sentence-transformers, {args.dtype}, "
+
+def measure(
+    servers: list[Served], model, requests: list[list[str]], queries: list[str], args: argparse.Namespace
+) -> tuple[list[float], list[float]]:
+    """Documents then queries, each round every server then the in-process reference; returns the reference's
+    document seconds and query latencies (the servers' go into their Served)."""
+    for server in servers:
+        serve_documents(server.port, requests[:8], args.concurrency)  # warm-up
+    reference: list[float] = []
+    for _ in range(args.repeats):
+        for server in servers:
+            seconds, latency = serve_documents(server.port, requests, args.concurrency)
+            server.document_seconds.append(seconds)
+            server.request_latency += latency
+        reference.append(reference_documents(model, requests))
+    reference_latency: list[float] = []
+    for _ in range(args.repeats):
+        for server in servers:
+            server.query_latency += serve_queries(server.port, queries)
+        reference_latency += reference_queries(model, queries)
+    return reference, reference_latency
+
+
+def agree(ours: Served, peer: Served, texts: list[str]) -> float:
+    """The minimum cosine between the two servers' embeddings of the same texts: both must compute one thing."""
+    a, b = Client(ours.port).vectors(texts), Client(peer.port).vectors(texts)
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    b /= np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())
+
+
+def report(
+    servers: list[Served],
+    reference: list[float],
+    reference_latency: list[float],
+    agreement: list[float],
+    doc_tokens: int,
+    query_tokens: float,
+    doc_count: int,
+    args: argparse.Namespace,
+) -> None:
+    ours, reference_tps = servers[0], doc_tokens / statistics.median(reference)
+    ours_tps = doc_tokens / statistics.median(ours.document_seconds)
+    peer_names = ", ".join(["sentence-transformers (in-process)", *(server.name for server in servers[1:])])
+    print(f"bouquet serve ({args.attention_backend} attention) vs {peer_names}, {args.dtype}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"documents: {len(docs)} texts, {doc_tokens} real tokens, {args.per_request} a request, "
+    for peer, cosine in zip(servers[1:], agreement, strict=True):
+        print(f"  {peer.name} embeddings against bouquet's: min cosine {cosine:.7f}")
+    print(f"documents: {doc_count} texts, {doc_tokens} real tokens, {args.per_request} a request, "
           f"{args.concurrency} concurrent")  # fmt: skip
-    print(f"  bouquet serve          {served_tps:9,.0f} tokens/s   request {percentiles(served_latency)}")
+    for server in servers:
+        tps = doc_tokens / statistics.median(server.document_seconds)
+        print(f"  {server.name:22} {tps:9,.0f} tokens/s   request {percentiles(server.request_latency)}")
     print(f"  sentence-transformers  {reference_tps:9,.0f} tokens/s   (in-process, batches of {args.per_request})")
-    print(f"  ratio                  {served_tps / reference_tps:9.2f}x")
-    print(f"queries: one text a request ({query_tokens:.1f} tokens on average), one at a time, {len(queries)} x "
-          f"{args.repeats}")  # fmt: skip
-    print(f"  bouquet serve          {percentiles(query_latency)}")
+    print(f"  ratio                  {ours_tps / reference_tps:9.2f}x sentence-transformers")
+    for peer in servers[1:]:
+        peer_tps = doc_tokens / statistics.median(peer.document_seconds)
+        print(f"  ratio                  {ours_tps / peer_tps:9.2f}x {peer.name}")
+    print(f"queries: one text a request ({query_tokens:.1f} tokens on average), one at a time, "
+          f"{len(ours.query_latency) // args.repeats} x {args.repeats}")  # fmt: skip
+    for server in servers:
+        print(f"  {server.name:22} {percentiles(server.query_latency)}")
     print(f"  sentence-transformers  {percentiles(reference_latency)}   (in-process)")
-    ratio = statistics.median(reference_latency) / statistics.median(query_latency)
-    print(f"  p50 ratio (reference / served) {ratio:.2f}x")
+    for peer_name, peer_latency in [("sentence-transformers", reference_latency)] + [
+        (peer.name, peer.query_latency) for peer in servers[1:]
+    ]:
+        ratio = statistics.median(peer_latency) / statistics.median(ours.query_latency)
+        print(f"  p50 ratio ({peer_name} / bouquet serve) {ratio:.2f}x")
 
 
 if __name__ == "__main__":
