@@ -24,7 +24,7 @@ from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears
-from bouquet.layers.pooling import pool
+from bouquet.layers.pooling import pool, pool_eager
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.models import create_model
 
@@ -158,16 +158,23 @@ class Engine:
 
     def forward(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[B, dim] float32 rows on the device; `prepare` gives the attention metadata (eager or captured)."""
+        hidden = self.encode(inputs, prepare)
+        return pool(self.spec.pooling, hidden, inputs.cu_seqlens, inputs.dimensions, inputs.normalize)
+
+    def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
+        """[T, hidden] token states: the model alone."""
         ctx = inputs.context(self.attn_backend)
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
-        return pool(self.spec.pooling, hidden, inputs.cu_seqlens, inputs.dimensions, inputs.normalize)
+            return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
 
     @torch.inference_mode()
     def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32; the CPU path, synchronous on this thread
         with self._threads_for(batch):
-            return self.forward(unpadded_inputs(batch, self.device), self.attn_backend.prepare).cpu().numpy()
+            inputs = unpadded_inputs(batch, self.device)
+            hidden = self.encode(inputs, self.attn_backend.prepare)
+            rows = pool_eager(self.spec.pooling, hidden, inputs.cu_seqlens, batch.dimensions, batch.normalize)
+            return rows.cpu().numpy()
 
     def _threads_for(self, batch: Batch) -> AbstractContextManager[None]:
         return nullcontext() if self._step_threads is None else self._step_threads.step(batch.num_tokens)

@@ -4,7 +4,9 @@ truncates each row to its requested dimensions and L2-normalises it when asked."
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -61,3 +63,27 @@ def pool(
     normalize: torch.Tensor,
 ) -> torch.Tensor:  # [B, D] float32
     return embedding_head(POOLING_METHODS[method](hidden, cu_seqlens), dimensions, normalize)
+
+
+def pool_eager(
+    method: PoolingMethod,
+    hidden: torch.Tensor,  # [T, D]
+    cu_seqlens: torch.Tensor,  # [B + 1]
+    dimensions: np.ndarray,  # [B] int, on the host
+    normalize: np.ndarray,  # [B] bool, on the host
+) -> torch.Tensor:  # [B, D] float32, the rows `pool` gives
+    """`pool` for the eager path, where nothing is captured and the batch's options are on the host: a lone
+    sequence is mean-pooled in one op, and the head truncates or normalises only when some row asks for it.
+    Ops are what a short step pays for here: run after a forward, each dispatch starts from cold caches, and
+    the general pooling cost a lone query 0.3 ms of its 5-6 ms step (docs/benchmarks.md)."""
+    if method is PoolingMethod.MEAN and len(cu_seqlens) == 2 and hidden.shape[0] > 0:
+        pooled = hidden.float().mean(0, keepdim=True)
+    else:
+        pooled = POOLING_METHODS[method](hidden, cu_seqlens)
+    if not dimensions.any():
+        if normalize.all():
+            return F.normalize(pooled, p=2.0, dim=1)
+        if not normalize.any():
+            return pooled
+    as_tensor = partial(torch.as_tensor, device=pooled.device)
+    return embedding_head(pooled, as_tensor(dimensions.astype(np.int32)), as_tensor(normalize.astype(bool)))
