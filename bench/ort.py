@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--peers-python", type=Path, default=peers.PEERS_PYTHON)
     args = parser.parse_args()
 
+    peers.require(args.peers_python, "onnxruntime")
     model_dir = default_model_path()
     tokenizer = TextTokenizer(model_dir / "tokenizer.json", MAX_LENGTH)
     batches = workloads(corpus.documents(args.docs), corpus.queries(args.queries), tokenizer)

@@ -20,10 +20,21 @@ PEERS_PYTHON = Path(__file__).resolve().parent.parent / ".venv-peers" / "bin" / 
 SERVED_MODEL_NAME = "all-MiniLM-L6-v2"  # the name bouquet serve gives its bundled model; Infinity is told it
 
 
+def require(python: Path, package: str) -> None:
+    """Stops with what to run when the peers' environment is missing or lacks `package`."""
+    found = (
+        python.exists()
+        and subprocess.run([str(python), "-c", f"import {package}"], capture_output=True).returncode == 0
+    )
+    if not found:
+        raise SystemExit(f"{python} cannot import {package}: run `make peers` first (or pass the Python that can)")
+
+
 def start_infinity(python: Path, model_dir: Path, port: int, dtype: str) -> Process:
     """`infinity_emb v2` on the model directory, its defaults otherwise (torch engine, batches of up to 32),
     answering /v1/embeddings under the same model name bouquet serves; returns once /health answers. Its
     log level is warning, so that it spends no time on access logs (bouquet writes none either)."""
+    require(python, "infinity_emb")
     command = [
         str(python), "-m", "infinity_emb.cli", "v2",
         "--model-id", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,

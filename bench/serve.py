@@ -143,6 +143,8 @@ def main() -> None:
         help=f"also measure Infinity, run by this Python (default {peers.PEERS_PYTHON}, from `make peers`)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.infinity:
+        peers.require(args.infinity, "infinity_emb")  # before anything starts
 
     from sentence_transformers import SentenceTransformer
 
