@@ -26,19 +26,21 @@ from pathlib import Path
 import corpus
 import numpy as np
 import peers
+import replica
 import torch
 
 from bouquet.config import create_engine_config, default_model_path
 from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.tokenizer import TextTokenizer
 
 WORKER = Path(__file__).resolve().parent / "ort_worker.py"
 MAX_LENGTH = 256
 
 
 def workloads(docs: list[str], queries: list[str], tokenizer: TextTokenizer) -> dict[str, list[list[str]]]:
-    by_length = sorted(docs, key=lambda text: len(tokenizer.encode([text])[0]))
+    lengths = dict(zip(docs, map(len, tokenizer.encode(docs)), strict=True))
+    by_length = sorted(docs, key=lengths.__getitem__)
     return {
         "documents, arrival order, 16 a batch": [docs[i : i + 16] for i in range(0, len(docs), 16)],
         "documents, length-sorted, 32 a batch": [by_length[i : i + 32] for i in range(0, len(by_length), 32)],
@@ -64,19 +66,12 @@ def bouquet_round(engine: Engine, tokenizer: TextTokenizer, batches: list[list[s
 
 
 def _batch(tokenizer: TextTokenizer, texts: list[str]) -> Batch:
-    packed = pack(tokenizer.encode(texts))
-    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    return replica.batch_of(tokenizer.encode(texts))
 
 
 def ort_round(python: Path, onnx: Path, workload: Path) -> dict:
     command = [str(python), str(WORKER), "run", str(onnx), str(default_model_path() / "tokenizer.json"), str(workload)]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-
-
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return float((a * b).sum(axis=1).min())
 
 
 @dataclass
@@ -134,7 +129,7 @@ def measure(engine: Engine, tokenizer: TextTokenizer, batches: dict[str, list[li
             if len(batches[name][0]) == 1:
                 sides.latency["onnxruntime"] += result["seconds"]
     first_batch = next(iter(batches.values()))[0]
-    sides.agreement = min_cosine(np.array(peer["first"]), engine.embed(_batch(tokenizer, first_batch)))
+    sides.agreement = peers.min_cosine(np.array(peer["first"]), engine.embed(_batch(tokenizer, first_batch)))
     return sides
 
 

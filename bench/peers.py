@@ -14,6 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 from bouquet.gateway.testing import Process, wait_healthy
 
 PEERS_PYTHON = Path(__file__).resolve().parent.parent / ".venv-peers" / "bin" / "python"
@@ -51,3 +53,10 @@ def start_infinity(python: Path, model_dir: Path, port: int, dtype: str) -> Proc
         infinity.stop()
         raise RuntimeError("infinity did not start:\n" + "".join(infinity.lines[-30:])) from None
     return infinity
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The lowest cosine between matching rows: a peer and bouquet must compute the same embeddings."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())

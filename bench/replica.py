@@ -39,15 +39,16 @@ def budget_batches(sequences: list[list[int]], max_tokens: int) -> Iterator[Batc
     tokens = 0
     for seq in sequences:
         if taken and tokens + len(seq) > max_tokens:
-            yield _batch(taken)
+            yield batch_of(taken)
             taken, tokens = [], 0
         taken.append(seq)
         tokens += len(seq)
     if taken:
-        yield _batch(taken)
+        yield batch_of(taken)
 
 
-def _batch(sequences: list[list[int]]) -> Batch:
+def batch_of(sequences: list[list[int]]) -> Batch:
+    """Token sequences packed into one engine batch (default options: full width, normalised)."""
     packed = pack(sequences)
     return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
 
@@ -100,7 +101,7 @@ def latencies(
     replica's threads idle while the engine computes): in each round `calls` of each, one kind after the other
     (in blocks, so that one process's idle OpenMP threads do not spin while the other computes), and the
     median over rounds of each round's medians; and each round's added seconds (Embed minus bare)."""
-    batch, request, info = _batch([query]), embed_request([query]), embedding_pb2.InfoRequest()
+    batch, request, info = batch_of([query]), embed_request([query]), embedding_pb2.InfoRequest()
     bare, served, floor, cold = [], [], [], []
     for _ in range(rounds):
         bare.append(_median_seconds(lambda: engine.step(batch).result(), calls))

@@ -200,10 +200,7 @@ def measure(
 
 def agree(ours: Served, peer: Served, texts: list[str]) -> float:
     """The minimum cosine between the two servers' embeddings of the same texts: both must compute one thing."""
-    a, b = Client(ours.port).vectors(texts), Client(peer.port).vectors(texts)
-    a /= np.linalg.norm(a, axis=1, keepdims=True)
-    b /= np.linalg.norm(b, axis=1, keepdims=True)
-    return float((a * b).sum(axis=1).min())
+    return peers.min_cosine(Client(ours.port).vectors(texts), Client(peer.port).vectors(texts))
 
 
 def report(
