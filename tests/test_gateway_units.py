@@ -62,9 +62,10 @@ def test_inputs_of_every_form():
 
 def test_request_defaults():
     job = parse_openai({"input": "a", "model": "m", "user": "u"})
+    # normalize None: the model's Normalize module decides (the gateway learns it from Info)
     assert (job.model, job.normalize, job.truncate, job.encoding_format, job.dimensions) == (
         "m",
-        True,
+        None,
         True,
         "float",
         None,

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
-from bouquet.model_dir import PoolingMethod, read_model_dir
+from bouquet.model_dir import PoolingMethod, PoolingSpec, read_model_dir
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def _edit_weights(path: Path, edit) -> None:
 def test_reads_the_bundled_model(minilm_path: Path) -> None:
     spec = read_model_dir(minilm_path)
     assert spec.architecture == "BertModel"
-    assert spec.pooling is PoolingMethod.MEAN
+    assert spec.pooling == PoolingSpec((PoolingMethod.MEAN,))
     assert spec.normalize is True
     assert spec.max_seq_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
     assert spec.hidden_size == 384
@@ -109,7 +109,7 @@ def test_misshaped_weight_is_named(model_copy: Path) -> None:
 def test_unsupported_pooling_is_named(model_copy: Path) -> None:
     config_path = model_copy / "1_Pooling" / "config.json"
     config = json.loads(config_path.read_text())
-    config.update(pooling_mode_mean_tokens=False, pooling_mode_max_tokens=True)
+    config.update(pooling_mode="splade")
     config_path.write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="unsupported pooling pooling_mode_max_tokens"):
+    with pytest.raises(ValueError, match="unsupported pooling 'splade'; supported: cls, max, mean"):
         read_model_dir(model_copy)

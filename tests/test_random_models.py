@@ -14,7 +14,7 @@ from random_models import make_bert, make_qwen3
 
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
-from bouquet.model_dir import PoolingMethod, read_model_dir
+from bouquet.model_dir import PoolingMethod, PoolingSpec, read_model_dir
 from bouquet.tokenizer import TextTokenizer
 
 BOUNDS = {"float32": 0.9999, "bfloat16": 0.999}
@@ -52,7 +52,7 @@ def _assert_engine_matches(path: Path, dtype: str, token_ids: list[list[int]], r
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_qwen3_matches_transformers(tmp_path, minilm_path, token_ids, bidirectional, dtype) -> None:
     reference_model = make_qwen3(tmp_path, minilm_path, bidirectional)
-    assert read_model_dir(tmp_path).pooling is PoolingMethod.LAST
+    assert read_model_dir(tmp_path).pooling == PoolingSpec((PoolingMethod.LAST,))
     if bidirectional:
         # transformers' Qwen3 has no bidirectional switch: eager attention with no mask attends to all.
         reference_model.config._attn_implementation = "eager"

@@ -17,7 +17,7 @@ import pytest
 from bouquet.config import SchedulerConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.lazy_tensor import LazyTensor
-from bouquet.model_dir import ModelSpec, PoolingMethod
+from bouquet.model_dir import ModelSpec, PoolingMethod, PoolingSpec
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.scheduler import Scheduler
 
@@ -25,7 +25,12 @@ from bouquet.replica.scheduler import Scheduler
 class _HandCompletedEngine:
     def __init__(self) -> None:
         config = {"architectures": ["BertModel"], "vocab_size": 100, "hidden_size": 4}
-        self.spec = ModelSpec(Path("."), "stand-in", config, (), Path("."), PoolingMethod.MEAN, True, 16)
+        self.spec = ModelSpec(
+            Path("."), "stand-in", config, (), Path("."), PoolingSpec((PoolingMethod.MEAN,)), True, 16
+        )
+        self.dimension = 4
+        self.max_seq_length = 16
+        self.pooling = self.spec.pooling
         self.steps: list[tuple[Batch, Future[np.ndarray]]] = []
         self.workers = 2  # steps computed at once, as the CPU engine's default
 

@@ -42,7 +42,11 @@ def _build_parser() -> argparse.ArgumentParser:
     embed = commands.add_parser("embed", help="embed a .jsonl or .txt file into a float32 .npy")
     embed.add_argument("input", type=Path, help='.jsonl with a "text" field per line, or .txt with a text per line')
     embed.add_argument("-o", "--output", type=Path, required=True, help="output .npy, [N, dim] float32")
-    embed.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors")
+    embed.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        help="L2-normalise each row (default: as the model's sentence-transformers Normalize module says)",
+    )
     embed.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
     embed.add_argument("--prompt-name", help="one of the model's sentence-transformers prompts")
     _add_engine_args(embed)
@@ -171,18 +175,19 @@ def _run_embed(args: argparse.Namespace) -> int:
     # Imported here so `bouquet --help` and the gateway never pay for torch.
     from bouquet.engine.engine import Engine
     from bouquet.offline.embed import embed_file
-    from bouquet.tokenizer import TextTokenizer
+    from bouquet.tokenizer import TextTokenizer, tokenizer_json
 
     embed_config = EmbedConfig(
         input_path=args.input,
         output_path=args.output,
-        normalize=not args.no_normalize,
+        normalize=args.normalize,
         batch_tokens=args.batch_tokens,
     )
     engine = Engine(create_engine_config(args.model, args.device, args.dtype, args.attention_backend, args.cpu_workers))
     try:
         prompt = engine.spec.prompt(args.prompt_name)
-        tokenizer = TextTokenizer(engine.spec.tokenizer_file, engine.max_seq_length)
+        spec = engine.spec
+        tokenizer = TextTokenizer(tokenizer_json(spec.tokenizer_file, spec.do_lower_case), engine.max_seq_length)
         count = embed_file(engine, tokenizer, embed_config, prompt)
     finally:
         engine.close()

@@ -69,7 +69,7 @@ class EmbedConfig:
 
     input_path: Path
     output_path: Path
-    normalize: bool = True
+    normalize: bool | None = None  # None: as the model's Normalize module says
     batch_tokens: int = 4096
     sort_window: int = 4096  # texts read ahead and sorted by length, so each batch holds similar lengths
 

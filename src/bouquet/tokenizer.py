@@ -7,7 +7,7 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 TRUNCATION_DIRECTIONS = ("right", "left")
 
@@ -53,6 +53,30 @@ def load_tokenizer(source: TokenizerSource) -> Tokenizer:
     return Tokenizer.from_file(str(source))
 
 
+def tokenizer_json(path: Path, lowercase: bool = False) -> str:
+    """A model's tokenizer.json text; with `lowercase` (sentence_bert_config.json's do_lower_case), a Lowercase
+    normaliser put first unless it has one, as sentence-transformers does."""
+    text = path.read_text(encoding="utf-8")
+    if not lowercase:
+        return text
+    tokenizer = Tokenizer.from_str(text)
+    current = tokenizer.normalizer
+    parts = list(current) if isinstance(current, normalizers.Sequence) else [] if current is None else [current]
+    if not any(isinstance(part, normalizers.Lowercase) for part in parts):
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
+    return tokenizer.to_str()
+
+
+def prompt_token_count(tokenizer: Tokenizer, prompt: str) -> int:
+    """How many leading tokens of `prompt + text` sentence-transformers counts as the prompt's: the prompt
+    encoded alone with special tokens, less a trailing special token (a [SEP] or EOS the text will follow)."""
+    if not prompt:
+        return 0
+    ids = tokenizer.encode(prompt).ids
+    specials = {token_id for token_id, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    return len(ids) - (1 if ids and ids[-1] in specials else 0)
+
+
 class TextTokenizer:
     """A model's tokenizer with its export-time padding removed and truncation set to the model's limit."""
 
@@ -81,6 +105,9 @@ class TextTokenizer:
 
     def encode_packed(self, texts: list[str]) -> PackedTokens:
         return pack(self.encode(texts))
+
+    def prompt_tokens(self, prompt: str) -> int:
+        return prompt_token_count(self._tokenizer, prompt)
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)

@@ -11,13 +11,15 @@ import numpy as np
 class Batch:
     """Packed, padding-free sequences: sequence i is input_ids[cu_seqlens[i]:cu_seqlens[i + 1]].
 
-    `dimensions[i]` truncates row i (0 keeps all; Matryoshka models), `normalize[i]` L2-normalises it.
+    `dimensions[i]` truncates row i (0 keeps all; Matryoshka models), `normalize[i]` L2-normalises it,
+    `prompt_lens[i]` counts sequence i's leading prompt tokens (pooled or not as the model's Pooling says).
     """
 
     input_ids: np.ndarray  # [T] int32
     cu_seqlens: np.ndarray  # [B + 1] int32
     dimensions: np.ndarray  # [B] int32
     normalize: np.ndarray  # [B] bool
+    prompt_lens: np.ndarray  # [B] int32
     token_type_ids: np.ndarray | None = None  # [T] int32, BERT only; zeros when absent
 
     @property
@@ -34,7 +36,12 @@ class Batch:
 
     @classmethod
     def from_packed(
-        cls, input_ids: np.ndarray, cu_seqlens: np.ndarray, normalize: bool = True, dimensions: int = 0
+        cls,
+        input_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        normalize: bool = True,
+        dimensions: int = 0,
+        prompt_tokens: int = 0,
     ) -> Batch:
         num_seqs = len(cu_seqlens) - 1
         return cls(
@@ -42,4 +49,5 @@ class Batch:
             cu_seqlens=np.asarray(cu_seqlens, dtype=np.int32),
             dimensions=np.full(num_seqs, dimensions, dtype=np.int32),
             normalize=np.full(num_seqs, normalize, dtype=bool),
+            prompt_lens=np.full(num_seqs, prompt_tokens, dtype=np.int32),
         )

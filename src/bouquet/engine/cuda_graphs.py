@@ -74,6 +74,7 @@ def pad_batch(batch: Batch, bucket: Bucket) -> Batch:
         cu_seqlens=cu_seqlens.astype(np.int32),
         dimensions=np.pad(batch.dimensions, (0, pad_seqs)),
         normalize=np.pad(batch.normalize, (0, pad_seqs)),
+        prompt_lens=np.pad(batch.prompt_lens, (0, pad_seqs)),
         token_type_ids=token_type_ids,
     )
 
@@ -96,6 +97,7 @@ class ModelInputs:
     cu_seqlens: torch.Tensor  # [B + 1] int32
     dimensions: torch.Tensor  # [B] int32
     normalize: torch.Tensor  # [B] bool
+    prompt_lens: torch.Tensor  # [B] int32
     seq_lens: list[int]  # host copy
     max_seqlen: int
 
@@ -119,12 +121,14 @@ class StaticBuffers:
         self.cu_seqlens = empty(top.num_seqs + 1, torch.int32)
         self.dimensions = empty(top.num_seqs, torch.int32)
         self.normalize = empty(top.num_seqs, torch.bool)
+        self.prompt_lens = empty(top.num_seqs, torch.int32)
 
     def load(self, padded: Batch, positions: np.ndarray, bucket: Bucket) -> ModelInputs:
         """Copies `padded` into the buffers (stream-ordered, so a replay still in flight reads its own data)."""
         tokens, seqs = bucket.num_tokens, bucket.num_seqs
         token_types = padded.token_type_ids if padded.token_type_ids is not None else np.zeros(tokens, np.int32)
-        hosts = [padded.input_ids, positions, token_types, padded.cu_seqlens, padded.dimensions, padded.normalize]
+        hosts = [padded.input_ids, positions, token_types, padded.cu_seqlens]
+        hosts += [padded.dimensions, padded.normalize, padded.prompt_lens]
         views = [
             self.input_ids[:tokens],
             self.positions[:tokens],
@@ -132,6 +136,7 @@ class StaticBuffers:
             self.cu_seqlens[: seqs + 1],
             self.dimensions[:seqs],
             self.normalize[:seqs],
+            self.prompt_lens[:seqs],
         ]
         for view, uploaded in zip(views, upload(hosts, self.input_ids.device), strict=True):
             view.copy_(uploaded)
@@ -285,10 +290,10 @@ def unpadded_inputs(batch: Batch, device: torch.device) -> ModelInputs:
     """The eager path's inputs: the batch as it is, no buckets."""
     seq_lens = np.diff(batch.cu_seqlens)
     hosts = [batch.input_ids, padded_positions(batch, batch.num_tokens), batch.cu_seqlens]
-    hosts += [batch.dimensions, batch.normalize]
+    hosts += [batch.dimensions, batch.normalize, batch.prompt_lens]
     if batch.token_type_ids is not None:
         hosts.append(batch.token_type_ids)
-    input_ids, positions, cu_seqlens, dimensions, normalize, *token_types = upload(hosts, device)
+    input_ids, positions, cu_seqlens, dimensions, normalize, prompt_lens, *token_types = upload(hosts, device)
     return ModelInputs(
         input_ids,
         positions,
@@ -296,6 +301,7 @@ def unpadded_inputs(batch: Batch, device: torch.device) -> ModelInputs:
         cu_seqlens.int(),
         dimensions.int(),
         normalize.bool(),
+        prompt_lens.int(),
         seq_lens.tolist(),
         int(seq_lens.max(initial=0)),
     )

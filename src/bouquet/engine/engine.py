@@ -24,8 +24,8 @@ from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears
-from bouquet.layers.pooling import pool, pool_eager
-from bouquet.model_dir import ModelSpec, read_model_dir
+from bouquet.layers.pooling import Pooler
+from bouquet.model_dir import ModelSpec, PoolingSpec, read_model_dir
 from bouquet.models import create_model
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,18 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     return model
 
 
+def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pooler:
+    """The model's Pooling (its family's default where the directory has none) and its Dense modules."""
+    pooling = spec.pooling or PoolingSpec((model.default_pooling,))
+    pooler = Pooler(pooling, spec.hidden_size, spec.dense)
+    for layer, dense in zip(pooler.dense, spec.dense, strict=True):
+        try:
+            load_checked(layer, read_checkpoint(dense.weight_files))
+        except ValueError as exc:
+            raise ValueError(f"Dense module {dense.weight_files[0].parent}: {exc}") from exc
+    return pooler.to(device).eval()
+
+
 class Engine:
     """`step(batch)` returns a LazyTensor at once; forwards run on engine threads: one on CUDA (launches in
     order), `workers` on the CPU (steps computed at once)."""
@@ -58,29 +70,35 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.num_threads = torch.get_num_threads()  # intra-op threads in all, shared out among the workers
         # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
-        self.model, self.attn_backend = on_passing_thread(self._load)
+        self.model, self.pooler, self.attn_backend = on_passing_thread(self._load)
         self.workers, self.threads_per_worker = self._split_threads()
         self._step_threads = self._create_step_threads()
         self._workers = self._start_workers()
         self._cuda = _CudaRuntime(self) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
-            self.spec.name, self.spec.architecture, self.spec.pooling.value,
+            self.spec.name, self.spec.architecture, self.pooler.spec.name,
             config.device, config.dtype, self.attn_backend.name, self.workers, self.threads_per_worker,
             "" if self._step_threads is None else f", a lone step of <= {config.cpu_lone_step_tokens} tokens on all",
         )  # fmt: skip
 
     @property
     def dimension(self) -> int:
-        return self.spec.hidden_size
+        """The width of a row: pooled (and through the Dense modules), before any truncation."""
+        return self.pooler.dimension
+
+    @property
+    def pooling(self) -> PoolingSpec:
+        return self.pooler.spec
 
     @property
     def max_seq_length(self) -> int:
-        return self.spec.max_seq_length
+        """sentence-transformers' limit, lowered to what the model's positions hold."""
+        return min(self.spec.max_seq_length, self.model.max_seq_length)
 
-    def _load(self) -> tuple[nn.Module, AttentionBackend]:
+    def _load(self) -> tuple[nn.Module, Pooler, AttentionBackend]:
         model = load_model(self.spec, getattr(torch, self.config.dtype), self.device)
-        return model, self._create_backend(model)
+        return model, load_pooler(self.spec, model, self.device), self._create_backend(model)
 
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs
@@ -159,7 +177,7 @@ class Engine:
     def forward(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[B, dim] float32 rows on the device; `prepare` gives the attention metadata (eager or captured)."""
         hidden = self.encode(inputs, prepare)
-        return pool(self.spec.pooling, hidden, inputs.cu_seqlens, inputs.dimensions, inputs.normalize)
+        return self.pooler(hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize)
 
     def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[T, hidden] token states: the model alone."""
@@ -173,7 +191,10 @@ class Engine:
         with self._threads_for(batch):
             inputs = unpadded_inputs(batch, self.device)
             hidden = self.encode(inputs, self.attn_backend.prepare)
-            rows = pool_eager(self.spec.pooling, hidden, inputs.cu_seqlens, batch.dimensions, batch.normalize)
+            rows = self.pooler(
+                hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize,
+                uniform_normalize=_uniform_normalize(batch),
+            )  # fmt: skip
             return rows.cpu().numpy()
 
     def _threads_for(self, batch: Batch) -> AbstractContextManager[None]:
@@ -211,6 +232,16 @@ class _CudaRuntime:
             start_cuda_readback(rows, self.stream, self.waiter, result)
         except BaseException as error:
             result.set_exception(error)
+
+
+def _uniform_normalize(batch: Batch) -> bool | None:
+    """Whether every row keeps its full width and is normalised (True) or every row is left raw (False);
+    None when rows differ, so that the pooler's general head runs."""
+    if batch.dimensions.any():
+        return None
+    if batch.normalize.all():
+        return True
+    return False if not batch.normalize.any() else None
 
 
 def _attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:

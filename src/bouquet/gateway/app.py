@@ -40,6 +40,7 @@ from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
 from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
+from bouquet.replica.client import RowOptions
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class Gateway:
     async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
         """Rows [N, width] float32 for the job, and the number of tokens they took."""
         model = self.catalog.get(job.model)
-        dimensions = self._check_dimensions(job.dimensions, model)
+        options = self._row_options(job, model)
         if job.num_inputs > self.config.max_inputs:
             raise TooLarge(
                 f"{job.num_inputs} inputs, over the limit of {self.config.max_inputs} a request", "too_many_inputs"
@@ -108,9 +109,17 @@ class Gateway:
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         with self.admission.admit(tokens):
             chunk_tokens = self.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
-            rows = await embed_chunked(self.pool, model.name, sequences, dimensions, job.normalize, chunk_tokens)
+            rows = await embed_chunked(self.pool, model.name, sequences, options, chunk_tokens)
         self.metrics.tokens.labels(model.id).inc(tokens)
         return model, rows, tokens
+
+    def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
+        prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
+        return RowOptions(
+            dimensions=self._check_dimensions(job.dimensions, model),
+            normalize=model.normalize if job.normalize is None else job.normalize,
+            prompt_tokens=model.require_tokenizer().prompt_tokens(prompt) if prompt else 0,
+        )
 
     def _check_dimensions(self, dimensions: int | None, model: ServedModel) -> int:
         if dimensions is None:

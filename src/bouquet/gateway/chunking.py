@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from bouquet.gateway.pool import ReplicaPool
+from bouquet.replica.client import RowOptions
 
 
 def chunk_spans(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
@@ -27,13 +28,11 @@ def chunk_spans(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
 
 
 async def embed_chunked(
-    pool: ReplicaPool, model: str, sequences: list[list[int]], dimensions: int, normalize: bool, chunk_tokens: int
+    pool: ReplicaPool, model: str, sequences: list[list[int]], options: RowOptions, chunk_tokens: int
 ) -> np.ndarray:  # [N, dim] float32
     lengths = [len(sequence) for sequence in sequences]
     spans = chunk_spans(lengths, chunk_tokens)
     if len(spans) == 1:
-        return await pool.embed(model, sequences, sum(lengths), dimensions, normalize)
-    parts = await asyncio.gather(
-        *(pool.embed(model, sequences[a:b], sum(lengths[a:b]), dimensions, normalize) for a, b in spans)
-    )
+        return await pool.embed(model, sequences, sum(lengths), options)
+    parts = await asyncio.gather(*(pool.embed(model, sequences[a:b], sum(lengths[a:b]), options) for a, b in spans))
     return np.concatenate(parts)

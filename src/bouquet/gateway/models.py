@@ -13,6 +13,7 @@ from bouquet.gateway.errors import InvalidRequest, NotFound
 from bouquet.gateway.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.proto import embedding_pb2
+from bouquet.tokenizer import tokenizer_json
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class ServedModel:
     max_seq_length: int
     vocab_size: int
     pooling: str
+    normalize: bool  # rows are normalised when a request does not say
     dtype: str
     max_batch_tokens: int
     prompts: dict[str, str]
@@ -103,8 +105,8 @@ class ModelCatalog:
         """The local directory of the replica's model: the same name, and the same architecture, width and
         vocabulary, since a name is only a directory's name and two models may share one (the bundled: "model")."""
         spec = self._specs.get(info.model_name)
-        served = (info.architecture, info.dimension, info.vocab_size)
-        return spec if spec is not None and (spec.architecture, spec.hidden_size, spec.vocab_size) == served else None
+        served = (info.architecture, info.vocab_size)
+        return spec if spec is not None and (spec.architecture, spec.vocab_size) == served else None
 
     def _create(self, info: embedding_pb2.InfoResponse) -> ServedModel:
         spec = self._local_spec(info)
@@ -113,12 +115,14 @@ class ModelCatalog:
             logger.warning(
                 "%s is not the model %r a replica serves; using the replica's tokenizer", path, info.model_name
             )
-        source = spec.tokenizer_file if spec is not None else info.tokenizer_json
+        source = info.tokenizer_json
+        if spec is not None:
+            source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
         tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
         return ServedModel(
             name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
-            max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling, dtype=info.dtype,
-            max_batch_tokens=info.max_batch_tokens, prompts=dict(info.prompts),
-            default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
+            max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
+            normalize=info.normalize, dtype=info.dtype, max_batch_tokens=info.max_batch_tokens,
+            prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
         )  # fmt: skip

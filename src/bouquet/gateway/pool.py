@@ -18,6 +18,7 @@ from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.replica.client import RowOptions
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +85,14 @@ class ReplicaPool:
         return self.any_healthy()
 
     async def embed(
-        self, model: str, sequences: list[list[int]], tokens: int, dimensions: int, normalize: bool
+        self, model: str, sequences: list[list[int]], tokens: int, options: RowOptions
     ) -> np.ndarray:  # [N, width] float32
         request = embedding_pb2.EmbedRequest(
             input_ids=list(chain.from_iterable(sequences)),
             cu_seqlens=[0, *accumulate(map(len, sequences))],
-            dimensions=dimensions,
-            normalize=normalize,  # proto3 bool: always set, its default (False) is not ours
+            dimensions=options.dimensions,
+            normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
+            prompt_tokens=options.prompt_tokens,
         )
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None

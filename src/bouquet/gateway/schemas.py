@@ -23,7 +23,7 @@ class EmbedJob:
     texts: list[str] | None
     token_ids: list[list[int]] | None
     dimensions: int | None = None
-    normalize: bool = True
+    normalize: bool | None = None  # None: as the model's Normalize module says
     truncate: bool = True
     truncation_direction: str = "right"
     prompt_name: str | None = None
@@ -66,7 +66,7 @@ def parse_tei(body: dict[str, Any]) -> EmbedJob:
         texts=texts,
         token_ids=token_ids,
         dimensions=_dimensions(body),
-        normalize=True if normalize is None else normalize,
+        normalize=normalize,
         truncate=True if truncate is None else truncate,
         truncation_direction=truncation_direction(body),
         prompt_name=_optional(body, "prompt_name", str),

@@ -8,7 +8,13 @@ from concurrent.futures import Executor
 from typing import Any
 
 from bouquet.gateway.errors import TooLarge
-from bouquet.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, TokenizerSource, load_tokenizer
+from bouquet.tokenizer import (
+    TRUNCATION_DIRECTIONS,
+    TextTokenizer,
+    TokenizerSource,
+    load_tokenizer,
+    prompt_token_count,
+)
 
 
 class ModelTokenizer:
@@ -21,6 +27,13 @@ class ModelTokenizer:
         self._by_direction = {d: TextTokenizer(self._plain, max_length, d) for d in TRUNCATION_DIRECTIONS}
         self._plain.no_padding()
         self._plain.no_truncation()
+        self._prompt_tokens: dict[str, int] = {}
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """The leading tokens of `prompt + text` that are the prompt's (sentence-transformers' count)."""
+        if prompt not in self._prompt_tokens:
+            self._prompt_tokens[prompt] = prompt_token_count(self._plain, prompt)
+        return self._prompt_tokens[prompt]
 
     async def encode(self, texts: list[str], prompt: str, truncate: bool, direction: str) -> list[list[int]]:
         if prompt:

@@ -1,89 +1,192 @@
-"""Pooling: a method (CLS, MEAN, LAST) that turns token states into one row per sequence, then a head that
-truncates each row to its requested dimensions and L2-normalises it when asked."""
+"""Pooling as sentence-transformers computes it, over packed sequences: the methods (concatenated when a model
+names several), the prompt's tokens left out when the model says so, its Dense modules, then the head that
+truncates each row to its requested dimensions and L2-normalises it when asked.
+
+Every op is capturable (no host reads), so the same `Pooler` runs eagerly and inside a CUDA graph. Pooling
+accumulates in float32 whatever the activations' dtype.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from bouquet.model_dir import PoolingMethod
+from bouquet.model_dir import DenseSpec, PoolingMethod, PoolingSpec
+
+# st_layout.DENSE_ACTIVATIONS (the torch.nn class names a Dense module may save), to the function.
+_DENSE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "Identity": lambda x: x,
+    "Tanh": torch.tanh,
+    "ReLU": F.relu,
+    "GELU": F.gelu,
+    "Sigmoid": torch.sigmoid,
+    "SiLU": F.silu,
+}
+
+
+@dataclass
+class PoolingInputs:
+    """Where each sequence's pooled span lies: sequence i is rows cu_seqlens[i]:cu_seqlens[i + 1] of the
+    hidden states, of which the first `skip[i]` (its prompt, when the model leaves prompts out) are not pooled."""
+
+    cu_seqlens: torch.Tensor  # [B + 1] int32
+    skip: torch.Tensor | None  # [B] int; None: every token is pooled
+
+    def seq_lens(self) -> torch.Tensor:  # [B] int64
+        return self.cu_seqlens.diff().long()
+
+    def skipped(self) -> torch.Tensor:  # [B] int64, at most each sequence's length
+        seq_lens = self.seq_lens()
+        return torch.zeros_like(seq_lens) if self.skip is None else torch.minimum(self.skip.long(), seq_lens)
+
+    def token_layout(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sequence index, position within the sequence) of every token: [T] int64 each."""
+        seq_lens = self.seq_lens()
+        # output_size: without it repeat_interleave reads the total back from the device, which a graph forbids.
+        seq_ids = torch.repeat_interleave(
+            torch.arange(len(seq_lens), device=seq_lens.device), seq_lens, output_size=num_tokens
+        )
+        positions = torch.arange(num_tokens, device=seq_lens.device) - self.cu_seqlens.long()[seq_ids]
+        return seq_ids, positions
 
 
 # Zero-length sequences (CUDA-graph padding slots) start at T and end before 0: the clamps keep their
-# indices in bounds; their rows are dropped afterwards. Clamping a [B] index costs nothing measurable.
-def pool_cls(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    return hidden[cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)].float()
+# indices in bounds; their rows are dropped afterwards.
+def pool_cls(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    """The first pooled token: past the prompt when the prompt is left out and anything follows it."""
+    skipped = spans.skipped()
+    offset = torch.where(spans.seq_lens() > skipped, skipped, 0)
+    first = (spans.cu_seqlens[:-1].long() + offset).clamp(max=hidden.shape[0] - 1)
+    return hidden[first].float()
 
 
-def pool_last(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    return hidden[(cu_seqlens[1:].long() - 1).clamp(min=0)].float()
+def pool_last(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    last = hidden[(spans.cu_seqlens[1:].long() - 1).clamp(min=0)].float()
+    if spans.skip is None:
+        return last
+    return last * (spans.seq_lens() > spans.skipped()).unsqueeze(1)  # a sequence all prompt pools to zeros
 
 
-def pool_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    # Sums accumulate in float32 whatever the activations' dtype.
-    seq_lens = cu_seqlens.diff()
-    # output_size: without it repeat_interleave reads the total back from the device, which a graph forbids.
-    seq_ids = torch.repeat_interleave(
-        torch.arange(len(seq_lens), device=hidden.device), seq_lens, output_size=hidden.shape[0]
-    )
-    sums = hidden.new_zeros(len(seq_lens), hidden.shape[1], dtype=torch.float32)
-    sums.index_add_(0, seq_ids, hidden.float())
-    return sums / seq_lens.clamp(min=1).unsqueeze(1).float()
+def _masked_sums(hidden: torch.Tensor, spans: PoolingInputs, weight_by_position: bool) -> tuple[torch.Tensor, ...]:
+    """Per sequence, the sum of pooled token states and of their weights (1, or the 1-based position)."""
+    seq_ids, positions = spans.token_layout(hidden.shape[0])
+    weights = hidden.new_ones(hidden.shape[0], dtype=torch.float32)
+    if weight_by_position:
+        weights = (positions + 1).float()
+    if spans.skip is not None:
+        weights = weights * (positions >= spans.skipped()[seq_ids])
+    num_seqs = len(spans.cu_seqlens) - 1
+    sums = hidden.new_zeros(num_seqs, hidden.shape[1], dtype=torch.float32)
+    sums.index_add_(0, seq_ids, hidden.float() * weights.unsqueeze(1))
+    totals = weights.new_zeros(num_seqs).index_add_(0, seq_ids, weights)
+    return sums, totals.unsqueeze(1).clamp(min=1e-9)
 
 
-POOLING_METHODS: dict[PoolingMethod, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+def pool_mean(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    if spans.skip is None and len(spans.cu_seqlens) == 2 and hidden.shape[0] > 0:
+        return hidden.float().mean(0, keepdim=True)  # a lone sequence, in one op
+    sums, counts = _masked_sums(hidden, spans, weight_by_position=False)
+    return sums / counts
+
+
+def pool_mean_sqrt_len(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    sums, counts = _masked_sums(hidden, spans, weight_by_position=False)
+    return sums / counts.sqrt()
+
+
+def pool_weighted_mean(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    sums, weights = _masked_sums(hidden, spans, weight_by_position=True)
+    return sums / weights
+
+
+def pool_max(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
+    seq_ids, positions = spans.token_layout(hidden.shape[0])
+    states = hidden.float()
+    if spans.skip is not None:
+        pooled = (positions >= spans.skipped()[seq_ids]).unsqueeze(1)
+        states = states.masked_fill(~pooled, float("-inf"))
+    maxima = states.new_full((len(spans.cu_seqlens) - 1, hidden.shape[1]), float("-inf"))
+    return maxima.scatter_reduce_(0, seq_ids.unsqueeze(1).expand_as(states), states, "amax")
+
+
+POOLING_METHODS: dict[PoolingMethod, Callable[[torch.Tensor, PoolingInputs], torch.Tensor]] = {
     PoolingMethod.CLS: pool_cls,
+    PoolingMethod.MAX: pool_max,
     PoolingMethod.MEAN: pool_mean,
+    PoolingMethod.MEAN_SQRT_LEN: pool_mean_sqrt_len,
+    PoolingMethod.WEIGHTED_MEAN: pool_weighted_mean,
     PoolingMethod.LAST: pool_last,
 }
 
 
+class Dense(nn.Module):
+    """sentence-transformers' Dense module, in float32 on pooled rows; parameter names as it saves them."""
+
+    def __init__(self, spec: DenseSpec):
+        super().__init__()
+        self.activation = _DENSE_ACTIVATIONS[spec.activation]
+        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.use_residual = spec.residual
+        if spec.residual and spec.in_features != spec.out_features:
+            self.residual = nn.Linear(spec.in_features, spec.out_features, bias=False)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:  # [B, in] -> [B, out] float32
+        out = self.activation(self.linear(rows))
+        if not self.use_residual:
+            return out
+        return out + (self.residual(rows) if hasattr(self, "residual") else rows)
+
+
 def embedding_head(
-    pooled: torch.Tensor,  # [B, D] float32
+    rows: torch.Tensor,  # [B, D] float32
     dimensions: torch.Tensor,  # [B] int, 0 keeps all D
     normalize: torch.Tensor,  # [B] bool
 ) -> torch.Tensor:  # [B, D] float32; row i is zero beyond dimensions[i]
-    width = pooled.shape[1]
+    width = rows.shape[1]
     keep = torch.where(dimensions > 0, dimensions, width)
-    columns = torch.arange(width, device=pooled.device)
-    truncated = pooled * (columns[None, :] < keep[:, None])
+    columns = torch.arange(width, device=rows.device)
+    truncated = rows * (columns[None, :] < keep[:, None])
     normalized = F.normalize(truncated, p=2.0, dim=1)
     return torch.where(normalize[:, None], normalized, truncated)
 
 
-def pool(
-    method: PoolingMethod,
-    hidden: torch.Tensor,  # [T, D]
-    cu_seqlens: torch.Tensor,  # [B + 1]
-    dimensions: torch.Tensor,
-    normalize: torch.Tensor,
-) -> torch.Tensor:  # [B, D] float32
-    return embedding_head(POOLING_METHODS[method](hidden, cu_seqlens), dimensions, normalize)
+class Pooler(nn.Module):
+    """Token states to finished rows: the pooling methods, the Dense modules, the head."""
 
+    def __init__(self, spec: PoolingSpec, hidden_size: int, dense: tuple[DenseSpec, ...] = ()):
+        super().__init__()
+        self.spec = spec
+        self.methods = [POOLING_METHODS[method] for method in spec.methods]
+        self.dimension = hidden_size * len(spec.methods)  # the pooled width; each Dense module then sets it
+        for index, layer in enumerate(dense):
+            if layer.in_features != self.dimension:
+                raise ValueError(
+                    f"Dense module {index} ({layer.weight_files[0].parent}) takes {layer.in_features} features, "
+                    f"but what comes before it gives {self.dimension}"
+                )
+            self.dimension = layer.out_features
+        self.dense = nn.ModuleList(Dense(layer) for layer in dense)
 
-def pool_eager(
-    method: PoolingMethod,
-    hidden: torch.Tensor,  # [T, D]
-    cu_seqlens: torch.Tensor,  # [B + 1]
-    dimensions: np.ndarray,  # [B] int, on the host
-    normalize: np.ndarray,  # [B] bool, on the host
-) -> torch.Tensor:  # [B, D] float32, the rows `pool` gives
-    """`pool` for the eager path, where nothing is captured and the batch's options are on the host: a lone
-    sequence is mean-pooled in one op, and the head truncates or normalises only when some row asks for it.
-    Ops are what a short step pays for here: run after a forward, each dispatch starts from cold caches, and
-    the general pooling cost a lone query 0.3 ms of its 5-6 ms step (docs/benchmarks.md)."""
-    if method is PoolingMethod.MEAN and len(cu_seqlens) == 2 and hidden.shape[0] > 0:
-        pooled = hidden.float().mean(0, keepdim=True)
-    else:
-        pooled = POOLING_METHODS[method](hidden, cu_seqlens)
-    if not dimensions.any():
-        if normalize.all():
-            return F.normalize(pooled, p=2.0, dim=1)
-        if not normalize.any():
-            return pooled
-    as_tensor = partial(torch.as_tensor, device=pooled.device)
-    return embedding_head(pooled, as_tensor(dimensions.astype(np.int32)), as_tensor(normalize.astype(bool)))
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        cu_seqlens: torch.Tensor,  # [B + 1] int32
+        prompt_lens: torch.Tensor,  # [B] int: leading prompt tokens of each sequence
+        dimensions: torch.Tensor,  # [B] int
+        normalize: torch.Tensor,  # [B] bool
+        uniform_normalize: bool | None = None,  # the caller knows every row keeps its width and normalises so
+    ) -> torch.Tensor:  # [B, dimension] float32
+        spans = PoolingInputs(cu_seqlens, None if self.spec.include_prompt else prompt_lens)
+        pooled = [method(hidden, spans) for method in self.methods]
+        rows = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)
+        for layer in self.dense:
+            rows = layer(rows)
+        if uniform_normalize is None:
+            return embedding_head(rows, dimensions, normalize)
+        # The eager path knows the batch's options on the host: skip the ops no row asks for (each op after a
+        # forward runs from cold caches; docs/benchmarks.md).
+        return F.normalize(rows, p=2.0, dim=1) if uniform_normalize else rows

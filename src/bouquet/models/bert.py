@@ -18,6 +18,7 @@ from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
+from bouquet.model_dir import PoolingMethod
 
 # The classification pooler and the position-id buffer are in most checkpoints; embeddings never use them.
 _IGNORED = re.compile(r"pooler\..*|embeddings\.position_ids|cls\..*")
@@ -124,6 +125,9 @@ class BertEncoder(nn.Module):
 
 
 class BertModel(nn.Module):
+    # Without sentence-transformers metadata, sentence-transformers itself mean-pools an encoder.
+    default_pooling = PoolingMethod.MEAN
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
@@ -133,6 +137,11 @@ class BertModel(nn.Module):
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> BertModel:
         return cls(BertConfig.from_hf(hf_config))
+
+    @property
+    def max_seq_length(self) -> int:
+        """The longest sequence its position table holds."""
+        return self.config.max_positions
 
     def forward(
         self,

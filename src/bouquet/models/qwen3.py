@@ -21,6 +21,7 @@ from bouquet.layers.linear import Linear
 from bouquet.layers.norms import RMSNorm
 from bouquet.layers.rotary import RotaryEmbedding
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
+from bouquet.model_dir import PoolingMethod
 
 _IGNORED = re.compile(r"lm_head\..*")
 
@@ -119,6 +120,9 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
+    # Without sentence-transformers metadata: a decoder's last token has seen the whole sequence.
+    default_pooling = PoolingMethod.LAST
+
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
@@ -130,6 +134,11 @@ class Qwen3Model(nn.Module):
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> Qwen3Model:
         return cls(Qwen3Config.from_hf(hf_config))
+
+    @property
+    def max_seq_length(self) -> int:
+        """The longest sequence its rotary table holds."""
+        return self.config.max_positions
 
     def forward(
         self,

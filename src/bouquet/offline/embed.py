@@ -11,7 +11,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 import numpy as np
@@ -51,6 +51,8 @@ def embed_file(
 ) -> int:
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
+    if config.normalize is None:
+        config = replace(config, normalize=engine.spec.normalize)
     partial = config.output_path.with_name(config.output_path.name + ".partial")
     output = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(num_texts, engine.dimension))
     try:
@@ -121,11 +123,14 @@ def _tokenize_windows(tokenizer: TextTokenizer, config: EmbedConfig, prompt: str
     first_row = 0
     while window := list(islice(texts, config.sort_window)):
         ids = tokenizer.encode([prompt + text for text in window] if prompt else window)
+        prompt_tokens = tokenizer.prompt_tokens(prompt)
         # Sorting a window by length gives each batch similar lengths: less attention padding per group.
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for run in split_by_token_budget([len(ids[i]) for i in order], config.batch_tokens):
             members = order[run]
             packed = pack([ids[i] for i in members])
-            batch = Batch.from_packed(packed.input_ids, packed.cu_seqlens, normalize=config.normalize)
+            batch = Batch.from_packed(
+                packed.input_ids, packed.cu_seqlens, config.normalize, prompt_tokens=prompt_tokens
+            )
             yield _Work(batch, first_row + np.asarray(members))
         first_row += len(window)

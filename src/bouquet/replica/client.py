@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from bouquet.proto import embedding_pb2
 from bouquet.tokenizer import pack
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    """How a request's rows are finished, the same for all its sequences."""
+
+    dimensions: int = 0  # 0 keeps the full width
+    normalize: bool = True
+    prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
 
 
 def embed_request(
@@ -13,6 +24,7 @@ def embed_request(
     dimensions: int = 0,
     normalize: bool = True,
     token_type_ids: list[list[int]] | None = None,
+    prompt_tokens: int = 0,
 ) -> embedding_pb2.EmbedRequest:
     packed = pack(sequences)
     return embedding_pb2.EmbedRequest(
@@ -21,6 +33,7 @@ def embed_request(
         token_type_ids=pack(token_type_ids).input_ids.tolist() if token_type_ids else [],
         dimensions=dimensions,
         normalize=normalize,
+        prompt_tokens=prompt_tokens,
     )
 
 

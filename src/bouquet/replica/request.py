@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bouquet.model_dir import ModelSpec
+if TYPE_CHECKING:
+    from bouquet.replica.scheduler import StepEngine
 
 
 class InvalidInput(ValueError):
@@ -32,20 +34,20 @@ class Unavailable(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    """What the model accepts; taken from its spec once."""
+    """What the model accepts; taken from the engine once."""
 
     vocab_size: int
     type_vocab_size: int  # 1 for models without token types: only zeros are accepted
     max_seq_length: int
-    hidden_size: int
+    dimension: int  # a row's full width
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec) -> Limits:
+    def from_engine(cls, engine: StepEngine) -> Limits:
         return cls(
-            vocab_size=spec.vocab_size,
-            type_vocab_size=int(spec.hf_config.get("type_vocab_size", 1)),
-            max_seq_length=spec.max_seq_length,
-            hidden_size=spec.hidden_size,
+            vocab_size=engine.spec.vocab_size,
+            type_vocab_size=int(engine.spec.hf_config.get("type_vocab_size", 1)),
+            max_seq_length=engine.max_seq_length,
+            dimension=engine.dimension,
         )
 
 
@@ -70,8 +72,8 @@ def validate(
         if len(token_type_ids) != len(input_ids):
             raise InvalidInput(f"token_type_ids has {len(token_type_ids)} values for {len(input_ids)} input_ids")
         _check_range("token_type_ids", token_type_ids, limits.type_vocab_size)
-    if not 0 <= dimensions <= limits.hidden_size:
-        raise InvalidInput(f"dimensions must be in [0, {limits.hidden_size}] (0 keeps all), got {dimensions}")
+    if not 0 <= dimensions <= limits.dimension:
+        raise InvalidInput(f"dimensions must be in [0, {limits.dimension}] (0 keeps all), got {dimensions}")
 
 
 def _check_range(name: str, values: np.ndarray, size: int) -> None:
@@ -90,6 +92,7 @@ class Request:
     token_type_ids: np.ndarray | None  # [T] int32
     dimensions: int  # 0 = the model's full width
     normalize: bool
+    prompt_tokens: int  # leading prompt tokens of each sequence
     deadline: float | None  # event-loop time
     future: asyncio.Future[np.ndarray]
     rows: np.ndarray  # [B, width] float32, filled as steps finish

@@ -24,7 +24,7 @@ import numpy as np
 from bouquet.config import SchedulerConfig
 from bouquet.engine.batch import Batch
 from bouquet.engine.lazy_tensor import LazyTensor
-from bouquet.model_dir import ModelSpec
+from bouquet.model_dir import ModelSpec, PoolingSpec
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, Limits, QueueFull, Request, Unavailable, validate
 
@@ -37,6 +37,9 @@ class StepEngine(Protocol):
     """What the scheduler needs of an Engine (tests wrap one to watch or hold its steps)."""
 
     spec: ModelSpec
+    dimension: int  # a row's full width
+    max_seq_length: int
+    pooling: PoolingSpec
     workers: int  # steps it computes at once; a later one starts, in submission order, when one of them is done
 
     def step(self, batch: Batch) -> LazyTensor: ...
@@ -54,7 +57,7 @@ class Scheduler:
     def __init__(self, engine: StepEngine, config: SchedulerConfig, metrics: ReplicaMetrics | None = None):
         self.engine = engine
         self.config = config
-        self.limits = Limits.from_spec(engine.spec)
+        self.limits = Limits.from_engine(engine)
         self.metrics = metrics or ReplicaMetrics()
         self.queued_tokens = 0
         self.queued_seqs = 0
@@ -81,9 +84,10 @@ class Scheduler:
         dimensions: int = 0,
         normalize: bool = True,
         deadline: float | None = None,  # event-loop time
-    ) -> np.ndarray:  # [B, dimensions or hidden] float32
+        prompt_tokens: int = 0,
+    ) -> np.ndarray:  # [B, dimensions or the engine's dimension] float32
         validate(self.limits, input_ids, cu_seqlens, token_type_ids, dimensions)
-        request = self._admit(input_ids, cu_seqlens, token_type_ids, dimensions, normalize, deadline)
+        request = self._admit(input_ids, cu_seqlens, token_type_ids, dimensions, normalize, prompt_tokens, deadline)
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -97,6 +101,7 @@ class Scheduler:
         token_type_ids: np.ndarray | None,
         dimensions: int,
         normalize: bool,
+        prompt_tokens: int,
         deadline: float | None,
     ) -> Request:
         if self._closed:
@@ -111,9 +116,9 @@ class Scheduler:
                 f"request has {num_tokens}; retry later or on another replica"
             )
         num_seqs = len(cu_seqlens) - 1
-        width = dimensions or self.limits.hidden_size
+        width = dimensions or self.limits.dimension
         request = Request(
-            input_ids, cu_seqlens, token_type_ids, dimensions, normalize, deadline,
+            input_ids, cu_seqlens, token_type_ids, dimensions, normalize, prompt_tokens, deadline,
             future=loop.create_future(), rows=np.empty((num_seqs, width), np.float32), rows_left=num_seqs,
         )  # fmt: skip
         self._queue.append(request)
@@ -249,6 +254,7 @@ def pack(parts: list[Part]) -> Batch:
         cu_seqlens=cu_seqlens,
         dimensions=np.concatenate([np.full(count, request.dimensions, np.int32) for request, _, count in parts]),
         normalize=np.concatenate([np.full(count, request.normalize, bool) for request, _, count in parts]),
+        prompt_lens=np.concatenate([np.full(count, request.prompt_tokens, np.int32) for request, _, count in parts]),
         token_type_ids=token_type_ids,
     )
 

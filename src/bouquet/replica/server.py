@@ -25,6 +25,7 @@ from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable
 from bouquet.replica.scheduler import Scheduler, StepEngine
+from bouquet.tokenizer import tokenizer_json
 
 logger = logging.getLogger(__name__)
 
@@ -92,15 +93,15 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
     def attach(self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str) -> None:
         spec = engine.spec
         self._info = embedding_pb2.InfoResponse(
-            model_name=spec.name, architecture=spec.architecture, dimension=spec.hidden_size,
-            max_seq_length=spec.max_seq_length, pooling=spec.pooling.value, dtype=dtype, device=device,
+            model_name=spec.name, architecture=spec.architecture, dimension=engine.dimension,
+            max_seq_length=engine.max_seq_length, pooling=engine.pooling.name, dtype=dtype, device=device,
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
-            max_batch_tokens=scheduler.config.max_batch_tokens,
+            max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
         self._info_with_tokenizer.CopyFrom(self._info)
-        self._info_with_tokenizer.tokenizer_json = spec.tokenizer_file.read_text(encoding="utf-8")
+        self._info_with_tokenizer.tokenizer_json = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
         self.scheduler = scheduler
 
     def _ready(self) -> Scheduler:
@@ -120,6 +121,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             token_type_ids=np.array(request.token_type_ids, np.int32) if request.token_type_ids else None,
             dimensions=request.dimensions,
             normalize=request.normalize,
+            prompt_tokens=request.prompt_tokens,
             deadline=None if remaining is None else asyncio.get_running_loop().time() + remaining,
         )
         return embedding_pb2.EmbedResponse(

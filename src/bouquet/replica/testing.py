@@ -29,6 +29,9 @@ class RecordingEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.spec = engine.spec
+        self.dimension = engine.dimension
+        self.max_seq_length = engine.max_seq_length
+        self.pooling = engine.pooling
         self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()

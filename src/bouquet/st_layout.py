@@ -1,0 +1,255 @@
+"""The sentence-transformers layout of a model directory: `modules.json` and each module's folder, read the way
+sentence-transformers 2.x to 6.x reads them. No torch, so the gateway may use it too.
+
+Modules are known by their class name whatever the module path a version wrote (`sentence_transformers.models.
+Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
+is Transformer, Pooling, Dense*, Normalize?; any other module, or these in another order, is refused at start-up
+with the file and the module named, because skipping one would serve different embeddings without a word.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PoolingMethod(enum.Enum):
+    """sentence-transformers' pooling modes, by the names its `pooling_mode` uses."""
+
+    CLS = "cls"
+    MAX = "max"
+    MEAN = "mean"
+    MEAN_SQRT_LEN = "mean_sqrt_len_tokens"
+    WEIGHTED_MEAN = "weightedmean"
+    LAST = "lasttoken"
+
+
+# The legacy boolean flags (sentence-transformers < 5), in the order their outputs are concatenated.
+_LEGACY_POOLING_FLAGS = {
+    "pooling_mode_cls_token": PoolingMethod.CLS,
+    "pooling_mode_max_tokens": PoolingMethod.MAX,
+    "pooling_mode_mean_tokens": PoolingMethod.MEAN,
+    "pooling_mode_mean_sqrt_len_tokens": PoolingMethod.MEAN_SQRT_LEN,
+    "pooling_mode_weightedmean_tokens": PoolingMethod.WEIGHTED_MEAN,
+    "pooling_mode_lasttoken": PoolingMethod.LAST,
+}
+_POOLING_ALIASES = {"last": PoolingMethod.LAST, "last_token": PoolingMethod.LAST}
+
+
+@dataclass(frozen=True)
+class PoolingSpec:
+    """One or more methods whose rows are concatenated, as sentence-transformers' Pooling does."""
+
+    methods: tuple[PoolingMethod, ...]
+    include_prompt: bool = True  # False: a prompt's tokens are left out of the pooled span
+
+    @property
+    def name(self) -> str:
+        return "+".join(method.value for method in self.methods)
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """A sentence-transformers Dense module: `activation(x @ W.T + b)` (plus `x` or a projection of it when
+    `residual`), applied to each pooled row."""
+
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # torch.nn class name: Tanh, Identity, ...
+    residual: bool
+    weight_files: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class StLayout:
+    """What `modules.json` says: where the Transformer lives and what runs after it."""
+
+    transformer_dir: Path
+    pooling: PoolingSpec | None  # None: no Pooling module; the model family's default applies
+    dense: tuple[DenseSpec, ...]
+    normalize: bool | None  # None: no modules.json, so nothing says; True when it has a Normalize module
+
+
+# torch.nn activations a Dense module may name (layers/pooling.py computes each).
+DENSE_ACTIVATIONS = ("GELU", "Identity", "ReLU", "SiLU", "Sigmoid", "Tanh")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# A Dropout module is the identity at inference; sentence-transformers keeps it in saved pipelines.
+_IDENTITY_MODULES = ("Dropout",)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def read_optional_json(path: Path) -> Any:
+    return read_json(path) if path.is_file() else None
+
+
+def require(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"model file missing: {path}")
+    return path
+
+
+def find_weights(root: Path) -> tuple[Path, ...]:
+    shards = sorted(root.glob("model-*-of-*.safetensors"))
+    if shards:
+        return tuple(shards)
+    for file_name in _WEIGHT_FILES:
+        if (root / file_name).is_file():
+            return (root / file_name,)
+    raise FileNotFoundError(f"model weights missing in {root}: expected one of {', '.join(_WEIGHT_FILES)}")
+
+
+def read_st_layout(root: Path) -> StLayout:
+    modules_file = root / "modules.json"
+    modules = read_optional_json(modules_file)
+    if modules is None:
+        return StLayout(root, None, (), None)
+    parser = _ModuleParser(root, modules_file)
+    for index, module in enumerate(sorted(modules, key=lambda m: int(m.get("idx", 0)))):
+        parser.add(index, module)
+    return parser.layout()
+
+
+def module_class(module: dict[str, Any]) -> str:
+    """`Pooling` for every path a version wrote it under."""
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
+class _ModuleParser:
+    """Walks modules.json in order, accepting Transformer, Pooling, Dense*, Normalize? and refusing the rest."""
+
+    def __init__(self, root: Path, modules_file: Path):
+        self.root = root
+        self.modules_file = modules_file
+        self.stage = "start"
+        self.transformer_dir: Path | None = None
+        self.pooling: PoolingSpec | None = None
+        self.dense: list[DenseSpec] = []
+        self.normalize = False
+
+    def add(self, index: int, module: dict[str, Any]) -> None:
+        kind = module_class(module)
+        folder = self.root / str(module.get("path", ""))
+        expected = _NEXT_MODULES[self.stage]
+        if kind in _IDENTITY_MODULES and self.stage != "start":
+            return
+        if kind not in expected:
+            self._refuse(index, module, f"expected {' or '.join(expected)} here")
+        self.stage = kind
+        if kind == "Transformer":
+            self.transformer_dir = folder
+            _check_transformer(folder)
+        elif kind == "Pooling":
+            self.pooling = read_pooling(require(folder / "config.json"))
+        elif kind == "Dense":
+            self.dense.append(read_dense(folder))
+        else:
+            _check_normalize(folder)
+            self.normalize = True
+
+    def _refuse(self, index: int, module: dict[str, Any], why: str) -> None:
+        raise ValueError(
+            f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
+            f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order"
+        )
+
+    def layout(self) -> StLayout:
+        if self.transformer_dir is None:
+            raise ValueError(f"{self.modules_file}: no Transformer module")
+        return StLayout(self.transformer_dir, self.pooling, tuple(self.dense), self.normalize)
+
+
+# Which module may follow which: the pipeline bouquet can run.
+_NEXT_MODULES = {
+    "start": ("Transformer",),
+    "Transformer": ("Pooling",),
+    "Pooling": ("Dense", "Normalize"),
+    "Dense": ("Dense", "Normalize"),
+    "Normalize": (),
+}
+
+
+def _check_transformer(folder: Path) -> None:
+    """sentence-transformers 6 records the task and the output it pools; bouquet embeds token states."""
+    config_file = folder / "sentence_bert_config.json"
+    config = read_optional_json(config_file) or {}
+    task = config.get("transformer_task", "feature-extraction")
+    output = config.get("module_output_name", "token_embeddings")
+    if task != "feature-extraction" or output != "token_embeddings":
+        raise ValueError(
+            f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet embeds "
+            "with transformer_task 'feature-extraction' and output 'token_embeddings'"
+        )
+
+
+def _check_normalize(folder: Path) -> None:
+    config_file = folder / "config.json"
+    _check_sentence_level(read_optional_json(config_file) or {}, config_file, "Normalize")
+
+
+def _check_sentence_level(config: dict[str, Any], config_file: Path, module: str) -> None:
+    """A module may also work on token states (multi-vector models); bouquet runs it on pooled rows only."""
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key) not in (None, "sentence_embedding"):
+            raise ValueError(
+                f"{config_file}: a {module} over {config[key]!r} is not supported, only over sentence_embedding"
+            )
+
+
+def read_pooling(config_file: Path) -> PoolingSpec:
+    config = read_json(config_file)
+    if "pooling_mode" in config:
+        names = config["pooling_mode"]
+        names = [names] if isinstance(names, str) else list(names)
+        methods = tuple(_parse_pooling_name(name, config_file) for name in names)
+    else:
+        methods = tuple(method for flag, method in _LEGACY_POOLING_FLAGS.items() if config.get(flag))
+        methods = methods or (PoolingMethod.MEAN,)  # sentence-transformers' default when no flag is set
+    if not methods:
+        raise ValueError(f"{config_file}: pooling_mode is empty")
+    return PoolingSpec(methods, include_prompt=bool(config.get("include_prompt", True)))
+
+
+def _parse_pooling_name(name: str, source: Path) -> PoolingMethod:
+    if name in _POOLING_ALIASES:
+        return _POOLING_ALIASES[name]
+    try:
+        return PoolingMethod(name)
+    except ValueError:
+        known = ", ".join(method.value for method in PoolingMethod)
+        raise ValueError(f"{source}: unsupported pooling {name!r}; supported: {known}") from None
+
+
+def read_dense(folder: Path) -> DenseSpec:
+    config_file = require(folder / "config.json")
+    config = read_json(config_file)
+    _check_sentence_level(config, config_file, "Dense")
+    return DenseSpec(
+        in_features=int(config["in_features"]),
+        out_features=int(config["out_features"]),
+        bias=bool(config.get("bias", True)),
+        activation=_activation_name(config.get("activation_function"), config_file),
+        residual=bool(config.get("use_residual", False)),
+        weight_files=find_weights(folder),
+    )
+
+
+def _activation_name(path: str | None, source: Path) -> str:
+    if path is None:
+        return "Tanh"  # sentence-transformers' default
+    name = path.rsplit(".", 1)[-1]
+    if not path.startswith("torch.") or name not in DENSE_ACTIVATIONS:
+        raise ValueError(
+            f"{source}: activation_function {path!r} is not supported; supported: torch.nn's "
+            + ", ".join(DENSE_ACTIVATIONS)
+        )
+    return name
