@@ -111,9 +111,9 @@ def packed_context(backend, seq_lens: list[int]):
     """The forward context of a packed batch of `seq_lens`, with the backend's plan for it."""
     import torch
 
-    from bouquet.engine.context import ForwardContext
+    from bouquet.layers.context import ForwardContext
 
     cu_seqlens = torch.tensor([0, *np.cumsum(seq_lens)], dtype=torch.int32)
-    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens), backend)
+    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens))
     ctx.attn_metadata = backend.prepare(ctx)
     return ctx

@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends import AttentionShape, BackendUnavailableError, create_attention_backend
 from bouquet.layers.attention_backends.flash_attn import FlashAttnBackend, load_varlen_func
 from bouquet.layers.attention_backends.flashinfer import FlashInferBackend
@@ -25,6 +24,7 @@ from bouquet.layers.attention_backends.selection import (
     load_backends,
     measure_timings,
 )
+from bouquet.layers.context import ForwardContext
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, causal=False, dtype=torch.float32)
 
@@ -91,7 +91,7 @@ def test_auto_dispatches_each_batch_by_max_seqlen() -> None:
         total = sum(seq_lens)
         q, k = torch.randn(total, 4, 16), torch.randn(total, 2, 16)
         cu_seqlens = torch.tensor([0, *torch.tensor(seq_lens).cumsum(0).tolist()], dtype=torch.int32)
-        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens, auto)
+        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens)
         ctx.attn_metadata = auto.prepare(ctx)
         out = auto.forward(q, k, k, ctx, False, 0.25)
         reference = SdpaBackend()
@@ -179,7 +179,7 @@ def test_flash_attn_calls_flash_attn_4_by_its_published_signature(fake_fa4: None
     assert backend.version.startswith("flash-attn-4")
     seq_lens = [5, 17, 0, 9]  # a zero-length slot, as in a CUDA-graph bucket
     q, k, v, cu_seqlens = _packed(seq_lens)
-    ctx = ForwardContext(cu_seqlens, 32, seq_lens, backend)  # max_seqlen: a bucket's upper bound
+    ctx = ForwardContext(cu_seqlens, 32, seq_lens)  # max_seqlen: a bucket's upper bound
     ctx.attn_metadata = backend.prepare(ctx)
     out = backend.forward(q, k, v, ctx, causal, 0.25)
     expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), causal, 0.25)
@@ -206,7 +206,7 @@ def test_flash_attn_falls_back_to_flash_attn_2(monkeypatch: pytest.MonkeyPatch) 
     assert backend.version == "flash-attn 2"
     seq_lens = [7, 12]
     q, k, v, cu_seqlens = _packed(seq_lens)
-    ctx = ForwardContext(cu_seqlens, 12, seq_lens, backend)
+    ctx = ForwardContext(cu_seqlens, 12, seq_lens)
     out = backend.forward(q, k, v, ctx, True, 0.25)
     expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), True, 0.25)
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
@@ -306,7 +306,7 @@ def test_flashinfer_eager_plan_and_run(fake_flashinfer: None, causal: bool) -> N
     backend.bind(AttentionShape(4, 2, 16, causal, torch.bfloat16))
     for seq_lens in ([5, 17, 9], [3, 30]):  # the eager wrapper replans for each batch
         q, k, v, cu_seqlens = _packed(seq_lens)
-        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens, backend)
+        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens)
         ctx.attn_metadata = backend.prepare(ctx)
         out = backend.forward(q, k, v, ctx, causal, 0.25)
         expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), causal, 0.25)
@@ -320,11 +320,11 @@ def test_flashinfer_graph_wrapper_per_bucket_replans_new_lengths(fake_flashinfer
     # A bucket of 32 tokens x 4 sequence slots: real sequences, the pad sequence, an empty slot.
     captured = [5, 17, 10, 0]
     q, k, v, cu_seqlens = _packed(captured)
-    wrapper = backend.prepare_capture(ForwardContext(cu_seqlens, 32, captured, backend), key=(32, 4))
+    wrapper = backend.prepare_capture(ForwardContext(cu_seqlens, 32, captured), key=(32, 4))
     assert wrapper.use_cuda_graph and len(wrapper.qo_indptr_buf) == 5
     for seq_lens in ([20, 2, 10, 0], [1, 1, 30, 0]):
         q, k, v, cu_seqlens = _packed(seq_lens)
-        ctx = ForwardContext(cu_seqlens, 32, seq_lens, backend)
+        ctx = ForwardContext(cu_seqlens, 32, seq_lens)
         backend.prepare_replay(ctx, key=(32, 4))
         ctx.attn_metadata = wrapper
         out = backend.forward(q, k, v, ctx, False, 0.25)
@@ -361,7 +361,7 @@ def test_flash_attn_falls_back_to_pytorchs_own_kernel_on_cuda(monkeypatch: pytes
     assert backend.version == "PyTorch's built-in FlashAttention 2"
     seq_lens = [6, 0, 11]
     q, k, v, cu_seqlens = _packed(seq_lens)
-    ctx = ForwardContext(cu_seqlens, 16, seq_lens, backend)
+    ctx = ForwardContext(cu_seqlens, 16, seq_lens)
     for causal in (False, True):
         out = backend.forward(q, k, v, ctx, causal, 0.25)
         expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), causal, 0.25)

@@ -17,9 +17,10 @@ import torch
 
 from bouquet.config import EngineConfig
 from bouquet.engine.batch import Batch
-from bouquet.engine.cpu_threads import StepThreads, find_thread_setter
+from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.engine import Engine
 from bouquet.engine.step_workers import StepWorkers
+from bouquet.kernels.openmp import find_thread_setter
 from bouquet.tokenizer import pack
 
 

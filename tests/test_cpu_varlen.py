@@ -15,14 +15,14 @@ from conftest import embed_ids, packed_context, per_sequence_attention, row_cosi
 from corpus import parity_texts
 
 from bouquet.config import EngineConfig
-from bouquet.engine.context import ForwardContext
-from bouquet.engine.cpu_threads import find_thread_setter, on_passing_thread
 from bouquet.engine.engine import Engine
 from bouquet.kernels import build
+from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
 from bouquet.layers.attention_backends import AttentionShape, BackendUnavailableError, cpu_varlen
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
 from bouquet.layers.attention_backends.selection import create_auto_backend
+from bouquet.layers.context import ForwardContext
 
 # Lengths around the kernel's tiles (8 query rows, 16 keys a vector), one token, and a long one.
 SEQ_LENS = {
@@ -135,7 +135,7 @@ def test_mismatched_inputs_are_refused_before_the_kernel(backend) -> None:
         _run(backend, q, torch.randn(10, 4, 16), torch.randn(10, 4, 16), [10], False)
     with pytest.raises(ValueError, match="do not fit"):
         _run(backend, q, torch.randn(10, 0, 32), torch.randn(10, 0, 32), [10], False)
-    ctx = ForwardContext(torch.tensor([0, 12], dtype=torch.int32), 10, [10], backend)
+    ctx = ForwardContext(torch.tensor([0, 12], dtype=torch.int32), 10, [10])
     with pytest.raises(ValueError, match="do not match seq_lens"):
         backend.prepare(ctx)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,14 +16,17 @@ from bouquet.engine.batch import Batch
 from bouquet.engine.cuda_graphs import (
     Bucket,
     BucketState,
+    CudaGraphRunner,
     GraphBuckets,
     LazyGraphs,
     StaticBuffers,
     pad_batch,
-    padded_positions,
-    unpadded_inputs,
 )
 from bouquet.engine.engine import Engine
+from bouquet.engine.inputs import padded_positions, prepare_inputs
+from bouquet.engine.model_runner import ModelRunner
+from bouquet.layers.attention import bind_backend
+from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 
 BUCKETS = GraphBuckets((16, 32, 64, 512), (1, 2, 4, 8))
 
@@ -97,10 +101,10 @@ def test_padding_keeps_real_rows(engine_name: str, request: pytest.FixtureReques
     bucket = Bucket(32, 8)
     padded = pad_batch(batch, bucket)
     with torch.inference_mode():
-        expected = engine.forward(unpadded_inputs(batch, engine.device), engine.attn_backend.prepare)
-        inputs = unpadded_inputs(padded, engine.device)
+        expected = engine.runner.forward(prepare_inputs(batch, engine.device), engine.attn_backend.prepare)
+        inputs = prepare_inputs(padded, engine.device)
         inputs.positions = torch.from_numpy(padded_positions(padded, batch.num_tokens))
-        got = engine.forward(inputs, engine.attn_backend.prepare)
+        got = engine.runner.forward(inputs, engine.attn_backend.prepare)
     assert got.shape[0] == bucket.num_seqs and torch.isfinite(got).all()
     assert row_cosines(got[: batch.num_seqs].numpy(), expected.numpy()).min() > 0.99999
 
@@ -215,3 +219,61 @@ def test_static_buffers_load_writes_all_a_bucket_reads() -> None:
     assert inputs.dimensions.tolist() == [0] * 4 and inputs.normalize.tolist() == [True, True, False, False]
     assert inputs.seq_lens == [3, 5, 8, 0] and inputs.max_seqlen == 16
     assert inputs.cu_seqlens.data_ptr() == buffers.cu_seqlens.data_ptr()  # views at the captured addresses
+
+
+class _ReplayingCapturer:
+    """Stand-in for CudaCapturer with CUDA graphs' semantics on the CPU: a replay runs the recorded function
+    again and writes its result into the output tensor the capture returned."""
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_Replay, torch.Tensor]:
+        output = fn()
+        return _Replay(fn, output), output
+
+
+class _Replay:
+    def __init__(self, fn: Callable[[], torch.Tensor], output: torch.Tensor):
+        self.fn, self.output = fn, output
+
+    def replay(self) -> None:
+        self.output.copy_(self.fn())
+
+
+class _CapturableCpuVarlen(CpuVarlenBackend):
+    """cpu_varlen's metadata is the batch's cu_seqlens tensor itself (a static buffer's view in a graph) and the
+    bucket's token count, both fixed per bucket: planning once at capture is all a replay needs."""
+
+    supports_cuda_graphs = True
+
+    def prepare_capture(self, ctx, key):
+        return self.prepare(ctx)
+
+    def prepare_replay(self, ctx, key) -> None:
+        pass
+
+
+@pytest.mark.parametrize("engine_name", ["minilm_fp32", "random_qwen3"])
+def test_runner_graph_path_matches_eager(engine_name: str, request: pytest.FixtureRequest) -> None:
+    """The runner's graph path (pad to the bucket, load the static buffers, warm up, capture, replay) gives the
+    eager path's rows for every batch, batches that share a bucket included."""
+    engine: Engine = request.getfixturevalue(engine_name)
+    backend = _CapturableCpuVarlen()
+    backend.bind(engine.attn_backend.shape)
+    runner = ModelRunner(engine.model, engine.pooler, backend, engine.device)
+    config = CudaGraphConfig(token_buckets=(16, 32, 64), seq_buckets=(2, 4, 8), max_graphs=4)
+    runner.graphs = CudaGraphRunner(config, engine.device, backend, runner.forward, _ReplayingCapturer())
+    generator = np.random.default_rng(0)
+    batches = [_batch(lengths) for lengths in ([7, 12, 3], [5, 9, 1], [20, 2, 4], [3, 30], [1])]
+    batches = [replace(b, input_ids=generator.integers(1000, 2000, b.num_tokens).astype(np.int32)) for b in batches]
+    batches[2] = replace(
+        batches[2], dimensions=np.array([0, 8, 0], np.int32), prompt_lens=np.array([2, 0, 1], np.int32)
+    )
+    try:
+        with torch.inference_mode():
+            for batch in batches * 3:  # each bucket: eager, then captured, then replayed
+                expected = ModelRunner(engine.model, engine.pooler, engine.attn_backend, engine.device).execute(batch)
+                got = runner.execute(batch)
+                np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        bind_backend(engine.model, engine.attn_backend)
+    stats = runner.graphs.graphs.stats
+    assert stats.captures >= 3 and stats.replays >= 3

@@ -12,10 +12,10 @@ from random_models import write_sentence_transformers_files
 
 from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.engine.batch import Batch
-from bouquet.engine.context import ForwardContext
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention_backends import AttentionShape, BackendUnavailableError, create_attention_backend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
+from bouquet.layers.context import ForwardContext
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -96,7 +96,7 @@ def test_backend_matches_sdpa(backend: str, causal: bool, seq_lens: list[int]) -
     outs = []
     for attention in (_backend_or_skip(backend), SdpaBackend()):
         attention.bind(shape)
-        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens, attention)
+        ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens)
         ctx.attn_metadata = attention.prepare(ctx)
         outs.append(attention.forward(q, k, v, ctx, causal, shape.scale).float())
     torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)

@@ -24,7 +24,8 @@ import torch
 
 from bouquet.config import CudaGraphConfig
 from bouquet.engine.batch import Batch
-from bouquet.engine.context import ForwardContext
+from bouquet.engine.inputs import ModelInputs, padded_positions, upload
+from bouquet.layers.context import ForwardContext
 
 if TYPE_CHECKING:
     from bouquet.layers.attention_backends.base import AttentionBackend
@@ -77,32 +78,6 @@ def pad_batch(batch: Batch, bucket: Bucket) -> Batch:
         prompt_lens=np.pad(batch.prompt_lens, (0, pad_seqs)),
         token_type_ids=token_type_ids,
     )
-
-
-def padded_positions(batch: Batch, num_real_tokens: int) -> np.ndarray:  # [T] int64
-    """Positions within each sequence; pad tokens get 0, so a long pad sequence never exceeds a model's limit."""
-    seq_lens = np.diff(batch.cu_seqlens)
-    positions = np.arange(batch.num_tokens) - np.repeat(batch.cu_seqlens[:-1], seq_lens)
-    positions[num_real_tokens:] = 0
-    return positions
-
-
-@dataclass
-class ModelInputs:
-    """Device tensors for one forward; for a graph, views of the static buffers at fixed addresses."""
-
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    token_type_ids: torch.Tensor | None  # [T] int64
-    cu_seqlens: torch.Tensor  # [B + 1] int32
-    dimensions: torch.Tensor  # [B] int32
-    normalize: torch.Tensor  # [B] bool
-    prompt_lens: torch.Tensor  # [B] int32
-    seq_lens: list[int]  # host copy
-    max_seqlen: int
-
-    def context(self, backend: AttentionBackend) -> ForwardContext:
-        return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, backend)
 
 
 class StaticBuffers:
@@ -274,48 +249,13 @@ class CudaGraphRunner:
 
         def capture() -> Callable[[], torch.Tensor]:
             # Planning (FlashInfer's plan() copies and may sync) must happen before the capture, not in it.
-            metadata = self.backend.prepare_capture(inputs.context(self.backend), bucket)
+            metadata = self.backend.prepare_capture(inputs.context(), bucket)
             return lambda: self.forward(inputs, lambda ctx: metadata)
 
         output = self.graphs.run(
             bucket,
             eager=lambda: self.forward(inputs, self.backend.prepare),
             capture=capture,
-            before_replay=lambda: self.backend.prepare_replay(inputs.context(self.backend), bucket),
+            before_replay=lambda: self.backend.prepare_replay(inputs.context(), bucket),
         )
         return output[: batch.num_seqs]  # pad rows dropped
-
-
-def unpadded_inputs(batch: Batch, device: torch.device) -> ModelInputs:
-    """The eager path's inputs: the batch as it is, no buckets."""
-    seq_lens = np.diff(batch.cu_seqlens)
-    hosts = [batch.input_ids, padded_positions(batch, batch.num_tokens), batch.cu_seqlens]
-    hosts += [batch.dimensions, batch.normalize, batch.prompt_lens]
-    if batch.token_type_ids is not None:
-        hosts.append(batch.token_type_ids)
-    input_ids, positions, cu_seqlens, dimensions, normalize, prompt_lens, *token_types = upload(hosts, device)
-    return ModelInputs(
-        input_ids,
-        positions,
-        token_types[0] if token_types else None,
-        cu_seqlens.int(),
-        dimensions.int(),
-        normalize.bool(),
-        prompt_lens.int(),
-        seq_lens.tolist(),
-        int(seq_lens.max(initial=0)),
-    )
-
-
-def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:  # each [n] int64
-    """The arrays on `device` as int64; on CUDA through one pinned buffer and one non-blocking copy.
-
-    A copy from pageable memory may make the driver wait for the stream, which would hold the engine thread
-    behind the step still in flight; the caching host allocator keeps the pinned block until the copy is done.
-    """
-    sizes = [len(a) for a in arrays]
-    if device.type != "cuda":
-        return [torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in arrays]
-    host = torch.empty(sum(sizes), dtype=torch.long, pin_memory=True)
-    np.concatenate(arrays, out=host.numpy(), casting="unsafe")
-    return list(host.to(device, non_blocking=True).split(sizes))

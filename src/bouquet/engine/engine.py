@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from bouquet.config import EngineConfig
+from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.engine.batch import Batch
-from bouquet.engine.context import ForwardContext, forward_context
-from bouquet.engine.cpu_threads import StepThreads, find_thread_setter, on_passing_thread
-from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner, ModelInputs, unpadded_inputs
+from bouquet.engine.cpu_threads import StepThreads
+from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
+from bouquet.engine.model_runner import ModelRunner
 from bouquet.engine.step_workers import StepWorkers
 from bouquet.engine.weights import load_checked, read_checkpoint
+from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
 from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
@@ -70,11 +69,12 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.num_threads = torch.get_num_threads()  # intra-op threads in all, shared out among the workers
         # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
-        self.model, self.pooler, self.attn_backend = on_passing_thread(self._load)
+        self.runner = on_passing_thread(self._load)
+        self.model, self.pooler = self.runner.model, self.runner.pooler
         self.workers, self.threads_per_worker = self._split_threads()
         self._step_threads = self._create_step_threads()
         self._workers = self._start_workers()
-        self._cuda = _CudaRuntime(self) if self.device.type == "cuda" else None
+        self._cuda = _CudaRuntime(self.runner, config.cuda_graphs) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
             self.spec.name, self.spec.architecture, self.pooler.spec.name,
@@ -96,9 +96,9 @@ class Engine:
         """sentence-transformers' limit, lowered to what the model's positions hold."""
         return min(self.spec.max_seq_length, self.model.max_seq_length)
 
-    def _load(self) -> tuple[nn.Module, Pooler, AttentionBackend]:
+    def _load(self) -> ModelRunner:
         model = load_model(self.spec, getattr(torch, self.config.dtype), self.device)
-        return model, load_pooler(self.spec, model, self.device), self._create_backend(model)
+        return ModelRunner(model, load_pooler(self.spec, model, self.device), self._create_backend(model), self.device)
 
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs
@@ -151,7 +151,7 @@ class Engine:
         """Returns at once. On the CPU with several workers, steps may finish out of submission order: callers
         that need order wait on their LazyTensors in order (the scheduler and `bouquet embed` do)."""
         if self._cuda is None:
-            return LazyTensor(self._workers.submit(self._run, batch))
+            return LazyTensor(self._workers.submit(self._run_on_cpu, batch))
         result: Future[np.ndarray] = Future()
         self._workers.submit(self._cuda.launch, batch, result)
         return LazyTensor(result)
@@ -165,6 +165,14 @@ class Engine:
         if self._cuda is not None:
             self._cuda.waiter.close()
 
+    @property
+    def attn_backend(self) -> AttentionBackend:
+        return self.runner.backend
+
+    @attn_backend.setter
+    def attn_backend(self, backend: AttentionBackend) -> None:
+        self.runner.set_backend(backend)
+
     def _create_backend(self, model: nn.Module) -> AttentionBackend:
         shape = _attention_shape(model, getattr(torch, self.config.dtype))
         if self.config.attention_backend == "auto":
@@ -174,28 +182,10 @@ class Engine:
         backend.bind(shape)
         return backend
 
-    def forward(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
-        """[B, dim] float32 rows on the device; `prepare` gives the attention metadata (eager or captured)."""
-        hidden = self.encode(inputs, prepare)
-        return self.pooler(hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize)
-
-    def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
-        """[T, hidden] token states: the model alone."""
-        ctx = inputs.context(self.attn_backend)
-        ctx.attn_metadata = prepare(ctx)
-        with forward_context(ctx):
-            return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
-
     @torch.inference_mode()
-    def _run(self, batch: Batch) -> np.ndarray:  # [B, dim] float32; the CPU path, synchronous on this thread
+    def _run_on_cpu(self, batch: Batch) -> np.ndarray:  # [B, dim] float32, synchronous on this worker
         with self._threads_for(batch):
-            inputs = unpadded_inputs(batch, self.device)
-            hidden = self.encode(inputs, self.attn_backend.prepare)
-            rows = self.pooler(
-                hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize,
-                uniform_normalize=_uniform_normalize(batch),
-            )  # fmt: skip
-            return rows.cpu().numpy()
+            return self.runner.execute(batch).numpy()
 
     def _threads_for(self, batch: Batch) -> AbstractContextManager[None]:
         return nullcontext() if self._step_threads is None else self._step_threads.step(batch.num_tokens)
@@ -208,40 +198,26 @@ class _CudaRuntime:
     tests/test_gpu.py are its checks on a GPU.
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.stream = torch.cuda.Stream(engine.device)
+    def __init__(self, runner: ModelRunner, config: CudaGraphConfig):
+        self.runner = runner
+        self.stream = torch.cuda.Stream(runner.device)
         self.waiter = EventWaiter()
-        self.graphs: CudaGraphRunner | None = None
-        config = engine.config.cuda_graphs
-        if config.enabled and engine.attn_backend.supports_cuda_graphs:
+        backend = runner.backend
+        if config.enabled and backend.supports_cuda_graphs:
             capturer = CudaCapturer(self.stream)
-            self.graphs = CudaGraphRunner(config, engine.device, engine.attn_backend, engine.forward, capturer)
+            runner.graphs = CudaGraphRunner(config, runner.device, backend, runner.forward, capturer)
         elif config.enabled:
-            logger.info("CUDA graphs off: attention backend %s cannot be captured", engine.attn_backend.name)
+            logger.info("CUDA graphs off: attention backend %s cannot be captured", backend.name)
 
     @torch.inference_mode()
     def launch(self, batch: Batch, result: Future[np.ndarray]) -> None:
         """Enqueues the forward and the readback, then returns: the next step launches while this one runs."""
         try:
             with torch.cuda.stream(self.stream):
-                rows = self.graphs.run(batch) if self.graphs is not None else None
-                if rows is None:  # above the top bucket, or no graphs
-                    inputs = unpadded_inputs(batch, self.engine.device)
-                    rows = self.engine.forward(inputs, self.engine.attn_backend.prepare)
+                rows = self.runner.execute(batch)
             start_cuda_readback(rows, self.stream, self.waiter, result)
         except BaseException as error:
             result.set_exception(error)
-
-
-def _uniform_normalize(batch: Batch) -> bool | None:
-    """Whether every row keeps its full width and is normalised (True) or every row is left raw (False);
-    None when rows differ, so that the pooler's general head runs."""
-    if batch.dimensions.any():
-        return None
-    if batch.normalize.all():
-        return True
-    return False if not batch.normalize.any() else None
 
 
 def _attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loaded first: the kernels' libgomp.so.1 must resolve to torch's)
 
-from bouquet.engine.cpu_threads import find_thread_setter, on_passing_thread
+from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
 
 logger = logging.getLogger(__name__)
 

@@ -1,14 +1,18 @@
-"""The attention layer models call: packed q, k, v in, the forward context's backend does the rest."""
+"""The attention layer models call: packed q, k, v in; the backend the engine bound runs it over the batch in
+the forward context."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from bouquet.engine.context import get_forward_context
+from bouquet.layers.attention_backends.base import AttentionBackend
+from bouquet.layers.context import get_forward_context
 
 
 class Attention(nn.Module):
+    backend: AttentionBackend | None = None  # bound by the engine once it has chosen one (`bind_backend`)
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, causal: bool):
         super().__init__()
         assert num_heads % num_kv_heads == 0, f"{num_heads} heads not divisible by {num_kv_heads} kv heads"
@@ -24,6 +28,13 @@ class Attention(nn.Module):
         k: torch.Tensor,  # [T, Hkv, D]
         v: torch.Tensor,  # [T, Hkv, D]
     ) -> torch.Tensor:  # [T, H * D]
-        ctx = get_forward_context()
-        out = ctx.attn_backend.forward(q, k, v, ctx, self.causal, self.scale)
+        assert self.backend is not None, "attention ran before the engine bound a backend"
+        out = self.backend.forward(q, k, v, get_forward_context(), self.causal, self.scale)
         return out.flatten(1)
+
+
+def bind_backend(model: nn.Module, backend: AttentionBackend) -> None:
+    """Every attention layer of `model` runs on `backend` from now on."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.backend = backend

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from bouquet.engine.context import ForwardContext
+from bouquet.layers.context import ForwardContext
 
 
 class BackendUnavailableError(ImportError):

@@ -16,9 +16,9 @@ from typing import ClassVar
 
 import torch
 
-from bouquet.engine.context import ForwardContext
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape, BackendUnavailableError
+from bouquet.layers.context import ForwardContext
 
 DTYPES = (torch.float32, torch.bfloat16)
 HEAD_DIM_MULTIPLE = 16  # one vector of float32 lanes

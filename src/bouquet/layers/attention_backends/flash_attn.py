@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends.base import AttentionBackend, BackendUnavailableError
+from bouquet.layers.context import ForwardContext
 
 VarlenFunc = Callable[..., Any]
 

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends.base import AttentionBackend, BackendUnavailableError
+from bouquet.layers.context import ForwardContext
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace, shared by every wrapper
 

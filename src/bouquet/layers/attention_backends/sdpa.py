@@ -15,8 +15,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends.base import AttentionBackend
+from bouquet.layers.context import ForwardContext
 
 
 @dataclass(frozen=True)

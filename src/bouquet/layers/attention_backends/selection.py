@@ -19,11 +19,11 @@ from typing import ClassVar
 
 import torch
 
-from bouquet.engine.context import ForwardContext
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, cpu_varlen, create_attention_backend
 from bouquet.layers.attention_backends.base import BackendUnavailableError
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
+from bouquet.layers.context import ForwardContext
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def time_backend(
     k = torch.randn(total, shape.num_kv_heads, shape.head_dim, device=device, dtype=shape.dtype)
     v = torch.randn_like(k)
     cu_seqlens = torch.arange(0, total + 1, seq_len, dtype=torch.int32, device=device)
-    ctx = ForwardContext(cu_seqlens, seq_len, [seq_len] * num_seqs, backend)
+    ctx = ForwardContext(cu_seqlens, seq_len, [seq_len] * num_seqs)
     ctx.attn_metadata = backend.prepare(ctx)
     times = []
     for _ in range(6):  # the first call compiles or warms up and is dropped

@@ -1,4 +1,7 @@
-"""Batch metadata for one forward pass, set by the engine around the model and read only by attention."""
+"""Batch metadata for one forward pass, set by the engine around the model and read only by attention.
+
+A leaf: it imports nothing of bouquet, so layers, backends and the engine can all use it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from bouquet.layers.attention_backends.base import AttentionBackend
 
 
 @dataclass
@@ -19,8 +19,7 @@ class ForwardContext:
     cu_seqlens: torch.Tensor  # [B + 1] int32
     max_seqlen: int
     seq_lens: list[int]  # host copy, so backends can plan without a device sync
-    attn_backend: AttentionBackend
-    attn_metadata: Any = None  # what the backend prepared once, shared by all layers
+    attn_metadata: Any = None  # what the attention backend prepared once, shared by all layers
 
 
 # Per thread, so two engines (or a test beside an engine) never see each other's batch.

@@ -1,0 +1,64 @@
+"""The data plane: one path from a packed batch to finished rows, the same on every device.
+
+`execute` replays a captured CUDA graph when the batch's bucket has one and runs the model and its pooler
+eagerly otherwise (on the CPU always). The device differences live elsewhere: how a step's rows leave the
+device (engine.py) and how graphs pad, capture and replay (cuda_graphs.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from bouquet.engine.batch import Batch
+from bouquet.engine.cuda_graphs import CudaGraphRunner
+from bouquet.engine.inputs import ModelInputs, prepare_inputs
+from bouquet.layers.attention import bind_backend
+from bouquet.layers.attention_backends import AttentionBackend
+from bouquet.layers.context import ForwardContext, forward_context
+from bouquet.layers.pooling import Pooler
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, pooler: Pooler, backend: AttentionBackend, device: torch.device):
+        self.model = model
+        self.pooler = pooler
+        self.device = device
+        self.graphs: CudaGraphRunner | None = None  # set by the engine on CUDA when the backend can be captured
+        self.set_backend(backend)
+
+    def set_backend(self, backend: AttentionBackend) -> None:
+        self.backend = backend
+        bind_backend(self.model, backend)
+
+    def execute(self, batch: Batch) -> torch.Tensor:  # [B, dim] float32 on the device
+        if self.graphs is not None and (rows := self.graphs.run(batch)) is not None:
+            return rows
+        return self.forward(prepare_inputs(batch, self.device), self.backend.prepare, uniform_normalize(batch))
+
+    def forward(
+        self,
+        inputs: ModelInputs,
+        prepare: Callable[[ForwardContext], Any],  # the attention metadata: planned now, or a graph's own
+        uniform_normalize: bool | None = None,
+    ) -> torch.Tensor:  # [B, dim] float32 on the device
+        ctx = inputs.context()
+        ctx.attn_metadata = prepare(ctx)
+        with forward_context(ctx):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+        return self.pooler(
+            hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize
+        )
+
+
+def uniform_normalize(batch: Batch) -> bool | None:
+    """Whether every row keeps its full width and is normalised (True) or every row is left raw (False);
+    None when rows differ, so that the pooler's general head runs. Read from the batch's host arrays."""
+    if batch.dimensions.any():
+        return None
+    if batch.normalize.all():
+        return True
+    return False if not batch.normalize.any() else None
