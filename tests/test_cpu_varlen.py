@@ -238,6 +238,7 @@ def test_generic_build_matches_the_x86_one(tmp_path) -> None:
         status = library.bouquet_varlen_attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(), len(seq_lens), 4, 2,
             64, q.stride(0), k.stride(0), v.stride(0), out.stride(0), 64**-0.5, 1, int(dtype == torch.bfloat16), 0,
+            -1, -1,
         )  # fmt: skip
         assert status == 0
         expected = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, True)

@@ -19,8 +19,8 @@ from bouquet.engine.model_runner import ModelRunner
 from bouquet.engine.step_workers import StepWorkers
 from bouquet.engine.weights import load_checked, read_checkpoint
 from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
-from bouquet.layers.attention import Attention
-from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, create_attention_backend
+from bouquet.layers.attention import Attention, attention_shape
+from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.layers.pooling import Pooler
@@ -174,7 +174,7 @@ class Engine:
         self.runner.set_backend(backend)
 
     def _create_backend(self, model: nn.Module) -> AttentionBackend:
-        shape = _attention_shape(model, getattr(torch, self.config.dtype))
+        shape = attention_shape(model, getattr(torch, self.config.dtype))
         if self.config.attention_backend == "auto":
             backend = create_auto_backend(self.device, shape, self.config.attention_table)
         else:
@@ -218,8 +218,3 @@ class _CudaRuntime:
             start_cuda_readback(rows, self.stream, self.waiter, result)
         except BaseException as error:
             result.set_exception(error)
-
-
-def _attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
-    layer = next(m for m in model.modules() if isinstance(m, Attention))
-    return AttentionShape(layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.causal, dtype)

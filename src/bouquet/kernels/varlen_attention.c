@@ -89,6 +89,7 @@ typedef struct {
     int32_t head_dim;
     float scale;
     int32_t causal, bf16;
+    int64_t window_left, window_right;  // a query at i sees keys [i - left, i + right]; -1: no bound that side
 } Problem;
 
 typedef struct {
@@ -120,9 +121,9 @@ INLINE void pack_kv(const Problem* p, const Scratch* w, int64_t start, int64_t l
     }
 }
 
-INLINE void scores(const Problem* p, const Scratch* w, int64_t lp, int64_t keys_p) {
+INLINE void scores(const Problem* p, const Scratch* w, int64_t lp, int64_t first, int64_t keys_p) {
     const int d_count = p->head_dim;
-    for (int64_t jb = 0; jb < keys_p; jb += LANES) {
+    for (int64_t jb = first; jb < keys_p; jb += LANES) {
         v16f acc[ROWS] = {};
         for (int d = 0; d < d_count; d++) {
             const v16f kv = *(const v16f*)(w->kt + d * lp + jb);
@@ -132,20 +133,22 @@ INLINE void scores(const Problem* p, const Scratch* w, int64_t lp, int64_t keys_
     }
 }
 
-// Row r keeps keys [0, valid[r]); the rest of [0, keys_p) become 0. Returns 1 / sum per row in inv.
-INLINE void softmax(const Scratch* w, int64_t lp, int64_t keys_p, const int64_t* valid, float* inv) {
+// Row r keeps keys [lo[r], hi[r]); the rest of [first, keys_p) become 0. Returns 1 / sum per row in inv.
+INLINE void softmax(const Scratch* w, int64_t lp, int64_t first, int64_t keys_p, const int64_t* lo,
+                    const int64_t* hi, float* inv) {
     for (int r = 0; r < ROWS; r++) {
         float* row = w->s + r * lp;
-        for (int64_t j = valid[r]; j < keys_p; j++) row[j] = -INFINITY;
+        for (int64_t j = first; j < lo[r]; j++) row[j] = -INFINITY;
+        for (int64_t j = hi[r]; j < keys_p; j++) row[j] = -INFINITY;
         v16f top = (v16f){} - INFINITY;
-        for (int64_t j = 0; j < keys_p; j += LANES) {
+        for (int64_t j = first; j < keys_p; j += LANES) {
             v16f x = *(v16f*)(row + j);
             top = vmax(x, top);
         }
         float m = top[0];
         for (int l = 1; l < LANES; l++) m = top[l] > m ? top[l] : m;
         v16f total = {};
-        for (int64_t j = 0; j < keys_p; j += LANES) {
+        for (int64_t j = first; j < keys_p; j += LANES) {
             v16f e = exp_nonpositive(*(v16f*)(row + j) - m);
             *(v16f*)(row + j) = e;
             total += e;
@@ -166,13 +169,13 @@ INLINE void store_row(const Problem* p, int64_t index, v16f value) {
 }
 
 // out rows of the tile = P V / sum, in column blocks of 32 (two vectors) and a last block of 16.
-INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int64_t keys, int rows,
+INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int64_t first, int64_t keys, int rows,
                             int64_t out_first, int head, const float* inv) {
     const int d_count = p->head_dim;
     int c = 0;
     for (; c + 2 * LANES <= d_count; c += 2 * LANES) {
         v16f lo[ROWS] = {}, hi[ROWS] = {};
-        for (int64_t j = 0; j < keys; j++) {
+        for (int64_t j = first; j < keys; j++) {
             const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
             const v16f v1 = *(const v16f*)(w->vv + j * d_count + c + LANES);
             for (int r = 0; r < ROWS; r++) {
@@ -189,7 +192,7 @@ INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int6
     }
     for (; c < d_count; c += LANES) {
         v16f acc[ROWS] = {};
-        for (int64_t j = 0; j < keys; j++) {
+        for (int64_t j = first; j < keys; j++) {
             const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
             for (int r = 0; r < ROWS; r++) acc[r] += w->s[r * lp + j] * v0;
         }
@@ -198,12 +201,19 @@ INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int6
     }
 }
 
-// The keys a tile of `rows` queries from i0 sees, and in `valid` how many of them each row keeps (causal: up
-// to itself; padding rows past `rows` keep them all, their output is never written).
-INLINE int64_t tile_keys(const Problem* p, int64_t i0, int rows, int64_t len, int64_t* valid) {
-    const int64_t keys = p->causal ? i0 + rows : len;
-    for (int r = 0; r < ROWS; r++) valid[r] = p->causal && r < rows ? i0 + r + 1 : keys;
-    return keys;
+// The keys a tile of `rows` queries from i0 sees: [*first, returned end), *first a multiple of LANES, so a
+// sliding window costs window-sized work. Row r keeps [lo[r], hi[r]): up to itself when causal, within the
+// window around it. Padding rows past `rows` take the last row's range; their output is never written.
+INLINE int64_t tile_keys(const Problem* p, int64_t i0, int rows, int64_t len, int64_t* first, int64_t* lo,
+                         int64_t* hi) {
+    const int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
+    for (int r = 0; r < ROWS; r++) {
+        const int64_t i = i0 + (r < rows ? r : rows - 1);
+        lo[r] = left >= 0 && i > left ? i - left : 0;
+        hi[r] = right >= 0 && i + right + 1 < len ? i + right + 1 : len;
+    }
+    *first = lo[0] / LANES * LANES;
+    return hi[ROWS - 1];
 }
 
 VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
@@ -217,13 +227,13 @@ VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t sta
             for (int c = 0; c < d_count; c += LANES)
                 *(v16f*)(w->qt + r * d_count + c) = r < rows ? load16(p->q, qrow + c, p->bf16) * p->scale : (v16f){};
         }
-        int64_t valid[ROWS];
-        const int64_t keys = tile_keys(p, i0, rows, len, valid);
+        int64_t first, lo[ROWS], hi[ROWS];
+        const int64_t keys = tile_keys(p, i0, rows, len, &first, lo, hi);
         const int64_t keys_p = round_up(keys, LANES);
         float inv[ROWS];
-        scores(p, w, lp, keys_p);
-        softmax(w, lp, keys_p, valid, inv);
-        weighted_values(p, w, lp, keys, rows, start + i0, head, inv);
+        scores(p, w, lp, first, keys_p);
+        softmax(w, lp, first, keys_p, lo, hi, inv);
+        weighted_values(p, w, lp, first, keys, rows, start + i0, head, inv);
     }
 }
 
@@ -295,23 +305,23 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
             for (int c = 0; c < words; c += LANES)
                 *(v16u*)(qt + r * words + c) = r < rows ? *(const v16u_u*)(query + c) : (v16u){};
         }
-        int64_t valid[ROWS];
-        const int64_t keys = tile_keys(p, i0, rows, len, valid);
+        int64_t first, lo[ROWS], hi[ROWS];
+        const int64_t keys = tile_keys(p, i0, rows, len, &first, lo, hi);
         const int64_t keys_p = round_up(keys, LANES);
-        for (int64_t jb = 0; jb < keys_p; jb += LANES) {
+        for (int64_t jb = first; jb < keys_p; jb += LANES) {
             __m512 acc[ROWS];
             pair_dots(acc, qt, words, kt + jb, lp, words);  // scores of keys jb.. for each row
             for (int r = 0; r < ROWS; r++) _mm512_store_ps(w->s + r * lp + jb, acc[r] * p->scale);
         }
         float inv[ROWS];
-        softmax(w, lp, keys_p, valid, inv);
+        softmax(w, lp, first, keys_p, lo, hi, inv);
         for (int r = 0; r < ROWS; r++)
-            for (int64_t j = 0; j < keys_p; j += LANES)
+            for (int64_t j = first; j < keys_p; j += LANES)
                 _mm256_store_si256((__m256i*)(w->pb + r * lp + j), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(w->s + r * lp + j)));
-        const int64_t pairs = (keys + 1) / 2;
+        const int64_t pair0 = first / 2, pairs = (keys + 1) / 2 - pair0;
         for (int c = 0; c < d_count; c += LANES) {
             __m512 acc[ROWS];
-            pair_dots(acc, pb, lp / 2, vv + c, d_count, pairs);  // output columns c.. for each row
+            pair_dots(acc, pb + pair0, lp / 2, vv + pair0 * d_count + c, d_count, pairs);  // columns c.. of each row
             for (int r = 0; r < rows; r++)
                 store_row(p, (start + i0 + r) * p->out_stride + (int64_t)head * d_count + c, (v16f)acc[r] * inv[r]);
         }
@@ -332,8 +342,10 @@ int bouquet_has_bf16_dot(void) {
 int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* out, const int32_t* cu_seqlens,
                               int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                               int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t out_stride,
-                              float scale, int32_t causal, int32_t bf16, int32_t bf16_dot) {
-    const Problem problem = {q, k, v, out, q_stride, k_stride, v_stride, out_stride, head_dim, scale, causal, bf16};
+                              float scale, int32_t causal, int32_t bf16, int32_t bf16_dot, int64_t window_left,
+                              int64_t window_right) {
+    const Problem problem = {q,          k,     v,      out,  q_stride,    k_stride,    v_stride,
+                             out_stride, head_dim, scale, causal, bf16, window_left, window_right};
     int64_t max_len = 0;
     for (int32_t i = 0; i < num_seqs; i++) {
         const int64_t len = cu_seqlens[i + 1] - cu_seqlens[i];

@@ -25,6 +25,8 @@ class AttentionShape:
     head_dim: int
     causal: bool
     dtype: torch.dtype
+    sliding_window: bool = False  # some layer attends within a window
+    position_bias: bool = False  # some layer adds a per-head bias to its scores (MPNet)
 
     @property
     def scale(self) -> float:
@@ -44,11 +46,21 @@ class AttentionBackend(ABC):
 
     name: ClassVar[str]
     supports_cuda_graphs: ClassVar[bool] = False
+    supports_sliding_window: ClassVar[bool] = False
+    supports_position_bias: ClassVar[bool] = False
     shape: AttentionShape | None = None
 
     def bind(self, shape: AttentionShape) -> None:
-        """Told once by the engine, before any batch."""
+        """Told once by the engine, before any batch; a model it cannot run is refused here."""
+        if not self.can_run(shape):
+            raise ValueError(f"attention backend {self.name!r} cannot run {describe_needs(shape)}")
         self.shape = shape
+
+    @classmethod
+    def can_run(cls, shape: AttentionShape) -> bool:
+        return (cls.supports_sliding_window or not shape.sliding_window) and (
+            cls.supports_position_bias or not shape.position_bias
+        )
 
     @abstractmethod
     def prepare(self, ctx: ForwardContext) -> Any: ...
@@ -62,6 +74,8 @@ class AttentionBackend(ABC):
         ctx: ForwardContext,
         causal: bool,
         scale: float,
+        window: tuple[int, int] | None = None,  # (left, right): query i sees keys i - left .. i + right
+        bias: torch.Tensor | None = None,  # [H, L, L] float32 added to every sequence's scores, L >= max_seqlen
     ) -> torch.Tensor:  # [T, H, D]
         ...
 
@@ -70,3 +84,9 @@ class AttentionBackend(ABC):
 
     def prepare_replay(self, ctx: ForwardContext, key: Hashable) -> None:
         raise NotImplementedError(f"attention backend {self.name!r} cannot be captured in a CUDA graph")
+
+
+def describe_needs(shape: AttentionShape) -> str:
+    needs = [need for need, wanted in (("a sliding window", shape.sliding_window),
+                                       ("a position bias", shape.position_bias)) if wanted]  # fmt: skip
+    return "attention with " + " and ".join(needs) if needs else "this attention"

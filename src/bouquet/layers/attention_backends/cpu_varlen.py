@@ -25,7 +25,7 @@ HEAD_DIM_MULTIPLE = 16  # one vector of float32 lanes
 
 
 def supports(shape: AttentionShape) -> bool:
-    return shape.dtype in DTYPES and shape.head_dim % HEAD_DIM_MULTIPLE == 0
+    return shape.dtype in DTYPES and shape.head_dim % HEAD_DIM_MULTIPLE == 0 and not shape.position_bias
 
 
 @functools.cache
@@ -45,6 +45,7 @@ def _kernel() -> ctypes._CFuncPtr:
         ctypes.c_int32,  # causal
         ctypes.c_int32,  # bfloat16 (else float32)
         ctypes.c_int32,  # bfloat16 by dot products where the CPU has them (AVX512-BF16)
+        *[ctypes.c_int64] * 2,  # sliding window: keys before and after each query (-1: unbounded)
     ]
     return function
 
@@ -61,6 +62,8 @@ class CpuVarlenBackend(AttentionBackend):
     widens everything to float32 first, the path CPUs without it take."""
 
     name: ClassVar[str] = "cpu_varlen"
+    # A windowed layer costs window-sized work: each query tile reads only the keys its rows may see.
+    supports_sliding_window: ClassVar[bool] = True
 
     def __init__(self, bf16_dot: bool = True) -> None:
         self.bf16_dot = bf16_dot
@@ -70,6 +73,8 @@ class CpuVarlenBackend(AttentionBackend):
             raise BackendUnavailableError(f"cpu_varlen needs its C kernel: {error}") from error
 
     def bind(self, shape: AttentionShape) -> None:
+        if not self.can_run(shape):
+            super().bind(shape)  # refuses, naming what the model needs
         if not supports(shape):
             raise ValueError(
                 f"cpu_varlen needs float32 or bfloat16 and head_dim a multiple of {HEAD_DIM_MULTIPLE}, got "
@@ -95,7 +100,11 @@ class CpuVarlenBackend(AttentionBackend):
         ctx: ForwardContext,
         causal: bool,
         scale: float,
+        window: tuple[int, int] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, H, D]
+        if bias is not None:
+            raise ValueError("cpu_varlen adds no position bias; use sdpa (auto does)")
         cu_seqlens, covered = ctx.attn_metadata
         num_tokens, num_heads, head_dim = q.shape
         q, k, v = (_token_strided(t, q.dtype) for t in (q, k, v))
@@ -109,7 +118,7 @@ class CpuVarlenBackend(AttentionBackend):
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
             len(cu_seqlens) - 1, num_heads, kv_heads, head_dim,
             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
-            scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot),
+            scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot), *(window or (-1, -1)),
         )  # fmt: skip
         if failed:
             raise MemoryError("cpu_varlen: the kernel could not allocate its scratch buffers")

@@ -68,18 +68,22 @@ def torch_flash_varlen(
     max_seqlen_k: int,
     softmax_scale: float,
     causal: bool,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> torch.Tensor:  # [T, H, D]
     """FlashAttention 2's varlen call, as flash-attn's keywords, on PyTorch's own kernel. Nothing is read back
     to the host and no dropout generator is touched (dropout 0), so it can be captured in a CUDA graph."""
+    left, right = (None if side < 0 else side for side in window_size)
     out, *_ = _torch_flash_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=softmax_scale
-    )
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, causal, False, scale=softmax_scale,
+        window_size_left=left, window_size_right=right,
+    )  # fmt: skip
     return out
 
 
 class FlashAttnBackend(AttentionBackend):
     name: ClassVar[str] = "flash_attn"
     supports_cuda_graphs: ClassVar[bool] = True
+    supports_sliding_window: ClassVar[bool] = True  # window_size=(left, right), all three implementations
 
     def __init__(self) -> None:
         self._varlen, self.version = load_varlen_func()
@@ -106,8 +110,11 @@ class FlashAttnBackend(AttentionBackend):
         ctx: ForwardContext,
         causal: bool,
         scale: float,
+        window: tuple[int, int] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, H, D]
         assert q.dtype in (torch.bfloat16, torch.float16), f"flash_attn needs bfloat16 or float16, got {q.dtype}"
+        assert bias is None, "flash_attn adds no position bias (bind refuses such a model)"
         # Both take cu_seqlens as contiguous int32 on the device and max_seqlen as a Python int; neither reads
         # anything back to the host, so the call can be captured. Keywords only: the two versions order the
         # arguments after max_seqlen_k differently.
@@ -121,6 +128,7 @@ class FlashAttnBackend(AttentionBackend):
             max_seqlen_k=ctx.max_seqlen,
             softmax_scale=scale,
             causal=causal,
+            **({} if window is None else {"window_size": window}),
             **self._options,
         )
         # flash-attn-4 returns (out, lse), lse None unless asked for; FlashAttention 2 returns out alone.

@@ -56,6 +56,9 @@ def plan_groups(seq_lens: list[int], min_efficiency: float) -> list[list[int]]:
 
 class SdpaBackend(AttentionBackend):
     name: ClassVar[str] = "sdpa"
+    # Both through an explicit mask, so a windowed layer still costs full attention here.
+    supports_sliding_window: ClassVar[bool] = True
+    supports_position_bias: ClassVar[bool] = True
 
     def __init__(self, min_efficiency: float = 0.8):
         self.min_efficiency = min_efficiency
@@ -85,9 +88,11 @@ class SdpaBackend(AttentionBackend):
         ctx: ForwardContext,
         causal: bool,
         scale: float,
+        window: tuple[int, int] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan: _Plan = ctx.attn_metadata
-        outputs = [_attend_group(q, k, v, group, causal, scale) for group in plan.groups]
+        outputs = [_attend_group(q, k, v, group, _Masking(causal, window, bias), scale) for group in plan.groups]
         if plan.slot_of_row is None:
             return outputs[0]
         padded = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -123,8 +128,32 @@ def _to_device(group: _Group, device: torch.device) -> _Group:
     return _Group(group.start, group.num_seqs, group.seq_len, group.gather_index.to(device), key_mask)
 
 
+@dataclass(frozen=True)
+class _Masking:
+    causal: bool
+    window: tuple[int, int] | None
+    bias: torch.Tensor | None  # [H, L, L] float32
+
+    def mask(self, group: _Group, like: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+        """SDPA's attn_mask for the group (on `like`'s device, scores in its dtype) and its is_causal."""
+        if self.window is None and self.bias is None:
+            # Right padding: with a causal mask, real queries never see the pad keys behind them.
+            return (None, True) if self.causal else (group.key_mask, False)
+        length = group.seq_len
+        positions = torch.arange(length, device=like.device)
+        offset = positions[None, :] - positions[:, None]  # [L, L]: key j - query i
+        left, right = self.window or (length, length)
+        allowed = (offset >= -left) & (offset <= (0 if self.causal else right))  # [L, L]
+        if group.key_mask is not None:
+            allowed = allowed & group.key_mask  # [b, 1, L, L]
+        if self.bias is None:
+            return allowed, False
+        scores = self.bias[:, :length, :length].to(like.dtype)
+        return scores.masked_fill(~allowed, float("-inf")), False
+
+
 def _attend_group(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group, causal: bool, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group, masking: _Masking, scale: float
 ) -> torch.Tensor:  # [b * L, H, D]
     shape = (group.num_seqs, group.seq_len)
     if group.gather_index is None:
@@ -132,8 +161,7 @@ def _attend_group(
         qkv = [t[rows].unflatten(0, shape) for t in (q, k, v)]
     else:
         qkv = [t.index_select(0, group.gather_index).unflatten(0, shape) for t in (q, k, v)]
-    # Right padding: with a causal mask, real queries never see the pad keys behind them.
-    mask = None if causal else group.key_mask
+    mask, causal = masking.mask(group, q)
     return _sdpa(*qkv, mask, causal, scale).flatten(0, 1)
 
 
@@ -141,7 +169,7 @@ def _sdpa(
     q: torch.Tensor,  # [b, L, H, D]
     k: torch.Tensor,  # [b, L, Hkv, D]
     v: torch.Tensor,
-    key_mask: torch.Tensor | None,  # [b, 1, 1, L]
+    mask: torch.Tensor | None,  # [b, 1, 1, L] keys, or [b | 1, H | 1, L, L]: bool, or float scores to add
     causal: bool,
     scale: float,
 ) -> torch.Tensor:  # [b, L, H, D]
@@ -149,7 +177,7 @@ def _sdpa(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        attn_mask=key_mask,
+        attn_mask=mask,
         is_causal=causal,
         scale=scale,
         enable_gqa=k.shape[2] != q.shape[2],

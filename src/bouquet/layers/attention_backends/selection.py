@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, cpu_varlen, create_attention_backend
-from bouquet.layers.attention_backends.base import BackendUnavailableError
+from bouquet.layers.attention_backends.base import BackendUnavailableError, describe_needs
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
 from bouquet.layers.context import ForwardContext
@@ -83,7 +83,7 @@ class AutoBackend(AttentionBackend):
         self._captured: dict[Hashable, AttentionBackend] = {}
 
     def bind(self, shape: AttentionShape) -> None:
-        super().bind(shape)
+        self.shape = shape  # each backend it dispatches to checks that it can run the model
         for backend in self.backends.values():
             backend.bind(shape)
 
@@ -99,10 +99,18 @@ class AutoBackend(AttentionBackend):
         self._captured[key].prepare_replay(ctx, key)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: ForwardContext, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: ForwardContext,
+        causal: bool,
+        scale: float,
+        window: tuple[int, int] | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         choice: _Choice = ctx.attn_metadata
-        return choice.backend.forward(q, k, v, choice.ctx, causal, scale)
+        return choice.backend.forward(q, k, v, choice.ctx, causal, scale, window, bias)
 
 
 def load_backends(names: tuple[str, ...]) -> tuple[dict[str, AttentionBackend], dict[str, str]]:
@@ -165,6 +173,10 @@ def create_auto_backend(
     if device.type == "cpu":
         return _cpu_backend(shape)
     backends, missing = load_backends(GPU_BACKENDS)
+    for name, backend in list(backends.items()):
+        if not backend.can_run(shape):
+            missing[name] = f"cannot run {describe_needs(shape)}"
+            del backends[name]
     for name, reason in missing.items():
         logger.info("attention auto: %s not available: %s", name, reason)
     if table_path is not None:
@@ -178,7 +190,10 @@ def create_auto_backend(
 
 def _cpu_backend(shape: AttentionShape) -> AttentionBackend:
     if not cpu_varlen.supports(shape):
-        logger.info("attention auto: sdpa (cpu_varlen needs float32 or bfloat16 and head_dim a multiple of 16)")
+        logger.info(
+            "attention auto: sdpa (cpu_varlen needs float32 or bfloat16, head_dim a multiple of 16 and no position "
+            "bias)"
+        )
         return SdpaBackend()
     try:
         backend = CpuVarlenBackend()
