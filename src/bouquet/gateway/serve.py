@@ -43,15 +43,8 @@ class ServeSupervisor(Supervisor):
             super().restart(child)
 
     def _replica_command(self, listen: str) -> list[str]:
-        c = self.config
-        command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(c.model_path), "--listen", listen,
-                   "--device", c.device, "--dtype", c.dtype, "--drain-seconds", str(c.drain_seconds),
-                   "--attention-backend", c.attention_backend]  # fmt: skip
-        if c.max_batch_tokens:
-            command += ["--max-batch-tokens", str(c.max_batch_tokens)]
-        if c.cpu_workers is not None:
-            command += ["--cpu-workers", str(c.cpu_workers)]
-        return command
+        """The replica arguments cli.py passed on, and the address serve gives this replica."""
+        return [sys.executable, "-m", "bouquet.cli", "replica", *self.config.replica_args, f"--listen={listen}"]
 
     def _start_replicas(self) -> bool:
         env = dict(os.environ)
@@ -73,10 +66,8 @@ class ServeSupervisor(Supervisor):
 
     def _start_gateways(self) -> bool:
         c = self.config
-        args = ["--host", c.host, "--port", str(c.port), "--model", str(c.model_path),
-                "--drain-seconds", str(c.drain_seconds), *c.gateway_args]  # fmt: skip
-        args += [f"--replica=127.0.0.1:{port}" for port in self.replica_ports.values()]
-        listening = self.start_gateways(args, c.workers, c.api_key)
+        replicas = [f"--replica=127.0.0.1:{port}" for port in self.replica_ports.values()]
+        listening = self.start_gateways([*c.gateway_args, *replicas], c.workers, c.api_key)
         return listening and self.wait(self._healthy, self.gateways, "/health to answer 200")
 
     def _healthy(self) -> bool:

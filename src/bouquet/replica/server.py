@@ -13,14 +13,13 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bouquet.config import EngineConfig, SchedulerConfig
+from bouquet.config import EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable
@@ -40,15 +39,6 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
 
 Reply = TypeVar("Reply")
 Handler = Callable[["EmbeddingServicer", object, grpc.aio.ServicerContext], Awaitable[Reply]]
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """The process around the scheduler: where it listens and how long it drains."""
-
-    listen: str = "127.0.0.1:50051"
-    metrics_port: int | None = None  # /metrics over HTTP; None: not served
-    drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
 
 
 def status_for(error: Exception) -> grpc.StatusCode:
