@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from bouquet.models.bert import BertModel
+from bouquet.models.gte import GteModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen3 import Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaModel
@@ -32,6 +33,7 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "RobertaModel": XLMRobertaModel,
     "RobertaForMaskedLM": XLMRobertaModel,
     "NomicBertModel": NomicBertModel,
+    "GteModel": GteModel,
 }
 
 
