@@ -6,6 +6,7 @@ of rotated dimensions moves the scores far from the reference."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,6 @@ def test_without_token_types_and_with_another_rotary_base(tmp_path, minilm_path:
 
 def test_checkpoint_under_the_released_wrapper_prefix(tmp_path, gte) -> None:
     """Alibaba's task models save under `new.`, which transformers' own GTE conversion mapping removes."""
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     path, model = gte

@@ -6,6 +6,7 @@ off by one either way changes every token's position embedding or runs off the t
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,6 @@ def test_roberta_masked_lm_checkpoint_loads_without_its_head(tmp_path, minilm_pa
 
 
 def test_limit_is_the_position_table_less_the_offset(tmp_path, xlmr) -> None:
-    import shutil
-
     path = tmp_path / "model"
     shutil.copytree(xlmr[0], path)
     set_tokenizer_limit(path, None)  # the loader then caps by max_position_embeddings (130) alone
