@@ -1,0 +1,49 @@
+"""RoBERTa and XLM-RoBERTa encoders (bge-m3, multilingual-e5): BERT's layers and weight names, with position
+ids that start after the padding index.
+
+Hugging Face numbers the non-pad tokens of a sequence from `padding_idx + 1` (`create_position_ids_from_input_ids`),
+so on packed sequences, which hold no padding, a token's position id is its 0-based position plus that offset.
+Everything else, from the embeddings' sum to the post-norm layers, is BERT's, and so is the code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from bouquet.layers.weights import drop_ignored, strip_prefixes
+from bouquet.models.bert import BertConfig, BertModel
+
+# The masked-LM head of `...ForMaskedLM` checkpoints; embeddings never use it.
+_IGNORED = re.compile(r"lm_head\..*")
+
+
+class XLMRobertaModel(BertModel):
+    def __init__(self, config: BertConfig, padding_idx: int):
+        super().__init__(config)
+        self.position_offset = padding_idx + 1
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> XLMRobertaModel:
+        # transformers' RoBERTa and XLM-RoBERTa configurations default to padding index 1.
+        padding_idx = hf_config.get("pad_token_id")
+        return cls(BertConfig.from_hf(hf_config), padding_idx=1 if padding_idx is None else padding_idx)
+
+    @property
+    def max_seq_length(self) -> int:
+        """The longest sequence its position table holds: the first `padding_idx + 1` rows are never used."""
+        return self.config.max_positions - self.position_offset
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T] 0-based within each sequence
+        token_type_ids: torch.Tensor | None = None,  # [T]
+    ) -> torch.Tensor:  # [T, D] float32
+        return super().forward(input_ids, positions + self.position_offset, token_type_ids)
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        state = drop_ignored(strip_prefixes(state, ("roberta.",)), _IGNORED)
+        return super().convert_checkpoint(state)
