@@ -16,8 +16,8 @@ from test_st_layouts import PROMPTS, assert_same_rows, embed_with_bouquet, embed
 
 from bouquet.config import EngineConfig
 from bouquet.engine.batch import Batch
-from bouquet.engine.cuda_graphs import unpadded_inputs
 from bouquet.engine.engine import Engine
+from bouquet.engine.inputs import prepare_inputs
 from bouquet.tokenizer import pack
 
 VOCAB_SIZE = 30522  # the bundled MiniLM tokenizer's
@@ -53,7 +53,7 @@ def engine_token_states(engine: Engine, ids: list[list[int]]) -> np.ndarray:  # 
     packed = pack(ids)
     batch = Batch.from_packed(packed.input_ids, packed.cu_seqlens)
     with torch.inference_mode():
-        hidden = engine.encode(unpadded_inputs(batch, engine.device), engine.attn_backend.prepare)
+        hidden = engine.runner.encode(prepare_inputs(batch, engine.device), engine.attn_backend.prepare)
     return hidden.float().numpy()
 
 

@@ -45,13 +45,18 @@ class ModelRunner:
         prepare: Callable[[ForwardContext], Any],  # the attention metadata: planned now, or a graph's own
         uniform_normalize: bool | None = None,
     ) -> torch.Tensor:  # [B, dim] float32 on the device
-        ctx = inputs.context()
-        ctx.attn_metadata = prepare(ctx)
-        with forward_context(ctx):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+        hidden = self.encode(inputs, prepare)
         return self.pooler(
             hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize
         )
+
+
+    def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
+        """[T, hidden] token states: the model alone."""
+        ctx = inputs.context()
+        ctx.attn_metadata = prepare(ctx)
+        with forward_context(ctx):
+            return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
 
 
 def uniform_normalize(batch: Batch) -> bool | None:
