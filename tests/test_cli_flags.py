@@ -123,10 +123,10 @@ def test_gateway_flags_land_in_its_config_and_its_workers_arguments(tmp_path: Pa
 def test_serve_passes_on_only_what_it_was_given_and_what_it_resolved(tmp_path: Path):
     config = serve_config(parse("--log-level", "INFO", "serve", "--model", str(tmp_path), "--ready-timeout", "60"))
     assert config.ready_timeout == 60.0
-    assert config.replica_args == (
+    assert config.replica_args == ((
         f"--model={tmp_path}", "--device=auto", "--dtype=auto", "--attention-backend=auto", "--drain-seconds=30.0",
         "--log-level=INFO",
-    )  # fmt: skip
+    ),)  # fmt: skip
     assert config.gateway_args == (
         f"--model={tmp_path}", "--host=127.0.0.1", "--port=8080", "--drain-seconds=30.0", "--log-level=INFO",
     )  # fmt: skip
@@ -210,3 +210,11 @@ def test_serve_reports_a_replica_option_its_replica_refuses():
     assert result.returncode == 1
     assert "cpu_workers must be positive, got 0" in result.stderr
     assert "waiting for replicas to load: replica0 exited" in result.stderr
+
+
+def test_serve_gives_each_model_its_own_replicas(tmp_path: Path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    config = serve_config(parse("serve", "--model", str(first), "--model", str(second), "--dtype", "bfloat16"))
+    assert [args[0] for args in config.replica_args] == [f"--model={first}", f"--model={second}"]
+    assert all("--dtype=bfloat16" in args for args in config.replica_args)
+    assert config.gateway_args[:2] == (f"--model={first}", f"--model={second}")

@@ -1,7 +1,7 @@
-"""`bouquet serve` on a user's sentence-transformers model (current layout: two Dense modules, no Normalize,
-prompts left out of the pooling, a 40-token limit), through the openai client and TEI's route: rows as
-sentence-transformers computes them, raw unless a request asks for normalisation, and the model's width and
-limit in /info."""
+"""`bouquet serve` on two models at once, each on its own replica, routed by name: a user's sentence-transformers
+model (current layout: two Dense modules, no Normalize, prompts left out of the pooling, a 40-token limit) and
+the bundled MiniLM. Through the openai client and TEI's route: rows as sentence-transformers computes them, raw
+unless a request asks for normalisation; each model's family, pooling, width and limit in /info and /v1/models."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ def model_dir(tmp_path_factory, minilm_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[str]:
+def server(model_dir: Path, minilm_path: Path) -> Iterator[str]:
     port = free_port()
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--model", str(model_dir))
+    models = ("--model", str(model_dir), "--model", str(minilm_path))
+    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", *models)
     try:
         process.wait_ready()
         yield f"http://127.0.0.1:{port}"
@@ -67,20 +68,50 @@ def test_openai_client_gets_raw_rows_of_the_dense_chain(server: str, reference) 
 
 
 def test_tei_prompt_left_out_of_the_pooling(server: str, reference) -> None:
-    status, body = post(f"{server}/embed", {"inputs": TEXTS, "prompt_name": "query"})
+    status, body = post(f"{server}/embed", {"inputs": TEXTS, "prompt_name": "query", "model": "tiny-dense"})
     assert status == 200
     assert_same_rows(np.array(body, dtype=np.float32), reference.encode(TEXTS, prompt_name="query"))
 
 
 def test_a_request_may_still_ask_for_normalised_rows(server: str, reference) -> None:
-    status, body = post(f"{server}/embed", {"inputs": TEXTS, "normalize": True})
+    status, body = post(f"{server}/embed", {"inputs": TEXTS, "normalize": True, "model": "tiny-dense"})
     assert status == 200
     expected = reference.encode(TEXTS, convert_to_numpy=True, normalize_embeddings=True)
     assert_same_rows(np.array(body, dtype=np.float32), expected)
 
 
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
 def test_info_reports_the_served_width_and_limit(server: str) -> None:
-    with urllib.request.urlopen(f"{server}/info", timeout=30) as reply:
-        info = json.loads(reply.read())
-    assert (info["dimension"], info["max_input_length"]) == (32, 40)
+    info = _get(f"{server}/info?model=tiny-dense")
+    assert (info["dimension"], info["max_input_length"], info["family"]) == (32, 40, "bert")
     assert info["model_type"]["embedding"]["pooling"] == "weightedmean"
+
+
+def test_models_lists_each_model_with_its_shape(server: str) -> None:
+    cards = {card["id"]: card for card in _get(f"{server}/v1/models")["data"]}
+    assert set(cards) == {"tiny-dense", "all-MiniLM-L6-v2"}
+    tiny, minilm = cards["tiny-dense"], cards["all-MiniLM-L6-v2"]
+    assert (tiny["family"], tiny["pooling"], tiny["dimension"], tiny["max_input_length"]) == (
+        "bert",
+        "weightedmean",
+        32,
+        40,
+    )
+    assert (minilm["pooling"], minilm["dimension"], minilm["max_input_length"], minilm["normalize"]) == (
+        "mean",
+        384,
+        256,
+        True,
+    )
+    assert _get(f"{server}/v1/models/sentence-transformers/all-MiniLM-L6-v2")["id"] == "all-MiniLM-L6-v2"
+
+
+def test_each_model_is_routed_to_its_replica(server: str, reference, sentence_transformer) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=120)
+    for model, expected in (("all-MiniLM-L6-v2", sentence_transformer), ("tiny-dense", reference)):
+        rows = [item.embedding for item in client.embeddings.create(model=model, input=TEXTS).data]
+        assert_same_rows(np.array(rows, dtype=np.float32), expected.encode(TEXTS, convert_to_numpy=True))

@@ -95,6 +95,14 @@ _REPLICA_PROCESS = (
     _option("--metrics-port", "serve Prometheus /metrics over HTTP on this port", type=int),
 )
 REPLICA_OPTIONS = (*ENGINE_OPTIONS, *SCHEDULER_OPTIONS, _DRAIN, _LOG_LEVEL)  # what `serve` passes each replica
+# `serve` takes several models, each on replicas of its own; every other replica option applies to them all.
+_SERVE_MODELS = _option(
+    "--model",
+    "local model directory (repeat to serve several, each on its own replicas, routed by name; default: the "
+    "bundled all-MiniLM-L6-v2)",
+    action="append",
+)
+_SERVE_REPLICA_OPTIONS = tuple(_SERVE_MODELS if option.flag == "--model" else option for option in REPLICA_OPTIONS)
 
 GATEWAY_LIMIT_OPTIONS = (
     _option("--max-inputs", f"inputs a request (default {GatewayConfig.max_inputs})", type=int),
@@ -166,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     replica = commands.add_parser("replica", help="serve one model over gRPC: token-budget scheduler plus engine")
     _add(replica, [*REPLICA_OPTIONS, *_REPLICA_PROCESS])
     serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
-    _add(serve.add_argument_group("each replica (see `bouquet replica`)"), REPLICA_OPTIONS)
+    _add(serve.add_argument_group("each replica (see `bouquet replica`)"), _SERVE_REPLICA_OPTIONS)
     _add(serve.add_argument_group("each gateway (see `bouquet gateway`)"), GATEWAY_LIMIT_OPTIONS)
     _add(serve, [*_SERVE_FIELDS, _API_KEY])
     gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
@@ -230,10 +238,11 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
     config = ServeConfig(device=args.device, api_key=_api_key(args), **_given(args, [*_SERVE_FIELDS, _DRAIN]))
-    # Every child serves the one model directory resolved here, and drains in the time serve waits for it.
-    model = args.model or default_model_path()
-    values = {**vars(args), "model": str(model), "drain_seconds": config.drain_seconds}
-    return replace(config, replica_args=_argv(REPLICA_OPTIONS, values), gateway_args=_argv(GATEWAY_OPTIONS, values))
+    # Each model's replicas serve the directory resolved here; every child drains in the time serve waits for it.
+    models = [str(model) for model in args.model or [default_model_path()]]
+    values = {**vars(args), "model": models, "drain_seconds": config.drain_seconds}
+    replica_args = tuple(_argv(REPLICA_OPTIONS, {**values, "model": model}) for model in models)
+    return replace(config, replica_args=replica_args, gateway_args=_argv(GATEWAY_OPTIONS, values))
 
 
 def _run_serve(args: argparse.Namespace) -> int:

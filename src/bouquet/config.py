@@ -220,7 +220,8 @@ class ServeConfig:
     workers: int = 1
     device: str = "auto"  # the replicas' --device: CPU replicas share the cores out between them
     api_key: str | None = None  # to the gateways by environment, where `ps` does not show it
-    replica_args: tuple[str, ...] = ()  # internal: each `bouquet replica`'s arguments, less --listen (cli.py)
+    # internal, built by cli.py: per model served, its `bouquet replica` arguments less --listen
+    replica_args: tuple[tuple[str, ...], ...] = ()
     gateway_args: tuple[str, ...] = ()  # internal: each `bouquet gateway`'s arguments, less --replica (cli.py)
     ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
     drain_seconds: float = 30.0  # the children's too, so each is done before serve stops waiting for it

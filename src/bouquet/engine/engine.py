@@ -88,6 +88,11 @@ class Engine:
         return self.pooler.dimension
 
     @property
+    def family(self) -> str:
+        """The model family: the name of the models/ file that serves this architecture."""
+        return type(self.model).__module__.rsplit(".", 1)[-1]
+
+    @property
     def pooling(self) -> PoolingSpec:
         return self.pooler.spec
 

@@ -50,7 +50,6 @@ class ModelRunner:
             hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize
         )
 
-
     def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[T, hidden] token states: the model alone."""
         ctx = inputs.context()

@@ -241,9 +241,22 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     return _json(await model.require_tokenizer().tokens(texts, prompt, add_special))
 
 
+def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
+    """OpenAI's model object, plus what a client needs to use it: family, pooling, limit, width."""
+    return {
+        "id": model.id, "object": "model", "created": 0, "owned_by": "bouquet", "family": model.family,
+        "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
+        "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
+        "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas),
+    }  # fmt: skip
+
+
 async def _models(gateway: Gateway, request: Request) -> Response:
-    data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "bouquet"} for m in gateway.catalog.ordered]
-    return _json({"object": "list", "data": data})
+    return _json({"object": "list", "data": [_model_card(gateway, model) for model in gateway.catalog.ordered]})
+
+
+async def _model(gateway: Gateway, request: Request) -> Response:
+    return _json(_model_card(gateway, gateway.catalog.get(request.path_params["model"])))
 
 
 async def _info(gateway: Gateway, request: Request) -> Response:
@@ -252,6 +265,7 @@ async def _info(gateway: Gateway, request: Request) -> Response:
     model = gateway.catalog.get(request.query_params.get("model"))
     return _json({
         "model_id": model.id, "model_dtype": model.dtype, "model_type": {"embedding": {"pooling": model.pooling}},
+        "family": model.family, "architecture": model.architecture, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length,
         "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": gateway.config.max_inputs,
         "prompts": model.prompts, "default_prompt_name": model.default_prompt_name,
@@ -305,6 +319,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     routes = [
         Route("/v1/embeddings", _endpoint("/v1/embeddings", _openai_embeddings), methods=["POST"]),
         Route("/v1/models", _endpoint("/v1/models", _models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _endpoint("/v1/models/{model}", _model), methods=["GET"]),
         Route("/embed", _endpoint("/embed", _tei_embed), methods=["POST"]),
         Route("/tokenize", _endpoint("/tokenize", _tei_tokenize), methods=["POST"]),
         Route("/info", _endpoint("/info", _info), methods=["GET"]),

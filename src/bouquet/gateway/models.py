@@ -28,6 +28,8 @@ class ServedModel:
     dimension: int
     max_seq_length: int
     vocab_size: int
+    family: str  # the models/ file serving it
+    architecture: str
     pooling: str
     normalize: bool  # rows are normalised when a request does not say
     dtype: str
@@ -123,6 +125,7 @@ class ModelCatalog:
         return ServedModel(
             name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
-            normalize=info.normalize, dtype=info.dtype, max_batch_tokens=info.max_batch_tokens,
+            family=info.family, architecture=info.architecture, normalize=info.normalize, dtype=info.dtype,
+            max_batch_tokens=info.max_batch_tokens,
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
         )  # fmt: skip

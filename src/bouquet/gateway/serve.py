@@ -1,5 +1,5 @@
-"""`bouquet serve`: N local `bouquet replica` processes and `workers` gateway processes on one port, each its
-own process (visible in `ps`, stoppable alone). Waits until the replicas serve and the gateway answers
+"""`bouquet serve`: N local `bouquet replica` processes per model and `workers` gateway processes on one port,
+each its own process (visible in `ps`, stoppable alone). Waits until the replicas serve and the gateway answers
 /health; restarts a child that dies; on SIGTERM or SIGINT drains the gateways first, then the replicas."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class ServeSupervisor(Supervisor):
         self.config = config
         self.replicas: list[Child] = []
         self.replica_ports: dict[str, int] = {}
+        self.replica_models: dict[str, int] = {}  # replica name -> index of its model in config.replica_args
 
     def start(self) -> bool:
         if not (self._start_replicas() and self._start_gateways()):
@@ -38,22 +39,27 @@ class ServeSupervisor(Supervisor):
         if child in self.replicas:
             port = self.replica_ports[child.name]
             print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
-            child.restart(self._replica_command(f"127.0.0.1:{port}"))
+            child.restart(self._replica_command(self.replica_models[child.name], f"127.0.0.1:{port}"))
         else:
             super().restart(child)
 
-    def _replica_command(self, listen: str) -> list[str]:
-        """The replica arguments cli.py passed on, and the address serve gives this replica."""
-        return [sys.executable, "-m", "bouquet.cli", "replica", *self.config.replica_args, f"--listen={listen}"]
+    def _replica_command(self, model: int, listen: str) -> list[str]:
+        """The replica arguments cli.py passed on for this model, and the address serve gives this replica."""
+        args = self.config.replica_args[model]
+        return [sys.executable, "-m", "bouquet.cli", "replica", *args, f"--listen={listen}"]
 
     def _start_replicas(self) -> bool:
         env = dict(os.environ)
+        models = len(self.config.replica_args)
         if "OMP_NUM_THREADS" not in env and self.config.device != "cuda":
             # Replicas on one CPU share its cores instead of each taking them all.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.config.replicas))
-        for index in range(self.config.replicas):
-            name = f"replica{index}"
-            self.replicas.append(Child(name, self._replica_command("127.0.0.1:0"), env, self._port_reader(name)))
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (self.config.replicas * models)))
+        for model in range(models):
+            for index in range(self.config.replicas):
+                name = f"replica{index}" if models == 1 else f"model{model}-replica{index}"
+                self.replica_models[name] = model
+                command = self._replica_command(model, "127.0.0.1:0")
+                self.replicas.append(Child(name, command, env, self._port_reader(name)))
         return self.wait(lambda: len(self.replica_ports) == len(self.replicas), self.replicas, "replicas to load")
 
     def _port_reader(self, name: str) -> Callable[[str], None]:

@@ -41,7 +41,7 @@ class InfoRequest(_message.Message):
     def __init__(self, include_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize")
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class InfoResponse(_message.Message):
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dimension: int
@@ -75,4 +76,5 @@ class InfoResponse(_message.Message):
     max_batch_tokens: int
     tokenizer_json: str
     normalize: bool
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ...) -> None: ...
+    family: str
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ...) -> None: ...

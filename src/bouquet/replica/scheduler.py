@@ -40,6 +40,7 @@ class StepEngine(Protocol):
     dimension: int  # a row's full width
     max_seq_length: int
     pooling: PoolingSpec
+    family: str
     workers: int  # steps it computes at once; a later one starts, in submission order, when one of them is done
 
     def step(self, batch: Batch) -> LazyTensor: ...

@@ -86,7 +86,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             model_name=spec.name, architecture=spec.architecture, dimension=engine.dimension,
             max_seq_length=engine.max_seq_length, pooling=engine.pooling.name, dtype=dtype, device=device,
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
-            max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize,
+            max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
