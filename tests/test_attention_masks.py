@@ -45,7 +45,7 @@ def _inputs(dtype: torch.dtype, heads: int = 4, kv_heads: int = 2, head_dim: int
 
 
 def _run(backend, q, k, v, causal, window, bias=None) -> torch.Tensor:
-    shape = AttentionShape(q.shape[1], k.shape[1], q.shape[2], causal, q.dtype, sliding_window=window is not None,
+    shape = AttentionShape(q.shape[1], k.shape[1], q.shape[2], causal, q.dtype, windows=(window,) if window else (),
                            position_bias=bias is not None)  # fmt: skip
     backend.bind(shape)
     ctx = packed_context(backend, SEQ_LENS)
@@ -94,7 +94,7 @@ def test_position_bias_on_sdpa(window, dtype: torch.dtype) -> None:
 def test_a_backend_refuses_what_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="cannot run attention with a position bias"):
         CpuVarlenBackend().bind(AttentionShape(4, 2, 32, False, torch.float32, position_bias=True))
-    SdpaBackend().bind(AttentionShape(4, 2, 32, False, torch.float32, sliding_window=True, position_bias=True))
+    SdpaBackend().bind(AttentionShape(4, 2, 32, False, torch.float32, windows=((8, 8),), position_bias=True))
 
 
 def test_a_window_wider_than_every_sequence_changes_nothing() -> None:

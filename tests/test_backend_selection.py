@@ -124,14 +124,20 @@ def test_a_backend_whose_import_breaks_is_reported_not_raised(monkeypatch: pytes
     assert list(loaded) == ["sdpa"] and "RuntimeError: CUDA driver version" in missing["flashinfer"]
 
 
-def _reference(q, k, v, cu_seqlens: list[int], causal: bool, scale: float) -> torch.Tensor:
-    """Attention per sequence of the packed q, k, v (GQA by repeating k, v), [T, H, D]."""
+def _reference(q, k, v, cu_seqlens: list[int], causal: bool, scale: float, window=None) -> torch.Tensor:
+    """Attention per sequence of the packed q, k, v (GQA by repeating k, v), [T, H, D]; `window` (left, right),
+    a side < 0 unbounded."""
     outs = []
     for start, end in itertools.pairwise(cu_seqlens):
         qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
         repeat = qs.shape[0] // ks.shape[0]
         ks, vs = ks.repeat_interleave(repeat, 0), vs.repeat_interleave(repeat, 0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale).transpose(0, 1))
+        offset = torch.arange(end - start)[None, :] - torch.arange(end - start)[:, None]  # key j - query i
+        left, right = window or (-1, -1)
+        allowed = (offset >= -left if left >= 0 else offset == offset) & (offset <= right if right >= 0 else True)
+        allowed = allowed & (offset <= 0) if causal else allowed
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, scale=scale)
+        outs.append(out.transpose(0, 1))
     return torch.cat(outs)
 
 
@@ -271,14 +277,15 @@ class _RaggedWrapper:
             self.max_rows = rows if self.max_rows is None else self.max_rows
             assert rows <= self.max_rows, "rows may not exceed the first plan's in CUDA-graph mode"
             self.qo_indptr_buf.copy_(qo_indptr)
-        self.indptr, self.causal, self.sm_scale = qo_indptr.tolist(), causal, sm_scale
+        self.indptr, self.causal, self.sm_scale, self.window_left = qo_indptr.tolist(), causal, sm_scale, window_left
         self.heads, self.head_dim, self.dtype = (num_qo_heads, num_kv_heads), head_dim_qk, q_data_type
         self.plans += 1
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, enable_pdl=None, kv_cache_sf=None):
         assert q.dtype == self.dtype and (q.shape[1], k.shape[1]) == self.heads and q.shape[2] == self.head_dim
         assert q.shape[0] == self.indptr[-1], "q's rows must equal qo_indptr[-1]"
-        return _reference(q.float(), k.float(), v.float(), self.indptr, self.causal, self.sm_scale).to(q.dtype)
+        window = (self.window_left, -1)  # FlashInfer's window bounds the left side only
+        return _reference(q.float(), k.float(), v.float(), self.indptr, self.causal, self.sm_scale, window).to(q.dtype)
 
 
 @pytest.fixture
@@ -320,13 +327,14 @@ def test_flashinfer_graph_wrapper_per_bucket_replans_new_lengths(fake_flashinfer
     # A bucket of 32 tokens x 4 sequence slots: real sequences, the pad sequence, an empty slot.
     captured = [5, 17, 10, 0]
     q, k, v, cu_seqlens = _packed(captured)
-    wrapper = backend.prepare_capture(ForwardContext(cu_seqlens, 32, captured), key=(32, 4))
-    assert wrapper.use_cuda_graph and len(wrapper.qo_indptr_buf) == 5
+    wrappers = backend.prepare_capture(ForwardContext(cu_seqlens, 32, captured), key=(32, 4))
+    wrapper = wrappers[-1]  # the only one: no layer slides a window
+    assert list(wrappers) == [-1] and wrapper.use_cuda_graph and len(wrapper.qo_indptr_buf) == 5
     for seq_lens in ([20, 2, 10, 0], [1, 1, 30, 0]):
         q, k, v, cu_seqlens = _packed(seq_lens)
         ctx = ForwardContext(cu_seqlens, 32, seq_lens)
         backend.prepare_replay(ctx, key=(32, 4))
-        ctx.attn_metadata = wrapper
+        ctx.attn_metadata = wrappers
         out = backend.forward(q, k, v, ctx, False, 0.25)
         assert wrapper.qo_indptr_buf.tolist() == cu_seqlens.tolist()
         expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), False, 0.25)
@@ -343,7 +351,11 @@ def _aten_flash_attention_forward(
     assert cum_seq_q.dtype == torch.int32 and isinstance(max_q, int) and isinstance(max_k, int)
     assert dropout_p == 0.0 and not return_debug_mask
     assert query.stride(-1) == 1 and value.stride(-1) == 1
-    out = _reference(query.float(), key.float(), value.float(), cum_seq_q.tolist(), is_causal, scale)
+    window = (
+        -1 if window_size_left is None else window_size_left,
+        -1 if window_size_right is None else window_size_right,
+    )
+    out = _reference(query.float(), key.float(), value.float(), cum_seq_q.tolist(), is_causal, scale, window)
     empty = torch.empty(0)
     return out.to(query.dtype), empty, empty, empty, empty
 
@@ -366,3 +378,39 @@ def test_flash_attn_falls_back_to_pytorchs_own_kernel_on_cuda(monkeypatch: pytes
         out = backend.forward(q, k, v, ctx, causal, 0.25)
         expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), causal, 0.25)
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_flashinfer_plans_a_wrapper_a_window(fake_flashinfer: None) -> None:
+    """A causal model whose layers slide a 4-token window or attend fully: each layer runs on its own plan."""
+    backend = FlashInferBackend()
+    backend.bind(AttentionShape(4, 2, 16, True, torch.bfloat16, windows=((4, 0),)))
+    seq_lens = [5, 17, 9]
+    q, k, v, cu_seqlens = _packed(seq_lens)
+    ctx = ForwardContext(cu_seqlens, max(seq_lens), seq_lens)
+    ctx.attn_metadata = backend.prepare(ctx)
+    assert sorted(ctx.attn_metadata) == [-1, 4]
+    for window in (None, (4, 0)):
+        out = backend.forward(q, k, v, ctx, True, 0.25, window)
+        expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), True, 0.25, window)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="cannot run attention with a sliding window"):
+        FlashInferBackend().bind(AttentionShape(4, 2, 16, False, torch.bfloat16, windows=((4, 4),)))
+
+
+def test_pytorch_flash_fallback_passes_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bouquet.layers.attention_backends import flash_attn
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(flash_attn, "_torch_flash_forward", _aten_flash_attention_forward)
+    backend = FlashAttnBackend()
+    seq_lens = [6, 20, 11]
+    q, k, v, cu_seqlens = _packed(seq_lens)
+    ctx = ForwardContext(cu_seqlens, 20, seq_lens)
+    out = backend.forward(q, k, v, ctx, False, 0.25, (3, 2))
+    expected = _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), False, 0.25, (3, 2))
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    assert (
+        out.float() - _reference(q.float(), k.float(), v.float(), cu_seqlens.tolist(), False, 0.25)
+    ).abs().max() > 0.05

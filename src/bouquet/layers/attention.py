@@ -61,8 +61,8 @@ def attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
     first = layers[0]
     return AttentionShape(
         first.num_heads, first.num_kv_heads, first.head_dim, first.causal, dtype,
-        sliding_window=any(layer.sliding_window is not None for layer in layers),
-        position_bias=any(layer.position_bias for layer in layers),
+        windows=tuple(sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})),
+        position_bias=any(layer.position_bias for layer in layers), softmax_scale=first.scale,
     )  # fmt: skip
 
 

@@ -25,12 +25,17 @@ class AttentionShape:
     head_dim: int
     causal: bool
     dtype: torch.dtype
-    sliding_window: bool = False  # some layer attends within a window
+    windows: tuple[tuple[int, int], ...] = ()  # the sliding windows (left, right) some layers attend within
     position_bias: bool = False  # some layer adds a per-head bias to its scores (MPNet)
+    softmax_scale: float | None = None  # the model's own, where it is not head_dim ** -0.5 (Gemma3)
 
     @property
     def scale(self) -> float:
-        return self.head_dim**-0.5
+        return self.head_dim**-0.5 if self.softmax_scale is None else self.softmax_scale
+
+    @property
+    def sliding_window(self) -> bool:
+        return bool(self.windows)
 
 
 class AttentionBackend(ABC):
