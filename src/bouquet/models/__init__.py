@@ -11,6 +11,7 @@ from bouquet.models.bert import BertModel
 from bouquet.models.gte import GteModel
 from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
+from bouquet.models.qwen2 import Qwen2Model
 from bouquet.models.qwen3 import Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaModel
 
@@ -27,6 +28,8 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "BertForMaskedLM": BertModel,
     "BertForPreTraining": BertModel,
+    "Qwen2Model": Qwen2Model,
+    "Qwen2ForCausalLM": Qwen2Model,
     "Qwen3Model": Qwen3Model,
     "Qwen3ForCausalLM": Qwen3Model,
     "XLMRobertaModel": XLMRobertaModel,
