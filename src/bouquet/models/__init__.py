@@ -9,6 +9,7 @@ from torch import nn
 
 from bouquet.models.bert import BertModel
 from bouquet.models.gte import GteModel
+from bouquet.models.mistral import MistralModel
 from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen2 import Qwen2Model
@@ -40,6 +41,8 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "GteModel": GteModel,
     "MPNetModel": MPNetModel,
     "MPNetForMaskedLM": MPNetModel,
+    "MistralModel": MistralModel,
+    "MistralForCausalLM": MistralModel,
 }
 
 
