@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bouquet.layers.attention import Attention
@@ -135,12 +136,22 @@ class MPNetEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(MPNetLayer(config) for _ in range(config.num_layers))
         self.relative_attention_bias = nn.Embedding(config.relative_buckets, config.num_heads)
-        # Buckets for the longest sequence: a backend reads the top-left [len, len] of the table per sequence,
-        # so the model needs no batch metadata and the table's shape never changes (CUDA graphs).
-        self.register_buffer("buckets", relative_position_buckets(max_seq_length), persistent=False)
+        self.max_seq_length = max_seq_length
+        self._bias: torch.Tensor | None = None
+        self._bias_source: tuple[torch.device, int] | None = None
 
-    def position_bias(self) -> torch.Tensor:  # [H, L, L] float32
-        return self.relative_attention_bias(self.buckets).permute(2, 0, 1)
+    def position_bias(self) -> torch.Tensor:  # [H, L, L] float32, L the longest sequence
+        """The bias table for the longest sequence: a backend reads its top-left [len, len] per sequence, so the
+        model needs no batch metadata and the table's shape never changes (CUDA graphs). Building it costs
+        milliseconds, more than a short query's whole forward on the CPU, so it is built once, and again only
+        if the bias weights are loaded anew or moved."""
+        weight = self.relative_attention_bias.weight
+        source = (weight.device, weight._version)
+        if self._bias is None or self._bias_source != source:
+            buckets = relative_position_buckets(self.max_seq_length).to(weight.device)
+            self._bias = F.embedding(buckets, weight).permute(2, 0, 1).contiguous()
+            self._bias_source = source
+        return self._bias
 
 
 class MPNetModel(nn.Module):
@@ -169,7 +180,7 @@ class MPNetModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,  # unused: MPNet has no token types
     ) -> torch.Tensor:  # [T, D] float32
         hidden = self.embeddings(input_ids, positions)
-        bias = self.encoder.position_bias()  # once per forward, shared by every layer
+        bias = self.encoder.position_bias()  # shared by every layer
         for layer in self.encoder.layer:
             hidden = layer(hidden, bias)
         return hidden
