@@ -9,7 +9,10 @@ from torch import nn
 
 from bouquet.models.bert import BertModel
 from bouquet.models.gte import GteModel
+from bouquet.models.mistral import MistralModel
+from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
+from bouquet.models.qwen2 import Qwen2Model
 from bouquet.models.qwen3 import Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaModel
 
@@ -26,6 +29,8 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "BertForMaskedLM": BertModel,
     "BertForPreTraining": BertModel,
+    "Qwen2Model": Qwen2Model,
+    "Qwen2ForCausalLM": Qwen2Model,
     "Qwen3Model": Qwen3Model,
     "Qwen3ForCausalLM": Qwen3Model,
     "XLMRobertaModel": XLMRobertaModel,
@@ -34,6 +39,10 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "RobertaForMaskedLM": XLMRobertaModel,
     "NomicBertModel": NomicBertModel,
     "GteModel": GteModel,
+    "MPNetModel": MPNetModel,
+    "MPNetForMaskedLM": MPNetModel,
+    "MistralModel": MistralModel,
+    "MistralForCausalLM": MistralModel,
 }
 
 
