@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,8 +64,10 @@ def reference_token_states(model: torch.nn.Module, ids: list[list[int]]) -> np.n
         return np.concatenate([model(torch.tensor([seq])).last_hidden_state[0].numpy() for seq in ids])
 
 
-def assert_token_states_match(path: Path, reference: torch.nn.Module, ids: list[list[int]], dtype: str) -> float:
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype))
+def assert_token_states_match(
+    path: Path, reference: torch.nn.Module, ids: list[list[int]], dtype: str, attention_backend: str = "auto"
+) -> float:
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, attention_backend=attention_backend))
     try:
         cosines = row_cosines(engine_token_states(engine, ids), reference_token_states(reference, ids))
     finally:
@@ -74,9 +77,14 @@ def assert_token_states_match(path: Path, reference: torch.nn.Module, ids: list[
     return float(cosines.min())
 
 
-def sentence_transformers_dirs(root: Path, hf_dir: Path, max_seq_length: int | None) -> dict[str, Path]:
-    """The model saved by sentence-transformers (mean pooling, prompts, Normalize) and its legacy rewrite."""
-    current = save_sentence_transformer(root / "current", hf_dir, prompts=PROMPTS, max_seq_length=max_seq_length)
+def sentence_transformers_dirs(
+    root: Path, hf_dir: Path, max_seq_length: int | None, dense: list[dict[str, Any]] | None = None
+) -> dict[str, Path]:
+    """The model saved by sentence-transformers (mean pooling, prompts, any Dense modules, Normalize) and its
+    legacy rewrite."""
+    current = save_sentence_transformer(
+        root / "current", hf_dir, prompts=PROMPTS, max_seq_length=max_seq_length, dense=dense
+    )
     limit = max_seq_length or json.loads((current / "tokenizer_config.json").read_text())["model_max_length"]
     return {"current": current, "legacy": to_legacy_layout(current, root / "legacy", limit, transformer_subdir=True)}
 

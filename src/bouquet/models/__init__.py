@@ -9,6 +9,7 @@ from torch import nn
 
 from bouquet.models.bert import BertModel
 from bouquet.models.gte import GteModel
+from bouquet.models.modernbert import ModernBertModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen3 import Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaModel
@@ -34,6 +35,8 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "RobertaForMaskedLM": XLMRobertaModel,
     "NomicBertModel": NomicBertModel,
     "GteModel": GteModel,
+    "ModernBertModel": ModernBertModel,
+    "ModernBertForMaskedLM": ModernBertModel,
 }
 
 
