@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from bouquet.models.bert import BertModel
+from bouquet.models.gemma3 import Gemma3Model
 from bouquet.models.gte import GteModel
 from bouquet.models.modernbert import ModernBertModel
 from bouquet.models.nomic_bert import NomicBertModel
@@ -37,6 +38,8 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "GteModel": GteModel,
     "ModernBertModel": ModernBertModel,
     "ModernBertForMaskedLM": ModernBertModel,
+    "Gemma3TextModel": Gemma3Model,
+    "Gemma3ForCausalLM": Gemma3Model,
 }
 
 
