@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,11 +78,16 @@ def assert_token_states_match(
 
 
 def sentence_transformers_dirs(
-    root: Path, hf_dir: Path, max_seq_length: int | None, pooling_mode: str = "mean"
+    root: Path,
+    hf_dir: Path,
+    max_seq_length: int | None,
+    pooling_mode: str = "mean",
+    dense: list[dict[str, Any]] | None = None,
 ) -> dict[str, Path]:
-    """The model saved by sentence-transformers (the pooling, prompts, Normalize) and its legacy rewrite."""
+    """The model saved by sentence-transformers (the pooling, prompts, any Dense modules, Normalize) and its
+    legacy rewrite."""
     current = save_sentence_transformer(
-        root / "current", hf_dir, pooling_mode, prompts=PROMPTS, max_seq_length=max_seq_length
+        root / "current", hf_dir, pooling_mode, prompts=PROMPTS, max_seq_length=max_seq_length, dense=dense
     )
     limit = max_seq_length or json.loads((current / "tokenizer_config.json").read_text())["model_max_length"]
     return {"current": current, "legacy": to_legacy_layout(current, root / "legacy", limit, transformer_subdir=True)}

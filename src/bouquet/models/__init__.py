@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-import torch
 from torch import nn
 
 from bouquet.models.bert import BertModel
+from bouquet.models.gemma3 import Gemma3Model
 from bouquet.models.gte import GteModel
 from bouquet.models.mistral import MistralModel
+from bouquet.models.modernbert import ModernBertModel
 from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen2 import Qwen2Model
 from bouquet.models.qwen3 import Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaModel
-
-
-class EmbeddingModel(Protocol):
-    def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
-
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
@@ -43,6 +35,10 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MPNetForMaskedLM": MPNetModel,
     "MistralModel": MistralModel,
     "MistralForCausalLM": MistralModel,
+    "ModernBertModel": ModernBertModel,
+    "ModernBertForMaskedLM": ModernBertModel,
+    "Gemma3TextModel": Gemma3Model,
+    "Gemma3ForCausalLM": Gemma3Model,
 }
 
 
