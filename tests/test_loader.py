@@ -78,7 +78,9 @@ def test_unknown_architecture_is_named(model_copy: Path) -> None:
     config = json.loads((model_copy / "config.json").read_text())
     config["architectures"] = ["GPT2Model"]
     (model_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"unknown architecture 'GPT2Model'; supported: .*BertModel.*Qwen3Model"):
+    with pytest.raises(
+        ValueError, match=r"config\.json: unknown architecture 'GPT2Model'; supported: .*BertModel.*Qwen3Model"
+    ):
         _load(model_copy)
 
 

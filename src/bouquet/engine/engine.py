@@ -32,7 +32,10 @@ logger = logging.getLogger(__name__)
 
 def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """Builds the model for `spec` and loads its checkpoint; matrix weights take `dtype`, the rest float32."""
-    model = create_model(spec.architecture, spec.hf_config)
+    try:
+        model = create_model(spec.architecture, spec.hf_config)
+    except ValueError as exc:  # an architecture or an option of its config that no family file runs
+        raise ValueError(f"{spec.weight_files[0].parent / 'config.json'}: {exc}") from exc
     load_checked(model, model.convert_checkpoint(read_checkpoint(spec.weight_files)))
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
