@@ -239,3 +239,17 @@ def test_refusal_stops_bouquet_embed_with_the_message(tmp_path, minilm_current: 
     source.write_text("hello\n")
     assert bouquet(["embed", str(source), "-o", str(tmp_path / "out.npy"), "--model", str(model)]) == 2
     assert "WordWeights" in capsys.readouterr().err
+
+
+def test_a_replica_refuses_the_model_at_start_naming_the_file(tmp_path, minilm_current: Path) -> None:
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    shutil.copytree(minilm_current, model)
+    _edit_json(model / "1_Pooling" / "config.json", lambda c: c.update(pooling_mode="splade"))
+    command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(model), "--listen", "127.0.0.1:0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "1_Pooling/config.json: unsupported pooling 'splade'" in result.stderr
+    assert "Traceback" not in result.stderr  # the server stopped cleanly before the event loop closed

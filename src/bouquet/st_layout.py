@@ -143,7 +143,9 @@ class _ModuleParser:
         if kind in _IDENTITY_MODULES and self.stage != "start":
             return
         if kind not in expected:
-            self._refuse(index, module, f"expected {' or '.join(expected)} here")
+            self._refuse(
+                index, module, f"expected {' or '.join(expected)} here" if expected else "nothing may follow Normalize"
+            )
         self.stage = kind
         if kind == "Transformer":
             self.transformer_dir = folder

@@ -176,7 +176,11 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     if config.metrics_port is not None:
         replica.metrics.serve_http(config.metrics_port)
     await replica.start()
-    engine = await asyncio.to_thread(Engine, engine_config)
+    try:
+        engine = await asyncio.to_thread(Engine, engine_config)
+    except BaseException:
+        await replica.stop(0)  # a model that cannot load: the server goes before the event loop does
+        raise
     try:
         await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
         print(f"bouquet replica: serving {engine.spec.name} on port {replica.port}", file=sys.stderr, flush=True)
