@@ -25,7 +25,8 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "gpu-results.md").read_text()
     assert "FAILED" not in report and "SKIPPED" not in report, report
-    for check in ("parity", "graph == eager", "eager vs graph, 1 x 16", "eager vs graph, 8 x 64", "saturation knee"):
+    checks = ("parity", "graph == eager", "eager vs graph, 1 x 16", "eager vs graph, 8 x 64", "saturation knee")
+    for check in (*checks, "bert-base: one replica, 50-token inputs"):
         assert check in report.replace("bfloat16 (sdpa) vs float32", "parity"), check
     assert (tmp_path / "attention-table.json").exists()
     committed = ROOT / "docs" / "gpu-results.md"  # only a real GPU run may write there
@@ -41,9 +42,9 @@ def test_gpu_check_leaves_its_report_when_stopped_by_the_hard_limit(tmp_path: Pa
 
 
 def _stand_in_engine(graphs: object) -> SimpleNamespace:
-    """An engine as gpu_check reads it on a GPU: `_cuda.graphs` is the CudaGraphRunner (None when eager)."""
-    engine = SimpleNamespace(_cuda=SimpleNamespace(graphs=graphs))
-    engine.embed = lambda batch: np.full((1, 2), 0.0 if engine._cuda.graphs is None else 1.0)
+    """An engine as gpu_check reads it on a GPU: `runner.graphs` is the CudaGraphRunner (None when eager)."""
+    engine = SimpleNamespace(runner=SimpleNamespace(graphs=graphs))
+    engine.embed = lambda batch: np.full((1, 2), 0.0 if engine.runner.graphs is None else 1.0)
     return engine
 
 
@@ -52,7 +53,7 @@ def test_graph_stats_and_eager_rows_on_a_gpu_engine() -> None:
     engine = _stand_in_engine(SimpleNamespace(graphs=lazy))
     stats = graph_stats(engine)  # type: ignore[arg-type]
     assert stats == "1 eager, 1 captured, 3 replayed; capture of 4096x8 failed: RuntimeError: no room"
-    runner = engine._cuda.graphs
+    runner = engine.runner.graphs
     assert eager_rows(engine, batch=None)[0, 0] == 0.0  # type: ignore[arg-type]
-    assert engine._cuda.graphs is runner  # the graphs are put back
+    assert engine.runner.graphs is runner  # the graphs are put back
     assert graph_stats(_stand_in_engine(None)) == "eager (no CUDA graphs)"  # type: ignore[arg-type]
