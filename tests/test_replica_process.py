@@ -93,3 +93,15 @@ def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp
     assert replica_process.process.wait(timeout=60) == 0
     for sequences, rows in zip(requests, results, strict=True):
         np.testing.assert_allclose(rows, embed_ids(minilm_fp32, sequences), rtol=1e-4, atol=2e-5)
+
+
+def test_sigterm_with_nothing_in_flight_exits_at_once(replica_process):
+    """A gateway's health Watch stream is always open; it must not hold an idle replica for its whole drain time
+    (60 s by default, beyond Kubernetes' 30 s grace)."""
+    with grpc.insecure_channel(replica_process.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        replica_process.process.send_signal(signal.SIGTERM)
+        assert replica_process.process.wait(timeout=30) == 0
+    assert time.monotonic() - started < 15  # not the 60 s drain: it left once nothing was in flight

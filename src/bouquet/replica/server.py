@@ -51,6 +51,7 @@ def _mapped(method: Handler[Reply]) -> Handler[Reply]:
     @functools.wraps(method)
     async def handler(self: EmbeddingServicer, request: object, context: grpc.aio.ServicerContext) -> Reply:
         started = time.perf_counter()
+        self.calls_in_flight += 1
         try:
             with self.metrics.requests_in_progress.track_inprogress():
                 reply = await method(self, request, context)
@@ -64,6 +65,8 @@ def _mapped(method: Handler[Reply]) -> Handler[Reply]:
                 logger.exception("%s failed", method.__name__)
             self.metrics.requests.labels(code.name).inc()
             await context.abort(code, str(error) or type(error).__name__)
+        finally:
+            self.calls_in_flight -= 1
         self.metrics.requests.labels("OK").inc()
         self.metrics.request_seconds.observe(time.perf_counter() - started)
         return reply
@@ -77,6 +80,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
     def __init__(self, metrics: ReplicaMetrics):
         self.metrics = metrics
         self.scheduler: Scheduler | None = None
+        self.calls_in_flight = 0  # Embed and Info calls being answered; a drain waits for these only
+        self.draining = False  # set on SIGTERM: new calls are turned away (UNAVAILABLE: try another replica)
         self._info = embedding_pb2.InfoResponse()
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
 
@@ -95,6 +100,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self.scheduler = scheduler
 
     def _ready(self) -> Scheduler:
+        if self.draining:
+            raise Unavailable("replica is shutting down")
         if self.scheduler is None:
             raise Unavailable("replica is loading its model")
         return self.scheduler
@@ -153,9 +160,15 @@ class ReplicaServer:
         return self.scheduler
 
     async def stop(self, grace: float | None) -> None:
-        """Refuses new calls, lets the ones already in (queued work included) finish within `grace` seconds."""
+        """Reports NOT_SERVING, lets the calls already in (queued work included) finish within `grace` seconds,
+        then stops. It returns as soon as they are done: the gateways' health Watch streams never end on their
+        own, and gRPC's own grace would wait for them until it ran out."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        self.servicer.draining = True
+        deadline = asyncio.get_running_loop().time() + (grace or 0.0)
+        while self.servicer.calls_in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        await self.server.stop(0)
         if self.scheduler is not None:
             self.scheduler.close()
 
