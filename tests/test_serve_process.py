@@ -49,3 +49,51 @@ def test_sigterm_finishes_requests_in_flight():
         assert serve.process.wait(timeout=120) == 0
     finally:
         serve.stop()
+
+
+def test_sigkill_of_serve_still_answers_the_requests_in_flight():
+    """serve killed outright: its gateways get SIGTERM and finish their requests while the replicas, told to go
+    only once their gateways are done, keep serving them; then every child exits."""
+    port = free_port()
+    serve = start_serve(port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "512")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        serve.wait_ready()
+        kids = [int(pid) for pid in _child_pids(serve.process.pid)]
+        texts = corpus.documents(48)
+        with ThreadPoolExecutor(8) as pool:
+            calls = [pool.submit(embed, url, texts) for _ in range(8)]
+            deadline = time.monotonic() + 60
+            while in_flight(url) < 9:
+                assert time.monotonic() < deadline, "the requests never arrived"
+            serve.process.send_signal(signal.SIGKILL)
+            results = [call.result() for call in calls]
+        assert results == [(200, 48)] * 8
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in kids):
+            assert time.monotonic() < deadline, "a child of the killed serve kept running"
+            time.sleep(0.1)
+    finally:
+        serve.stop()
+
+
+def _child_pids(pid: int) -> list[str]:
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(stat.parent.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -151,6 +152,11 @@ class SchedulerConfig:
     def for_device(cls, device: str, max_batch_tokens: int | None = None, **overrides: int) -> SchedulerConfig:
         """The device's measured default budget unless `max_batch_tokens` is given."""
         return cls(max_batch_tokens=max_batch_tokens or cls.DEFAULT_MAX_BATCH_TOKENS[device], **overrides)
+
+
+# What a replica `bouquet serve` started gets when serve dies without draining (SIGKILL): its gateways got SIGTERM
+# and are finishing their requests, so the replica serves them, then drains.
+ORPHANED_SIGNAL = signal.SIGUSR1
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from bouquet.config import ServeConfig
+from bouquet.config import ORPHANED_SIGNAL, ServeConfig
 from bouquet.gateway.supervisor import Child, Supervisor
 
 _PORT_LINE = re.compile(r"serving .* on port (\d+)")
@@ -59,7 +59,9 @@ class ServeSupervisor(Supervisor):
                 name = f"replica{index}" if models == 1 else f"model{model}-replica{index}"
                 self.replica_models[name] = model
                 command = self._replica_command(model, "127.0.0.1:0")
-                self.replicas.append(Child(name, command, env, self._port_reader(name)))
+                # If serve is killed, its gateways drain their requests first: the replicas serve them meanwhile.
+                child = Child(name, command, env, self._port_reader(name), death_signal=ORPHANED_SIGNAL)
+                self.replicas.append(child)
         return self.wait(lambda: len(self.replica_ports) == len(self.replicas), self.replicas, "replicas to load")
 
     def _port_reader(self, name: str) -> Callable[[str], None]:

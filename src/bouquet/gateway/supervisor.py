@@ -18,27 +18,41 @@ from collections.abc import Callable
 from prometheus_client import multiprocess
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the supervisor dies without draining (killed with SIGKILL)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _die_with_parent(signum: int) -> Callable[[], None]:
+    """Linux: the child gets `signum` if the supervisor dies without draining (killed with SIGKILL)."""
+
+    def set_death_signal() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+
+    return set_death_signal
 
 
 class Child:
-    """A subprocess whose stderr is copied to ours line by line; `on_line` sees each line first."""
+    """A subprocess whose stderr is copied to ours line by line; `on_line` sees each line first. `death_signal`
+    reaches it if the supervisor dies: SIGTERM (drain now), or a signal the child takes as "drain once the
+    processes in front of you have" (a replica, whose gateways drain their requests first)."""
 
-    def __init__(self, name: str, command: list[str], env: dict[str, str], on_line: Callable[[str], None]):
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        env: dict[str, str],
+        on_line: Callable[[str], None],
+        death_signal: int = signal.SIGTERM,
+    ):
         self.name = name
         self.command = command
         self.env = env
         self._on_line = on_line
+        self._death_signal = death_signal
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[str]:
         # A session of its own: a Ctrl-C at the terminal reaches only the supervisor, which drains in order.
         process = subprocess.Popen(
             self.command, env=self.env, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent(self._death_signal),
         )  # fmt: skip
         threading.Thread(target=self._copy, args=(process,), name=f"{self.name}-stderr", daemon=True).start()
         return process

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bouquet.config import EngineConfig, ReplicaConfig, SchedulerConfig
+from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable
@@ -177,6 +177,20 @@ class ReplicaServer:
             await self.health.set(service, status)
 
 
+_QUIET_SECONDS = 2.0  # no call in flight for this long: the gateways are done
+
+
+async def _after_the_gateways(replica: ReplicaServer, stop: asyncio.Event) -> None:
+    """Keeps serving the orphaned gateways' last requests, then drains as on SIGTERM."""
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    while loop.time() - quiet_since < _QUIET_SECONDS:
+        if replica.servicer.calls_in_flight:
+            quiet_since = loop.time()
+        await asyncio.sleep(0.05)
+    stop.set()
+
+
 async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerConfig, config: ReplicaConfig) -> int:
     """`bouquet replica`: listen, load the model, serve until SIGTERM or SIGINT, drain, return 0."""
     from bouquet.engine.engine import Engine  # torch is imported only by the process that computes
@@ -186,6 +200,7 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     replica = ReplicaServer(config.listen)
+    loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop)))
     if config.metrics_port is not None:
         replica.metrics.serve_http(config.metrics_port)
     await replica.start()
