@@ -143,3 +143,12 @@ def test_bad_input_is_invalid_argument_and_never_reaches_the_engine(case, stub, 
     recorder.release()
     assert_good(good, minilm_fp32)
     assert markers_in_order(recorder.batches) == [90, 91]
+
+
+def test_metrics_listen_on_the_replicas_own_host() -> None:
+    from bouquet.replica.server import listen_host
+
+    assert listen_host("127.0.0.1:50051") == "127.0.0.1"
+    assert listen_host("[::1]:50051") == "::1"
+    assert listen_host("0.0.0.0:1") == listen_host(":1") == listen_host("[::]:1") == "0.0.0.0"
+    assert listen_host("unix:/run/bouquet/replica0.sock") == "127.0.0.1"

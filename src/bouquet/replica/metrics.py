@@ -38,6 +38,7 @@ class ReplicaMetrics:
         """One sample's current value (0 when never set), e.g. value("bouquet_batch_tokens_count")."""
         return self.registry.get_sample_value(name, labels or {}) or 0.0
 
-    def serve_http(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Exposes /metrics for Prometheus on a daemon thread."""
+    def serve_http(self, port: int, addr: str) -> None:
+        """Exposes /metrics for Prometheus on a daemon thread, on `addr` (the replica's own listen host, so a
+        replica bound to loopback does not publish its metrics to the network)."""
         start_http_server(port, addr=addr, registry=self.registry)

@@ -177,6 +177,15 @@ class ReplicaServer:
             await self.health.set(service, status)
 
 
+def listen_host(listen: str) -> str:
+    """The host part of HOST:PORT ("[::1]:50051" too); an empty host or "[::]" means every address, and a Unix
+    socket's replica publishes its metrics on loopback only."""
+    if listen.startswith("unix:"):
+        return "127.0.0.1"
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return host if host not in ("", "::") else "0.0.0.0"
+
+
 _QUIET_SECONDS = 2.0  # no call in flight for this long: the gateways are done
 
 
@@ -202,7 +211,7 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     replica = ReplicaServer(config.listen)
     loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop)))
     if config.metrics_port is not None:
-        replica.metrics.serve_http(config.metrics_port)
+        replica.metrics.serve_http(config.metrics_port, listen_host(config.listen))
     await replica.start()
     try:
         engine = await asyncio.to_thread(Engine, engine_config)
