@@ -185,7 +185,7 @@ def test_serve_passes_every_replica_and_gateway_option_to_its_children(minilm_pa
     assert {arg.split("=")[0].replace("--no-", "--") for arg in replica_given} == flags("replica") - SERVE_PICKS
     assert set(GATEWAY_SAMPLES) | {"--model", "--host", "--port", "--drain-seconds", "--log-level"} == flags(
         "gateway"
-    ) - SERVE_PICKS - {"--workers", "--api-key"}
+    ) - SERVE_PICKS - {"--workers", "--api-key", "--api-key-file"}
     port = free_port()
     serve = start_serve(port, "--replicas", "2", *replica_given, *gateway_given)
     try:
@@ -218,3 +218,13 @@ def test_serve_gives_each_model_its_own_replicas(tmp_path: Path):
     assert [args[0] for args in config.replica_args] == [f"--model={first}", f"--model={second}"]
     assert all("--dtype=bfloat16" in args for args in config.replica_args)
     assert config.gateway_args[:2] == (f"--model={first}", f"--model={second}")
+
+
+def test_api_key_from_a_file(tmp_path: Path):
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    config = gateway_config(parse("gateway", "--replica", "h:1", "--api-key-file", str(key_file)))
+    assert config.api_key == "s3cret"  # and no key in the command line `ps` shows
+    key_file.write_text("\n")
+    with pytest.raises(ValueError, match="holds no API key"):
+        gateway_config(parse("gateway", "--replica", "h:1", "--api-key-file", str(key_file)))

@@ -199,6 +199,13 @@ def test_api_key_is_required(server, client):
     assert status == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).embeddings.create(model=MODEL, input="a")
+    request = urllib.request.Request(f"{server}/v1/models")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.headers["WWW-Authenticate"].startswith("Bearer")  # RFC 7235: the scheme to use
+    lowercase = urllib.request.Request(f"{server}/v1/models", headers={"Authorization": f"bearer {API_KEY}"})
+    with urllib.request.urlopen(lowercase, timeout=30) as reply:  # the scheme is case-insensitive
+        assert reply.status == 200
 
 
 def test_unknown_model_through_the_client(client):

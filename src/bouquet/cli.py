@@ -141,6 +141,8 @@ GATEWAY_OPTIONS = (
 # Options a supervising process keeps: the API key goes to its children by environment, where `ps` does not show it.
 _WORKERS = _option("--workers", "gateway processes sharing the port", type=int, default=1)
 _API_KEY = _option("--api-key", "require 'Authorization: Bearer KEY' (default: $BOUQUET_API_KEY, if set)")
+# The key from a file (a Kubernetes Secret's mount): unlike --api-key, it never shows in `ps`.
+_API_KEY_FILE = _option("--api-key-file", "read the API key from this file", type=Path)
 _SERVE_FIELDS = (
     _option("--replicas", "local `bouquet replica` processes (default 1)", type=int),
     _WORKERS,
@@ -176,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
     _add(serve.add_argument_group("each replica (see `bouquet replica`)"), _SERVE_REPLICA_OPTIONS)
     _add(serve.add_argument_group("each gateway (see `bouquet gateway`)"), GATEWAY_LIMIT_OPTIONS)
-    _add(serve, [*_SERVE_FIELDS, _API_KEY])
+    _add(serve, [*_SERVE_FIELDS, _API_KEY, _API_KEY_FILE])
     gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
-    _add(gateway, [*GATEWAY_OPTIONS, _WORKERS, _API_KEY])
+    _add(gateway, [*GATEWAY_OPTIONS, _WORKERS, _API_KEY, _API_KEY_FILE])
     return parser
 
 
@@ -212,6 +214,11 @@ def replica_config(args: argparse.Namespace) -> ReplicaConfig:
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is not None:
+        key = args.api_key_file.read_text(encoding="utf-8").strip()
+        if not key:
+            raise ValueError(f"{args.api_key_file} holds no API key")
+        return key
     return args.api_key or os.environ.get("BOUQUET_API_KEY")
 
 

@@ -62,14 +62,19 @@ class Gateway:
             config.probe_interval,
         )  # fmt: skip
         self.admission = Admission(config.max_inflight_tokens, self.metrics)
-        self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self._api_key = config.api_key.encode() if config.api_key else None
 
     def authorize(self, request: Request) -> None:
-        if self._bearer is None:
+        """`Authorization: Bearer KEY`, the scheme in any case (RFC 7235); a refusal names the scheme to use."""
+        if self._api_key is None:
             return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, self._bearer):
-            raise Unauthorized("a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key")
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._api_key):
+            raise Unauthorized(
+                "a valid API key is required: send 'Authorization: Bearer KEY'",
+                "invalid_api_key",
+                headers={"WWW-Authenticate": 'Bearer realm="bouquet"'},
+            )
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         limit = self.config.max_payload_bytes
