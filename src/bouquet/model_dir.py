@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bouquet.scoring import SCORE_ACTIVATIONS
 from bouquet.st_layout import (
     DenseSpec,
     PoolingMethod,
@@ -43,6 +44,8 @@ class ModelSpec:
     default_prompt_name: str | None = None
     dense: tuple[DenseSpec, ...] = ()
     do_lower_case: bool = False  # sentence_bert_config.json: lower-case text before tokenizing
+    task: str | None = None  # "embed" or "score" as sentence-transformers' files say; None: the model class decides
+    score_activation: str = "Identity"  # a score model's: what sentence-transformers' CrossEncoder applies
 
     @property
     def architecture(self) -> str:
@@ -93,7 +96,21 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         default_prompt_name=st_config.get("default_prompt_name"),
         dense=layout.dense,
         do_lower_case=bool(sbert_config.get("do_lower_case", False)),
+        task=layout.task,
+        score_activation=_score_activation(st_config, hf_config),
     )
+
+
+def _score_activation(st_config: dict[str, Any], hf_config: dict[str, Any]) -> str:
+    """CrossEncoder's rule: its saved `activation_fn` (sentence-transformers 4+; before,
+    `sbert_ce_default_activation_function` in config.json), else a sigmoid for one label and none for several."""
+    path = st_config.get("activation_fn") or hf_config.get("sbert_ce_default_activation_function")
+    if path is None:
+        return "Sigmoid" if int(hf_config.get("num_labels", len(hf_config.get("id2label") or [0]))) == 1 else "Identity"
+    name = str(path).rsplit(".", 1)[-1]
+    if name not in SCORE_ACTIVATIONS:
+        raise ValueError(f"score activation {path!r} is not supported; supported: {', '.join(SCORE_ACTIVATIONS)}")
+    return name
 
 
 def _read_max_seq_length(transformer: Path, hf_config: dict[str, Any], sbert_config: dict[str, Any]) -> int:

@@ -72,6 +72,7 @@ class StLayout:
     pooling: PoolingSpec | None  # None: no Pooling module; the model family's default applies
     dense: tuple[DenseSpec, ...]
     normalize: bool | None  # None: no modules.json, so nothing says; True when it has a Normalize module
+    task: str | None = None  # "embed", "score" (a CrossEncoder's classifier); None: no modules.json says
 
 
 # torch.nn activations a Dense module may name (layers/pooling.py computes each).
@@ -135,6 +136,7 @@ class _ModuleParser:
         self.pooling: PoolingSpec | None = None
         self.dense: list[DenseSpec] = []
         self.normalize = False
+        self.task = "embed"
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -142,6 +144,8 @@ class _ModuleParser:
         expected = _NEXT_MODULES[self.stage]
         if kind in _IDENTITY_MODULES and self.stage != "start":
             return
+        if self.task == "score":
+            self._refuse(index, module, "a CrossEncoder's Transformer (sequence-classification) runs alone")
         if kind not in expected:
             self._refuse(
                 index, module, f"expected {' or '.join(expected)} here" if expected else "nothing may follow Normalize"
@@ -149,7 +153,7 @@ class _ModuleParser:
         self.stage = kind
         if kind == "Transformer":
             self.transformer_dir = folder
-            _check_transformer(folder)
+            self.task = _transformer_task(folder)
         elif kind == "Pooling":
             self.pooling = read_pooling(require(folder / "config.json"))
         elif kind == "Dense":
@@ -167,7 +171,7 @@ class _ModuleParser:
     def layout(self) -> StLayout:
         if self.transformer_dir is None:
             raise ValueError(f"{self.modules_file}: no Transformer module")
-        return StLayout(self.transformer_dir, self.pooling, tuple(self.dense), self.normalize)
+        return StLayout(self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task)
 
 
 # Which module may follow which: the pipeline bouquet can run.
@@ -180,17 +184,24 @@ _NEXT_MODULES = {
 }
 
 
-def _check_transformer(folder: Path) -> None:
-    """sentence-transformers 6 records the task and the output it pools; bouquet embeds token states."""
+# sentence-transformers 6 records what the Transformer computes: token states to pool, or a classifier's scores.
+_TRANSFORMER_TASKS = {
+    ("feature-extraction", "token_embeddings"): "embed",
+    ("sequence-classification", "scores"): "score",
+}
+
+
+def _transformer_task(folder: Path) -> str:
     config_file = folder / "sentence_bert_config.json"
     config = read_optional_json(config_file) or {}
     task = config.get("transformer_task", "feature-extraction")
-    output = config.get("module_output_name", "token_embeddings")
-    if task != "feature-extraction" or output != "token_embeddings":
+    output = config.get("module_output_name", "scores" if task == "sequence-classification" else "token_embeddings")
+    if (task, output) not in _TRANSFORMER_TASKS:
         raise ValueError(
-            f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet embeds "
-            "with transformer_task 'feature-extraction' and output 'token_embeddings'"
+            f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet runs "
+            "'feature-extraction' (token_embeddings, pooled) and 'sequence-classification' (scores)"
         )
+    return _TRANSFORMER_TASKS[task, output]
 
 
 def _check_normalize(folder: Path) -> None:

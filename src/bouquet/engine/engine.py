@@ -49,7 +49,16 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
 
 
 def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pooler:
-    """The model's Pooling (its family's default where the directory has none) and its Dense modules."""
+    """The model's Pooling (its family's default where the directory has none) and its Dense modules; for a
+    score model (a cross-encoder), its classifier on the pooling its family declares."""
+    task = getattr(model, "task", "embed")
+    if spec.task is not None and spec.task != task:
+        raise ValueError(
+            f"{spec.weight_files[0].parent / 'config.json'}: sentence-transformers' files give the task {spec.task!r}, "
+            f"but {spec.architecture} computes {task!r}"
+        )
+    if task == "score":
+        return Pooler(PoolingSpec((model.score_pooling,)), spec.hidden_size, score_head=model.score_head).to(device)
     pooling = spec.pooling or PoolingSpec((model.default_pooling,))
     pooler = Pooler(pooling, spec.hidden_size, spec.dense)
     for layer, dense in zip(pooler.dense, spec.dense, strict=True):
@@ -89,6 +98,11 @@ class Engine:
     def dimension(self) -> int:
         """The width of a row: pooled (and through the Dense modules), before any truncation."""
         return self.pooler.dimension
+
+    @property
+    def task(self) -> str:
+        """ "embed" (rows are embeddings) or "score" (rows are a cross-encoder's raw logits)."""
+        return self.pooler.task
 
     @property
     def family(self) -> str:

@@ -155,11 +155,20 @@ def embedding_head(
 
 
 class Pooler(nn.Module):
-    """Token states to finished rows: the pooling methods, the Dense modules, the head."""
+    """Token states to finished rows: the pooling methods, the Dense modules or a score model's head (its raw
+    logits are the rows), then the per-request head (truncation, normalisation)."""
 
-    def __init__(self, spec: PoolingSpec, hidden_size: int, dense: tuple[DenseSpec, ...] = ()):
+    def __init__(
+        self,
+        spec: PoolingSpec,
+        hidden_size: int,
+        dense: tuple[DenseSpec, ...] = (),
+        score_head: nn.Module | None = None,  # the model's own classifier, [B, hidden] -> [B, labels]
+    ):
         super().__init__()
         self.spec = spec
+        self.task = "embed" if score_head is None else "score"
+        self.score_head = score_head
         self.methods = [POOLING_METHODS[method] for method in spec.methods]
         self.dimension = hidden_size * len(spec.methods)  # the pooled width; each Dense module then sets it
         for index, layer in enumerate(dense):
@@ -170,6 +179,8 @@ class Pooler(nn.Module):
                 )
             self.dimension = layer.out_features
         self.dense = nn.ModuleList(Dense(layer) for layer in dense)
+        if score_head is not None:
+            self.dimension = score_head.num_labels
 
     def forward(
         self,
@@ -185,6 +196,8 @@ class Pooler(nn.Module):
         rows = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)
         for layer in self.dense:
             rows = layer(rows)
+        if self.score_head is not None:
+            rows = self.score_head(rows)
         if uniform_normalize is None:
             return embedding_head(rows, dimensions, normalize)
         # The eager path knows the batch's options on the host: skip the ops no row asks for (each op after a

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from bouquet.models.bert import BertModel
+from bouquet.models.bert import BertForSequenceClassification, BertModel
 from bouquet.models.gemma3 import Gemma3Model
 from bouquet.models.gte import GteModel
 from bouquet.models.mistral import MistralModel
@@ -15,7 +15,7 @@ from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen2 import Qwen2Model
 from bouquet.models.qwen3 import Qwen3Model
-from bouquet.models.xlm_roberta import XLMRobertaModel
+from bouquet.models.xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
@@ -29,6 +29,9 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "XLMRobertaForMaskedLM": XLMRobertaModel,
     "RobertaModel": XLMRobertaModel,
     "RobertaForMaskedLM": XLMRobertaModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
+    "RobertaForSequenceClassification": XLMRobertaForSequenceClassification,
     "NomicBertModel": NomicBertModel,
     "GteModel": GteModel,
     "MPNetModel": MPNetModel,

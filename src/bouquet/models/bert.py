@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from bouquet.layers.attention import Attention
+from bouquet.layers.heads import ClassifierHead, num_labels, take_head_weights
 from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
@@ -125,6 +126,7 @@ class BertEncoder(nn.Module):
 
 
 class BertModel(nn.Module):
+    task = "embed"
     # Without sentence-transformers metadata, sentence-transformers itself mean-pools an encoder.
     default_pooling = PoolingMethod.MEAN
 
@@ -164,3 +166,31 @@ class BertModel(nn.Module):
                 parts = [f"{prefix}.self.{name}.{kind}" for name in ("query", "key", "value")]
                 fuse(state, f"{prefix}.qkv_proj.{kind}", parts)
         return state
+
+
+# The classification head's tensors, by their checkpoint names, to the module's.
+_CLASSIFIER_WEIGHTS = {
+    "bert.pooler.dense.weight": "score_head.dense.weight",
+    "bert.pooler.dense.bias": "score_head.dense.bias",
+    "classifier.weight": "score_head.out.weight",
+    "classifier.bias": "score_head.out.bias",
+}
+
+
+class BertForSequenceClassification(BertModel):
+    """A cross-encoder (ms-marco-MiniLM, bge-reranker-base): BERT, then its pooler on [CLS] and the classifier."""
+
+    task = "score"
+    score_pooling = PoolingMethod.CLS
+
+    def __init__(self, config: BertConfig, labels: int):
+        super().__init__(config)
+        self.score_head = ClassifierHead(config.hidden_size, labels)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> BertForSequenceClassification:
+        return cls(BertConfig.from_hf(hf_config), num_labels(hf_config))
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        head = take_head_weights(state, _CLASSIFIER_WEIGHTS)
+        return {**super().convert_checkpoint(state), **head}

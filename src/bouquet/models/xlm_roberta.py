@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
+from bouquet.layers.heads import ClassifierHead, num_labels, take_head_weights
 from bouquet.layers.weights import drop_ignored, strip_prefixes
+from bouquet.model_dir import PoolingMethod
 from bouquet.models.bert import BertConfig, BertModel
 
 # The masked-LM head of `...ForMaskedLM` checkpoints; embeddings never use it.
@@ -47,3 +49,33 @@ class XLMRobertaModel(BertModel):
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state = drop_ignored(strip_prefixes(state, ("roberta.",)), _IGNORED)
         return super().convert_checkpoint(state)
+
+
+# The classification head's tensors, by their checkpoint names, to the module's.
+_CLASSIFIER_WEIGHTS = {
+    "classifier.dense.weight": "score_head.dense.weight",
+    "classifier.dense.bias": "score_head.dense.bias",
+    "classifier.out_proj.weight": "score_head.out.weight",
+    "classifier.out_proj.bias": "score_head.out.bias",
+}
+
+
+class XLMRobertaForSequenceClassification(XLMRobertaModel):
+    """A cross-encoder (bge-reranker-v2-m3, ms-marco on RoBERTa): its classification head on the first token."""
+
+    task = "score"
+    score_pooling = PoolingMethod.CLS
+
+    def __init__(self, config: BertConfig, padding_idx: int, labels: int):
+        super().__init__(config, padding_idx)
+        self.score_head = ClassifierHead(config.hidden_size, labels)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> XLMRobertaForSequenceClassification:
+        padding_idx = hf_config.get("pad_token_id")
+        padding_idx = 1 if padding_idx is None else padding_idx
+        return cls(BertConfig.from_hf(hf_config), padding_idx, num_labels(hf_config))
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        head = take_head_weights(state, _CLASSIFIER_WEIGHTS)
+        return {**super().convert_checkpoint(state), **head}
