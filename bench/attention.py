@@ -21,14 +21,13 @@ from collections.abc import Callable
 import corpus
 import numpy as np
 
+from bouquet.batch import Batch, token_budget_runs
 from bouquet.config import EngineConfig, default_model_path
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention_backends import AttentionBackend
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
-from bouquet.offline.embed import split_by_token_budget
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.tokenizer import TextTokenizer
 
 SDPA_STRATEGIES = {"one padded call": 0.0, "grouped (0.5)": 0.5, "grouped (0.8)": 0.8, "per sequence": 1.01}
 
@@ -41,11 +40,8 @@ def backends() -> dict[str, Callable[[], AttentionBackend]]:
 
 
 def batches_of(ids: list[list[int]], batch_tokens: int) -> list[Batch]:
-    batches = []
-    for run in split_by_token_budget([len(seq) for seq in ids], batch_tokens):
-        packed = pack(ids[run])
-        batches.append(Batch.from_packed(packed.input_ids, packed.cu_seqlens))
-    return batches
+    packed = Batch.pack(ids)
+    return [packed.slice(start, stop) for start, stop in token_budget_runs(packed.cu_seqlens, batch_tokens)]
 
 
 def main() -> None:

@@ -18,8 +18,8 @@ import corpus
 import torch
 from replica import budget_batches
 
+from bouquet.batch import Batch
 from bouquet.config import EngineConfig, default_model_path
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.tokenizer import TextTokenizer
 

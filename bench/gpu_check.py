@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from random_models import write_sentence_transformers_files
 
+from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig, default_model_path
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape

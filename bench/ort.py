@@ -29,8 +29,8 @@ import peers
 import replica
 import torch
 
+from bouquet.batch import Batch
 from bouquet.config import create_engine_config, default_model_path
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.tokenizer import TextTokenizer
 

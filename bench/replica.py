@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 import corpus
 import grpc
 
+from bouquet.batch import Batch
 from bouquet.config import SchedulerConfig, create_engine_config
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.tokenizer import TextTokenizer
 
 
 def budget_batches(sequences: list[list[int]], max_tokens: int) -> Iterator[Batch]:
@@ -49,8 +49,7 @@ def budget_batches(sequences: list[list[int]], max_tokens: int) -> Iterator[Batc
 
 def batch_of(sequences: list[list[int]]) -> Batch:
     """Token sequences packed into one engine batch (default options: full width, normalised)."""
-    packed = pack(sequences)
-    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    return Batch.pack(sequences)
 
 
 def offline_seconds(engine: Engine, batches: list[Batch]) -> float:
@@ -101,7 +100,7 @@ def latencies(
     replica's threads idle while the engine computes): in each round `calls` of each, one kind after the other
     (in blocks, so that one process's idle OpenMP threads do not spin while the other computes), and the
     median over rounds of each round's medians; and each round's added seconds (Embed minus bare)."""
-    batch, request, info = batch_of([query]), embed_request([query]), embedding_pb2.InfoRequest()
+    batch, request, info = batch_of([query]), embed_request(batch_of([query])), embedding_pb2.InfoRequest()
     bare, served, floor, cold = [], [], [], []
     for _ in range(rounds):
         bare.append(_median_seconds(lambda: engine.step(batch).result(), calls))
@@ -150,7 +149,7 @@ def main() -> None:
     num_tokens = sum(len(seq) for seq in sequences)
     batches = list(budget_batches(sequences, max_tokens))
     step = args.seqs_per_request
-    requests = [embed_request(sequences[i : i + step]) for i in range(0, len(sequences), step)]
+    requests = [embed_request(batch_of(sequences[i : i + step])) for i in range(0, len(sequences), step)]
     process, address = start_replica(args, max_tokens)
     try:
         offline_seconds(engine, batches[:2])  # warm-up, both sides

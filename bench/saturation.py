@@ -19,10 +19,10 @@ import time
 
 import corpus
 
+from bouquet.batch import Batch
 from bouquet.config import create_engine_config
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.tokenizer import TextTokenizer
 
 SIZES = [32 * 2**i for i in range(9)]  # 32 .. 8192 tokens
 
@@ -37,8 +37,7 @@ def batch_of(sequences: list[list[int]], num_tokens: int) -> Batch:
         if left == 0:
             break
     assert left == 0, f"corpus too small for {num_tokens} tokens"
-    packed = pack(taken)
-    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    return Batch.pack(taken)
 
 
 def timed_step(engine: Engine, batch: Batch) -> float:

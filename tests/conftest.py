@@ -11,10 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig, default_model_path
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.tokenizer import TextTokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -82,8 +82,7 @@ def stub(replica):
 
 
 def embed_ids(engine: Engine, ids: list[list[int]], normalize: bool = True, dimensions: int = 0) -> np.ndarray:
-    packed = pack(ids)
-    return engine.embed(Batch.from_packed(packed.input_ids, packed.cu_seqlens, normalize, dimensions))
+    return engine.embed(Batch.pack(ids, RowOptions(dimensions, normalize)))
 
 
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -15,11 +15,10 @@ from conftest import row_cosines
 from st_models import TOKENIZER_FILES, save_sentence_transformer, spread_weights, to_legacy_layout
 from test_st_layouts import PROMPTS, assert_same_rows, embed_with_bouquet, embed_with_sentence_transformers
 
+from bouquet.batch import Batch
 from bouquet.config import EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.engine.inputs import prepare_inputs
-from bouquet.tokenizer import pack
 
 VOCAB_SIZE = 30522  # the bundled MiniLM tokenizer's
 TOKEN_BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
@@ -51,8 +50,7 @@ def random_ids(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 
 def engine_token_states(engine: Engine, ids: list[list[int]]) -> np.ndarray:  # [T, D] float32
-    packed = pack(ids)
-    batch = Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    batch = Batch.pack(ids)
     with torch.inference_mode():
         hidden = engine.runner.encode(prepare_inputs(batch, engine.device), engine.attn_backend.prepare)
     return hidden.float().numpy()

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from bouquet.batch import Batch
 from bouquet.config import EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.engine import Engine
 from bouquet.engine.step_workers import StepWorkers
 from bouquet.kernels.openmp import find_thread_setter
-from bouquet.tokenizer import pack
 
 
 def _thread_name() -> str:
@@ -248,8 +247,7 @@ def test_openmp_setter_is_found_and_sets_only_the_calling_thread() -> None:
 
 
 def _batch(tokenizer, texts: list[str]) -> Batch:
-    packed = pack(tokenizer.encode(texts))
-    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    return Batch.pack(tokenizer.encode(texts))
 
 
 def test_a_lone_short_step_runs_on_every_thread_and_a_long_one_on_its_share(minilm_path, minilm_tokenizer) -> None:

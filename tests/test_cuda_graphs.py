@@ -11,8 +11,8 @@ import torch
 from conftest import row_cosines
 from random_models import make_bert, make_qwen3
 
+from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.cuda_graphs import (
     Bucket,
     BucketState,

@@ -1,4 +1,4 @@
-"""`bouquet embed` as a user runs it: a real subprocess, real files."""
+"""`bouquet embed` as a user runs it (a real subprocess, real files), and its pipeline in-process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 from conftest import embed_ids, row_cosines
 from corpus import NON_ASCII_TEXTS, documents, queries
+
+from bouquet.batch import Batch
+from bouquet.config import EmbedConfig
+from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet.offline.embed import embed_file
+from bouquet.replica.testing import RecordingEngine
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -79,3 +85,32 @@ def test_invalid_utf8_is_named(tmp_path: Path) -> None:
     source.write_bytes(b"fine\n\xff\xfe broken\n")
     result = _run(str(source), "-o", str(tmp_path / "out.npy"))
     assert result.returncode == 2 and "in.txt:2: not valid UTF-8" in result.stderr
+
+
+def test_windows_run_through_the_scheduler_and_land_in_input_order(tmp_path: Path, texts, recorder, minilm_tokenizer):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    config = EmbedConfig(source, tmp_path / "out.npy", batch_tokens=256, sort_window=16)  # 9 windows
+    assert embed_file(recorder, minilm_tokenizer, config, progress_bar=False) == len(texts)
+    expected = embed_ids(recorder.engine, minilm_tokenizer.encode(texts))
+    assert row_cosines(np.load(tmp_path / "out.npy"), expected).min() >= 0.99999
+    assert sum(batch.num_seqs for batch in recorder.batches) == len(texts)
+    assert all(batch.num_tokens <= 256 or batch.num_seqs == 1 for batch in recorder.batches)
+    assert sorted(tmp_path.iterdir()) == sorted([source, tmp_path / "out.npy"])  # no .partial left
+
+
+class _FailingEngine(RecordingEngine):
+    def step(self, batch: Batch) -> LazyTensor:
+        raise RuntimeError("the device fell over")
+
+
+def test_a_failed_step_fails_the_run_and_leaves_no_file(tmp_path: Path, minilm_fp32, minilm_tokenizer):
+    source = tmp_path / "in.txt"
+    source.write_text("one line\nanother line\n")
+    engine = _FailingEngine(minilm_fp32)
+    try:
+        with pytest.raises(RuntimeError, match="engine step failed: the device fell over"):
+            embed_file(engine, minilm_tokenizer, EmbedConfig(source, tmp_path / "out.npy"), progress_bar=False)
+    finally:
+        engine.close()
+    assert list(tmp_path.iterdir()) == [source]

@@ -9,16 +9,14 @@ import numpy as np
 import torch
 from conftest import embed_ids
 
+from bouquet.batch import Batch
 from bouquet.config import EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.engine.lazy_tensor import LazyTensor
-from bouquet.tokenizer import pack
 
 
 def _batch(tokenizer, texts: list[str]) -> Batch:
-    packed = pack(tokenizer.encode(texts))
-    return Batch.from_packed(packed.input_ids, packed.cu_seqlens)
+    return Batch.pack(tokenizer.encode(texts))
 
 
 def test_step_returns_lazy_float32_rows(minilm_fp32, minilm_tokenizer) -> None:

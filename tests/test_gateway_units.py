@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bouquet.batch import Batch
 from bouquet.config import GatewayConfig
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import chunk_spans
@@ -33,7 +34,7 @@ def test_the_gateway_never_imports_torch():
     ],
 )
 def test_chunk_spans_cover_every_sequence_in_order(lengths, chunk_tokens, spans):
-    assert chunk_spans(lengths, chunk_tokens) == spans
+    assert chunk_spans(Batch.pack([[1] * length for length in lengths]), chunk_tokens) == spans
 
 
 def test_admission_caps_tokens_in_flight_but_always_admits_a_lone_request():

@@ -10,8 +10,8 @@ import torch
 from conftest import row_cosines
 from random_models import write_sentence_transformers_files
 
+from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention_backends import AttentionShape, BackendUnavailableError, create_attention_backend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend

@@ -1,14 +1,17 @@
-"""The committed gRPC code is what embedding.proto generates, and the wire format round-trips rows."""
+"""The committed gRPC code is what embedding.proto generates; batches and rows round-trip through the wire as bytes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.proto import embedding_pb2
 from bouquet.proto.generate import GENERATED, PROTO_DIR, generate
 from bouquet.replica.client import embed_request, response_rows
+from bouquet.replica.request import InvalidInput, Limits, decode_request
 
 
 def test_committed_code_matches_the_proto(tmp_path: Path) -> None:
@@ -21,15 +24,46 @@ def test_committed_code_matches_the_proto(tmp_path: Path) -> None:
         )
 
 
-def test_request_packs_sequences_end_to_end() -> None:
-    request = embed_request(
-        [[101, 7, 102], [101, 102]], dimensions=64, normalize=False, token_type_ids=[[0] * 3, [1] * 2]
-    )
-    assert list(request.input_ids) == [101, 7, 102, 101, 102]
-    assert list(request.cu_seqlens) == [0, 3, 5]
-    assert list(request.token_type_ids) == [0, 0, 0, 1, 1]
-    assert (request.dimensions, request.normalize) == (64, False)
-    assert embed_request([[1]]).token_type_ids == []
+LIMITS = Limits(vocab_size=30522, type_vocab_size=2, max_seq_length=256, dimension=384)
+
+
+def int32s(values: list[int]) -> bytes:
+    return np.array(values, "<i4").tobytes()
+
+
+def test_request_sends_the_packed_arrays_as_little_endian_int32_bytes() -> None:
+    batch = Batch.pack([[101, 7, 102], [101, 102]], RowOptions(64, False, 1), token_type_ids=[[0] * 3, [1] * 2])
+    request = embed_request(batch)
+    assert request.input_ids == int32s([101, 7, 102, 101, 102])
+    assert request.cu_seqlens == int32s([0, 3, 5])
+    assert request.token_type_ids == int32s([0, 0, 0, 1, 1])
+    assert (request.dimensions, request.normalize, request.prompt_tokens) == (64, False, 1)
+    assert embed_request(Batch.pack([[1]])).token_type_ids == b""
+
+
+def test_request_round_trips_to_the_same_batch() -> None:
+    sent = Batch.pack([[101, 7, 102], [101, 9, 9, 102]], RowOptions(32, True, 2), token_type_ids=[[0] * 3, [1] * 4])
+    wire = embedding_pb2.EmbedRequest.FromString(embed_request(sent.slice(1, 2)).SerializeToString())
+    received = decode_request(wire, LIMITS)
+    expected = sent.slice(1, 2)
+    for name in ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_lens"):
+        np.testing.assert_array_equal(getattr(received, name), getattr(expected, name), err_msg=name)
+    assert received.input_ids.dtype == received.cu_seqlens.dtype == received.token_type_ids.dtype == np.int32
+    assert decode_request(embed_request(Batch.pack([[5]])), LIMITS).token_type_ids is None
+
+
+@pytest.mark.parametrize("field", ["input_ids", "cu_seqlens", "token_type_ids"])
+def test_a_byte_length_that_is_not_whole_int32s_is_invalid_input(field: str) -> None:
+    request = embed_request(Batch.pack([[101, 7, 102]], token_type_ids=[[0, 0, 0]]))
+    setattr(request, field, getattr(request, field)[:-1])
+    with pytest.raises(InvalidInput, match=f"{field} has (11|7) bytes, not a whole number of 4-byte"):
+        decode_request(request, LIMITS)
+
+
+def test_a_batch_mixing_options_is_not_one_request() -> None:
+    mixed = Batch.concat([Batch.pack([[1, 2]], RowOptions(dimensions=8)), Batch.pack([[3]])])
+    with pytest.raises(ValueError, match="differ in dimensions"):
+        embed_request(mixed)
 
 
 def test_rows_travel_as_little_endian_float32() -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bouquet.batch import Batch
 from bouquet.config import SchedulerConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.model_dir import ModelSpec, PoolingMethod, PoolingSpec
 from bouquet.replica.metrics import ReplicaMetrics
@@ -49,9 +49,8 @@ class _HandCompletedEngine:
 async def _out_of_order() -> tuple[list[float], list[float]]:
     engine = _HandCompletedEngine()
     scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=4, max_batch_seqs=1, max_steps_in_flight=2))
-    ids = np.array([7, 7, 9, 9], np.int32)
-    first = asyncio.ensure_future(scheduler.embed(ids[:2], np.array([0, 2], np.int32)))
-    second = asyncio.ensure_future(scheduler.embed(ids[2:], np.array([0, 2], np.int32)))
+    first = asyncio.ensure_future(scheduler.embed(Batch.pack([[7, 7]])))
+    second = asyncio.ensure_future(scheduler.embed(Batch.pack([[9, 9]])))
     await asyncio.sleep(0)
     assert len(engine.steps) == 2  # both in flight at once
     engine.finish(1)  # the later step finishes first: its rows must wait for the earlier one
@@ -75,9 +74,7 @@ async def _step_seconds(workers: int, finish_order: list[int]) -> tuple[float, f
     metrics = ReplicaMetrics()
     config = SchedulerConfig(max_batch_tokens=4, max_batch_seqs=1, max_steps_in_flight=2)
     scheduler = Scheduler(engine, config, metrics)
-    calls = [
-        asyncio.ensure_future(scheduler.embed(np.array([i, i], np.int32), np.array([0, 2], np.int32))) for i in (7, 9)
-    ]
+    calls = [asyncio.ensure_future(scheduler.embed(Batch.pack([[i, i]]))) for i in (7, 9)]
     await asyncio.sleep(0)
     for index, wait in zip(finish_order, (0.2, 0.1), strict=True):
         await asyncio.sleep(wait)
@@ -100,7 +97,7 @@ def test_step_seconds_count_each_step_from_when_an_engine_worker_took_it() -> No
 async def _short_rows() -> None:
     engine = _HandCompletedEngine()
     scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=8, max_batch_seqs=2, max_steps_in_flight=2))
-    call = asyncio.ensure_future(scheduler.embed(np.array([7, 7, 9, 9], np.int32), np.array([0, 2, 4], np.int32)))
+    call = asyncio.ensure_future(scheduler.embed(Batch.pack([[7, 7], [9, 9]])))
     await asyncio.sleep(0)
     _, future = engine.steps[0]
     threading.Thread(target=future.set_result, args=(np.zeros((1, 4), np.float32),)).start()  # 1 row for 2 seqs

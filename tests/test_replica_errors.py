@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from conftest import embed_ids
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import SchedulerConfig
-from bouquet.proto import embedding_pb2
+from bouquet.proto.embedding_pb2 import EmbedRequest
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.request import DeadlineExpired
 from bouquet.replica.testing import RecordingEngine, ReplicaThread, marked, markers_in_order, wait_until
@@ -32,7 +33,7 @@ def hold_engine(stub, recorder: RecordingEngine) -> list[grpc.Future]:
     recorder.hold()
     calls = []
     for count, marker in enumerate((1, 2), start=1):
-        calls.append(stub.Embed.future(embed_request([marked(marker)])))
+        calls.append(stub.Embed.future(embed_request(Batch.pack([marked(marker)]))))
         wait_until(lambda count=count: len(recorder.batches) == count)
     return calls
 
@@ -49,10 +50,10 @@ def status_of(call: grpc.Future) -> grpc.StatusCode:
 
 def test_over_the_queue_bound_is_resource_exhausted(stub, recorder, replica, minilm_fp32):
     blockers = hold_engine(stub, recorder)
-    good = stub.Embed.future(embed_request(GOOD))  # 26 tokens of the 100 the queue holds
+    good = stub.Embed.future(embed_request(Batch.pack(GOOD)))  # 26 tokens of the 100 the queue holds
     wait_until(lambda: replica.scheduler.queued_seqs == 2)
     with pytest.raises(grpc.RpcError) as error:
-        stub.Embed(embed_request([marked(60, length=80)]), timeout=10)
+        stub.Embed(embed_request(Batch.pack([marked(60, length=80)])), timeout=10)
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "queue full" in error.value.details() and "100 tokens" in error.value.details()
     recorder.release()
@@ -65,8 +66,8 @@ def test_over_the_queue_bound_is_resource_exhausted(stub, recorder, replica, min
 
 def test_expired_deadline_is_not_computed(stub, recorder, replica, minilm_fp32):
     blockers = hold_engine(stub, recorder)
-    late = stub.Embed.future(embed_request([marked(40)]), timeout=0.3)
-    good = stub.Embed.future(embed_request(GOOD))
+    late = stub.Embed.future(embed_request(Batch.pack([marked(40)])), timeout=0.3)
+    good = stub.Embed.future(embed_request(Batch.pack(GOOD)))
     assert status_of(late) == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: replica.scheduler.queued_seqs == len(GOOD))  # the expired call's sequence left the queue
     recorder.release()
@@ -82,10 +83,10 @@ def test_scheduler_fails_work_whose_deadline_passed_in_the_queue(replica, record
         recorder.hold()
         blockers = []
         for marker in (1, 2):  # one step each: both in flight, held
-            blockers.append(asyncio.create_task(scheduler.embed(*packed([marked(marker)]))))
+            blockers.append(asyncio.create_task(scheduler.embed(Batch.pack([marked(marker)]))))
             await asyncio.sleep(0.05)
-        late = asyncio.create_task(scheduler.embed(*packed([marked(41)]), deadline=loop.time() + 0.1))
-        good = asyncio.create_task(scheduler.embed(*packed(GOOD)))
+        late = asyncio.create_task(scheduler.embed(Batch.pack([marked(41)]), deadline=loop.time() + 0.1))
+        good = asyncio.create_task(scheduler.embed(Batch.pack(GOOD)))
         await asyncio.sleep(0.3)
         recorder.release()
         return await asyncio.gather(late, good, *blockers, return_exceptions=True)
@@ -96,18 +97,13 @@ def test_scheduler_fails_work_whose_deadline_passed_in_the_queue(replica, record
     assert 41 not in markers_in_order(recorder.batches)
 
 
-def packed(sequences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    request = embed_request(sequences)
-    return np.array(request.input_ids, np.int32), np.array(request.cu_seqlens, np.int32)
-
-
 def test_cancelled_call_is_dropped_from_the_queue(stub, recorder, replica, minilm_fp32):
     blockers = hold_engine(stub, recorder)  # kept: a dropped grpc future cancels its call
-    cancelled = stub.Embed.future(embed_request([marked(50), marked(51)]))
+    cancelled = stub.Embed.future(embed_request(Batch.pack([marked(50), marked(51)])))
     wait_until(lambda: replica.scheduler.queued_seqs == 2)
     cancelled.cancel()
     wait_until(lambda: replica.scheduler.queued_seqs == 0 and replica.scheduler.queued_tokens == 0)
-    good = stub.Embed.future(embed_request(GOOD))
+    good = stub.Embed.future(embed_request(Batch.pack(GOOD)))
     wait_until(lambda: replica.scheduler.queued_seqs == len(GOOD))
     recorder.release()
     assert_good(good, minilm_fp32)
@@ -116,27 +112,37 @@ def test_cancelled_call_is_dropped_from_the_queue(stub, recorder, replica, minil
     assert replica.server.metrics.value("bouquet_requests_total", {"status": "CANCELLED"}) == 1
 
 
+def int32s(values: list[int]) -> bytes:
+    return np.array(values, "<i4").tobytes()
+
+
+def wire(input_ids: list[int], cu_seqlens: list[int], token_type_ids: list[int] | None = None) -> EmbedRequest:
+    """A request built by hand, bypassing the client's packing, so it can be wrong in every way."""
+    types = b"" if token_type_ids is None else int32s(token_type_ids)
+    return EmbedRequest(input_ids=int32s(input_ids), cu_seqlens=int32s(cu_seqlens), token_type_ids=types)
+
+
 BAD_REQUESTS = {
-    "id past the vocabulary": embedding_pb2.EmbedRequest(input_ids=[101, 30522, 102], cu_seqlens=[0, 3]),
-    "negative id": embedding_pb2.EmbedRequest(input_ids=[101, -1, 102], cu_seqlens=[0, 3]),
-    "empty sequence": embedding_pb2.EmbedRequest(input_ids=[101, 102], cu_seqlens=[0, 0, 2]),
-    "no sequences": embedding_pb2.EmbedRequest(),
-    "boundaries not starting at 0": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[1, 3]),
-    "boundaries short of the ids": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[0, 2]),
-    "boundaries going back": embedding_pb2.EmbedRequest(input_ids=[101, 7, 102], cu_seqlens=[0, 3, 1, 3]),
-    "longer than the model": embed_request([marked(70, length=257)]),
-    "dimensions over the width": embed_request([marked(71)], dimensions=385),
-    "token types of another length": embedding_pb2.EmbedRequest(
-        input_ids=[101, 7, 102], cu_seqlens=[0, 3], token_type_ids=[0, 0]
-    ),
-    "token type past the table": embed_request([[101, 7, 102]], token_type_ids=[[0, 2, 0]]),
+    "id past the vocabulary": wire([101, 30522, 102], [0, 3]),
+    "negative id": wire([101, -1, 102], [0, 3]),
+    "empty sequence": wire([101, 102], [0, 0, 2]),
+    "no sequences": EmbedRequest(),
+    "boundaries not starting at 0": wire([101, 7, 102], [1, 3]),
+    "boundaries short of the ids": wire([101, 7, 102], [0, 2]),
+    "boundaries going back": wire([101, 7, 102], [0, 3, 1, 3]),
+    "longer than the model": embed_request(Batch.pack([marked(70, length=257)])),
+    "dimensions over the width": embed_request(Batch.pack([marked(71)], RowOptions(dimensions=385))),
+    "token types of another length": wire([101, 7, 102], [0, 3], token_type_ids=[0, 0]),
+    "token type past the table": embed_request(Batch.pack([[101, 7, 102]], token_type_ids=[[0, 2, 0]])),
+    "ids not whole int32s": EmbedRequest(input_ids=int32s([101, 7, 102])[:-1], cu_seqlens=int32s([0, 3])),
+    "boundaries not whole int32s": EmbedRequest(input_ids=int32s([101, 7, 102]), cu_seqlens=int32s([0, 3]) + b"\x00"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_input_is_invalid_argument_and_never_reaches_the_engine(case, stub, recorder, minilm_fp32):
     recorder.hold()
-    good = stub.Embed.future(embed_request(GOOD))
+    good = stub.Embed.future(embed_request(Batch.pack(GOOD)))
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(BAD_REQUESTS[case], timeout=10)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()

@@ -18,6 +18,7 @@ import pytest
 from conftest import embed_ids
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bouquet.batch import Batch
 from bouquet.proto import embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.testing import marked, wait_until
@@ -79,7 +80,7 @@ def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp
     requests = [[marked(1000 + 10 * i + j, length=200) for j in range(6)] for i in range(8)]  # 9600 tokens
     with grpc.insecure_channel(replica_process.address) as channel:
         stub = embedding_pb2_grpc.EmbeddingStub(channel)
-        calls = [stub.Embed.future(embed_request(sequences), timeout=120) for sequences in requests]
+        calls = [stub.Embed.future(embed_request(Batch.pack(sequences)), timeout=120) for sequences in requests]
         # Every call has reached the replica, and some of its work is queued, not only in flight.
         received = ("bouquet_requests_in_progress", 'bouquet_requests_total{status="OK"}')
         wait_until(lambda: sum(map(replica_process.metric, received)) == len(requests))
@@ -87,7 +88,7 @@ def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp
         replica_process.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         with pytest.raises(grpc.RpcError) as refused:  # a call after SIGTERM is turned away
-            stub.Embed(embed_request([marked(3)]), timeout=10)
+            stub.Embed(embed_request(Batch.pack([marked(3)])), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         results = [response_rows(call.result(timeout=120)) for call in calls]
     assert replica_process.process.wait(timeout=60) == 0

@@ -12,6 +12,7 @@ import pytest
 from conftest import embed_ids
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
@@ -35,7 +36,9 @@ def test_concurrent_clients_get_the_offline_embeddings_in_order(stub, recorder, 
 
     def call(index: int) -> np.ndarray:
         dimensions, normalize = options[index % len(options)]
-        return response_rows(stub.Embed(embed_request(chunks[index], dimensions, normalize), timeout=120))
+        return response_rows(
+            stub.Embed(embed_request(Batch.pack(chunks[index], RowOptions(dimensions, normalize))), timeout=120)
+        )
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(call, range(len(chunks))))
@@ -50,7 +53,11 @@ def test_concurrent_clients_get_the_offline_embeddings_in_order(stub, recorder, 
 def test_batches_respect_the_budget(stub, recorder, replica, minilm_tokenizer):
     ids = minilm_tokenizer.encode(corpus.documents(40))
     with ThreadPoolExecutor(max_workers=6) as pool:
-        list(pool.map(lambda i: stub.Embed(embed_request(ids[i : i + 5]), timeout=120), range(0, len(ids), 5)))
+        list(
+            pool.map(
+                lambda i: stub.Embed(embed_request(Batch.pack(ids[i : i + 5])), timeout=120), range(0, len(ids), 5)
+            )
+        )
     for batch in recorder.batches:
         assert batch.num_seqs <= BUDGET.max_batch_seqs
         assert batch.num_tokens <= BUDGET.max_batch_tokens or batch.num_seqs == 1
@@ -69,7 +76,7 @@ def test_oversized_sequence_runs_alone(recorder, minilm_fp32):
     try:
         with grpc.insecure_channel(replica.address) as channel:
             stub = embedding_pb2_grpc.EmbeddingStub(channel)
-            rows = response_rows(stub.Embed(embed_request(sequences), timeout=120))
+            rows = response_rows(stub.Embed(embed_request(Batch.pack(sequences)), timeout=120))
     finally:
         replica.stop()
     np.testing.assert_allclose(rows, embed_ids(minilm_fp32, sequences), rtol=1e-4, atol=2e-5)
@@ -82,13 +89,13 @@ def test_first_come_first_served_across_batches(stub, recorder, replica):
     recorder.hold()
     calls = []
     for marker in (1, 2):  # both steps in flight, held: everything after them queues
-        calls.append(stub.Embed.future(embed_request([marked(marker)])))
+        calls.append(stub.Embed.future(embed_request(Batch.pack([marked(marker)]))))
         wait_until(lambda marker=marker: len(recorder.batches) == marker)
     large = [marked(100 + i, length=60) for i in range(12)]  # 720 tokens: several batches of 256
     order = [(large, list(range(100, 112))), ([marked(20), marked(21)], [20, 21]), ([marked(30)], [30])]
     for sequences, _ in order:
         queued = replica.scheduler.queued_seqs
-        calls.append(stub.Embed.future(embed_request(sequences)))
+        calls.append(stub.Embed.future(embed_request(Batch.pack(sequences))))
         wait_until(lambda queued=queued: replica.scheduler.queued_seqs > queued)
     recorder.release()
     for call in calls:
@@ -113,7 +120,7 @@ def test_health_serving_only_once_the_model_is_attached(recorder):
             check = health_pb2.HealthCheckRequest(service="bouquet.v1.Embedding")
             assert health.Check(check, timeout=10).status == health_pb2.HealthCheckResponse.NOT_SERVING
             with pytest.raises(grpc.RpcError) as error:
-                embedding_pb2_grpc.EmbeddingStub(channel).Embed(embed_request([marked(1)]), timeout=10)
+                embedding_pb2_grpc.EmbeddingStub(channel).Embed(embed_request(Batch.pack([marked(1)])), timeout=10)
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE
             replica.attach()
             assert health.Check(check, timeout=10).status == health_pb2.HealthCheckResponse.SERVING

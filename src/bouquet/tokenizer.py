@@ -1,43 +1,13 @@
-"""Text to packed token ids with Hugging Face `tokenizers`; no torch, so the gateway can use it."""
+"""Text to token ids with Hugging Face `tokenizers` (`Batch.pack` lays them end to end); no torch, so the gateway
+can use it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer, normalizers
 
 TRUNCATION_DIRECTIONS = ("right", "left")
-
-
-@dataclass(frozen=True)
-class PackedTokens:
-    """Sequences laid end to end: sequence i is input_ids[cu_seqlens[i]:cu_seqlens[i + 1]]."""
-
-    input_ids: np.ndarray  # [T] int32
-    cu_seqlens: np.ndarray  # [B + 1] int32
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.cu_seqlens) - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.cu_seqlens[-1])
-
-    @property
-    def seq_lens(self) -> np.ndarray:
-        return np.diff(self.cu_seqlens)
-
-
-def pack(sequences: list[list[int]]) -> PackedTokens:
-    lengths = np.fromiter((len(seq) for seq in sequences), dtype=np.int32, count=len(sequences))
-    cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu_seqlens[1:])
-    input_ids = np.fromiter(chain.from_iterable(sequences), dtype=np.int32, count=int(cu_seqlens[-1]))
-    return PackedTokens(input_ids=input_ids, cu_seqlens=cu_seqlens)
 
 
 # A tokenizer.json file's path, its JSON text (as a replica's Info sends it), or a loaded tokenizer.
@@ -102,9 +72,6 @@ class TextTokenizer:
         """Token ids per text, special tokens included; `truncate=False` keeps over-long sequences whole."""
         tokenizer = self._truncating if truncate else self._tokenizer
         return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
-
-    def encode_packed(self, texts: list[str]) -> PackedTokens:
-        return pack(self.encode(texts))
 
     def prompt_tokens(self, prompt: str) -> int:
         return prompt_token_count(self._tokenizer, prompt)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.inputs import ModelInputs, padded_positions, upload
 from bouquet.layers.context import ForwardContext
 

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bouquet.engine.batch import Batch
+from bouquet.batch import Batch
 from bouquet.layers.context import ForwardContext
 
 

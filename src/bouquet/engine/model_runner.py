@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.engine.batch import Batch
+from bouquet.batch import Batch
 from bouquet.engine.cuda_graphs import CudaGraphRunner
 from bouquet.engine.inputs import ModelInputs, prepare_inputs
 from bouquet.layers.attention import bind_backend

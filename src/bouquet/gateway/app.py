@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
@@ -40,7 +41,6 @@ from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
 from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
-from bouquet.replica.client import RowOptions
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Gateway:
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         with self.admission.admit(tokens):
             chunk_tokens = self.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
-            rows = await embed_chunked(self.pool, model.name, sequences, options, chunk_tokens)
+            rows = await embed_chunked(self.pool, model.name, Batch.pack(sequences, options), chunk_tokens)
         self.metrics.tokens.labels(model.id).inc(tokens)
         return model, rows, tokens
 

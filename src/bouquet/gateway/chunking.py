@@ -8,31 +8,20 @@ import math
 
 import numpy as np
 
+from bouquet.batch import Batch, token_budget_runs
 from bouquet.gateway.pool import ReplicaPool
-from bouquet.replica.client import RowOptions
 
 
-def chunk_spans(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of sequences in order; chunks are evened out so none is a small leftover."""
-    total = sum(lengths)
-    target = total / max(1, math.ceil(total / chunk_tokens))
-    spans: list[tuple[int, int]] = []
-    start, tokens = 0, 0
-    for index, length in enumerate(lengths):
-        if index > start and tokens + length > target:
-            spans.append((start, index))
-            start, tokens = index, 0
-        tokens += length
-    spans.append((start, len(lengths)))
-    return spans
+def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
+    """[start, stop) runs of sequences in order, evened out so that none is a small leftover: the fewest chunks
+    of `chunk_tokens` there can be, each given an equal share of the tokens as its budget."""
+    target = batch.num_tokens / max(1, math.ceil(batch.num_tokens / chunk_tokens))
+    return token_budget_runs(batch.cu_seqlens, target)
 
 
-async def embed_chunked(
-    pool: ReplicaPool, model: str, sequences: list[list[int]], options: RowOptions, chunk_tokens: int
-) -> np.ndarray:  # [N, dim] float32
-    lengths = [len(sequence) for sequence in sequences]
-    spans = chunk_spans(lengths, chunk_tokens)
+async def embed_chunked(pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int) -> np.ndarray:  # [B, dim]
+    spans = chunk_spans(batch, chunk_tokens)
     if len(spans) == 1:
-        return await pool.embed(model, sequences, sum(lengths), options)
-    parts = await asyncio.gather(*(pool.embed(model, sequences[a:b], sum(lengths[a:b]), options) for a, b in spans))
+        return await pool.embed(model, batch)
+    parts = await asyncio.gather(*(pool.embed(model, batch.slice(start, stop)) for start, stop in spans))
     return np.concatenate(parts)

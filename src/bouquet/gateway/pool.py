@@ -8,17 +8,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from itertools import accumulate, chain
 
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
-from bouquet.replica.client import RowOptions
+from bouquet.replica.client import embed_request, response_rows
 
 logger = logging.getLogger(__name__)
 
@@ -78,22 +78,9 @@ class ReplicaPool:
     def any_healthy(self) -> bool:
         return any(replica.healthy for replica in self.replicas)
 
-    async def wait_healthy(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self.any_healthy() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        return self.any_healthy()
-
-    async def embed(
-        self, model: str, sequences: list[list[int]], tokens: int, options: RowOptions
-    ) -> np.ndarray:  # [N, width] float32
-        request = embedding_pb2.EmbedRequest(
-            input_ids=list(chain.from_iterable(sequences)),
-            cu_seqlens=[0, *accumulate(map(len, sequences))],
-            dimensions=options.dimensions,
-            normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
-            prompt_tokens=options.prompt_tokens,
-        )
+    async def embed(self, model: str, batch: Batch) -> np.ndarray:  # [B, width] float32
+        request = embed_request(batch)
+        tokens = batch.num_tokens
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None
         for attempt in range(self._max_attempts):
@@ -126,7 +113,7 @@ class ReplicaPool:
         finally:
             replica.outstanding_tokens -= tokens
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
-        return np.frombuffer(reply.embeddings, dtype="<f4").reshape(reply.num_seqs, reply.dimension)
+        return response_rows(reply)
 
     def _pick(self, model: str, tried: set[Replica]) -> Replica | None:
         best: Replica | None = None

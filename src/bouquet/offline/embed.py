@@ -1,53 +1,45 @@
 """`bouquet embed`: a file of texts to a float32 .npy, rows in input order.
 
-A producer thread reads, tokenizes and cuts token-budget batches while the engine computes the previous
-ones; two steps stay in flight so the engine thread never waits for Python between batches.
+The replica's scheduler drives the engine here too, on an event loop in this process: each window of texts,
+sorted by length, is queued as one request; the scheduler cuts token-budget steps from the queue, keeps two in
+flight and hands the rows back. A thread reads and tokenizes the next window meanwhile, so the queue never runs
+dry while the engine computes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import queue
-import threading
+import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
 
 import numpy as np
 from tqdm import tqdm
 
-from bouquet.config import EmbedConfig
-from bouquet.engine.batch import Batch
-from bouquet.engine.engine import Engine
-from bouquet.engine.lazy_tensor import LazyTensor
+from bouquet import event_loop
+from bouquet.batch import Batch, RowOptions
+from bouquet.config import EmbedConfig, SchedulerConfig
 from bouquet.offline.input_reader import count_texts, read_texts
-from bouquet.tokenizer import TextTokenizer, pack
+from bouquet.replica.scheduler import Scheduler, StepEngine
+from bouquet.tokenizer import TextTokenizer
 
-_STEPS_IN_FLIGHT = 2
+# Windows queued at once: the one being computed and the next behind it, so the engine never waits for the
+# tokenizer, while memory holds two windows' tokens at most.
+_WINDOWS_QUEUED = 2
 
 
 @dataclass(frozen=True)
-class _Work:
-    batch: Batch
-    rows: np.ndarray  # [B] output row of each sequence in the batch
-
-
-def split_by_token_budget(lengths: list[int], max_tokens: int) -> list[slice]:
-    """Consecutive runs whose lengths sum to at most max_tokens; a longer sequence gets a run alone."""
-    runs, start, total = [], 0, 0
-    for i, length in enumerate(lengths):
-        if i > start and total + length > max_tokens:
-            runs.append(slice(start, i))
-            start, total = i, 0
-        total += length
-    if start < len(lengths):
-        runs.append(slice(start, len(lengths)))
-    return runs
+class _Window:
+    batch: Batch  # its texts' token ids, shortest first
+    rows: np.ndarray  # [B] the output row of each of its sequences
 
 
 def embed_file(
-    engine: Engine, tokenizer: TextTokenizer, config: EmbedConfig, prompt: str = "", progress_bar: bool = True
+    engine: StepEngine, tokenizer: TextTokenizer, config: EmbedConfig, prompt: str = "", progress_bar: bool = True
 ) -> int:
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
@@ -58,9 +50,7 @@ def embed_file(
     try:
         bar = tqdm(total=num_texts, unit="text", desc="embed", dynamic_ncols=True, disable=not progress_bar)
         with bar as progress:
-            for work, rows in _run_pipeline(engine, _produce_batches(tokenizer, config, prompt)):
-                output[work.rows] = rows
-                progress.update(work.batch.num_seqs)
+            event_loop.run(_embed_windows(engine, _windows(tokenizer, config, prompt), config, output, progress.update))
         output.flush()
         del output
         os.replace(partial, config.output_path)
@@ -69,68 +59,49 @@ def embed_file(
     return num_texts
 
 
-def _run_pipeline(engine: Engine, works: Iterator[_Work]) -> Iterator[tuple[_Work, np.ndarray]]:
-    in_flight: deque[tuple[_Work, LazyTensor]] = deque()
-    for work in works:
-        in_flight.append((work, engine.step(work.batch)))
-        if len(in_flight) >= _STEPS_IN_FLIGHT:
-            done, lazy = in_flight.popleft()
-            yield done, lazy.result()
-    while in_flight:
-        done, lazy = in_flight.popleft()
-        yield done, lazy.result()
+def _scheduler_config(config: EmbedConfig) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_batch_tokens=config.batch_tokens,
+        max_batch_seqs=config.batch_tokens,  # every sequence holds a token: the token budget is the only cap
+        max_queue_tokens=sys.maxsize,  # bounded by _WINDOWS_QUEUED instead: a window may hold any number
+    )
 
 
-def _produce_batches(tokenizer: TextTokenizer, config: EmbedConfig, prompt: str) -> Iterator[_Work]:
-    """Runs tokenization on its own thread and yields its batches; its errors are re-raised here."""
-    handoff: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=_STEPS_IN_FLIGHT)
-    stop = threading.Event()
-
-    def produce() -> None:
+async def _embed_windows(
+    engine: StepEngine,
+    windows: Iterator[_Window],
+    config: EmbedConfig,
+    output: np.ndarray,  # [N, dim] float32
+    on_rows: Callable[[int], None],
+) -> None:
+    scheduler = Scheduler(engine, _scheduler_config(config))
+    loop = asyncio.get_running_loop()
+    queued: deque[tuple[_Window, asyncio.Future[np.ndarray]]] = deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="bouquet-tokenize") as tokenizer_thread:
         try:
-            for work in _tokenize_windows(tokenizer, config, prompt):
-                if stop.is_set():
-                    return
-                handoff.put(work)
-            handoff.put(None)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            handoff.put(exc)
-
-    thread = threading.Thread(target=produce, name="bouquet-tokenize", daemon=True)
-    thread.start()
-    try:
-        while (item := handoff.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer stuck on a full queue
-            _drain(handoff)
-            thread.join(timeout=0.05)
+            while window := await loop.run_in_executor(tokenizer_thread, next, windows, None):
+                queued.append((window, asyncio.ensure_future(scheduler.embed(window.batch, on_rows=on_rows))))
+                if len(queued) == _WINDOWS_QUEUED:
+                    await _write(*queued.popleft(), output)
+            while queued:
+                await _write(*queued.popleft(), output)
+        finally:
+            scheduler.close()  # after an error: what is queued or in flight fails rather than runs on
+            await asyncio.gather(*(rows for _, rows in queued), return_exceptions=True)
 
 
-def _drain(handoff: queue.Queue[_Work | BaseException | None]) -> None:
-    while True:
-        try:
-            handoff.get_nowait()
-        except queue.Empty:
-            return
+async def _write(window: _Window, rows: asyncio.Future[np.ndarray], output: np.ndarray) -> None:
+    output[window.rows] = await rows
 
 
-def _tokenize_windows(tokenizer: TextTokenizer, config: EmbedConfig, prompt: str) -> Iterator[_Work]:
+def _windows(tokenizer: TextTokenizer, config: EmbedConfig, prompt: str) -> Iterator[_Window]:
     texts = read_texts(config.input_path)
+    assert config.normalize is not None, "resolved by embed_file"
+    options = RowOptions(normalize=config.normalize, prompt_tokens=tokenizer.prompt_tokens(prompt))
     first_row = 0
     while window := list(islice(texts, config.sort_window)):
         ids = tokenizer.encode([prompt + text for text in window] if prompt else window)
-        prompt_tokens = tokenizer.prompt_tokens(prompt)
-        # Sorting a window by length gives each batch similar lengths: less attention padding per group.
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        for run in split_by_token_budget([len(ids[i]) for i in order], config.batch_tokens):
-            members = order[run]
-            packed = pack([ids[i] for i in members])
-            batch = Batch.from_packed(
-                packed.input_ids, packed.cu_seqlens, config.normalize, prompt_tokens=prompt_tokens
-            )
-            yield _Work(batch, first_row + np.asarray(members))
+        # Sorted by length, the steps cut from a window hold similar lengths: less padding where attention pads.
+        order = np.argsort(np.fromiter(map(len, ids), np.int32, len(ids)), kind="stable")
+        yield _Window(Batch.pack([ids[i] for i in order], options), first_row + order)
         first_row += len(window)

@@ -3,7 +3,7 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -16,13 +16,13 @@ class EmbedRequest(_message.Message):
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    input_ids: _containers.RepeatedScalarFieldContainer[int]
-    cu_seqlens: _containers.RepeatedScalarFieldContainer[int]
-    token_type_ids: _containers.RepeatedScalarFieldContainer[int]
+    input_ids: bytes
+    cu_seqlens: bytes
+    token_type_ids: bytes
     dimensions: int
     normalize: bool
     prompt_tokens: int
-    def __init__(self, input_ids: _Optional[_Iterable[int]] = ..., cu_seqlens: _Optional[_Iterable[int]] = ..., token_type_ids: _Optional[_Iterable[int]] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_seqs", "dimension")

@@ -1,40 +1,28 @@
-"""Both ends of the wire format for callers of a replica: token ids in, float32 rows out. No torch."""
+"""The caller's end of the wire format: a packed batch out as bytes, float32 rows back. No torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from bouquet.batch import Batch
 from bouquet.proto import embedding_pb2
-from bouquet.tokenizer import pack
 
 
-@dataclass(frozen=True)
-class RowOptions:
-    """How a request's rows are finished, the same for all its sequences."""
-
-    dimensions: int = 0  # 0 keeps the full width
-    normalize: bool = True
-    prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
-
-
-def embed_request(
-    sequences: list[list[int]],
-    dimensions: int = 0,
-    normalize: bool = True,
-    token_type_ids: list[list[int]] | None = None,
-    prompt_tokens: int = 0,
-) -> embedding_pb2.EmbedRequest:
-    packed = pack(sequences)
+def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
+    """The batch's arrays as little-endian int32 bytes; its options, which all its sequences share, as scalars."""
+    options = batch.options()
     return embedding_pb2.EmbedRequest(
-        input_ids=packed.input_ids.tolist(),
-        cu_seqlens=packed.cu_seqlens.tolist(),
-        token_type_ids=pack(token_type_ids).input_ids.tolist() if token_type_ids else [],
-        dimensions=dimensions,
-        normalize=normalize,
-        prompt_tokens=prompt_tokens,
+        input_ids=_int32_bytes(batch.input_ids),
+        cu_seqlens=_int32_bytes(batch.cu_seqlens),
+        token_type_ids=b"" if batch.token_type_ids is None else _int32_bytes(batch.token_type_ids),
+        dimensions=options.dimensions,
+        normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
+        prompt_tokens=options.prompt_tokens,
     )
+
+
+def _int32_bytes(values: np.ndarray) -> bytes:
+    return values.astype("<i4", copy=False).tobytes()
 
 
 def response_rows(response: embedding_pb2.EmbedResponse) -> np.ndarray:  # [num_seqs, dimension] float32

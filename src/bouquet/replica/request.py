@@ -1,16 +1,20 @@
-"""A request as the scheduler holds it, the checks every request passes first, and the errors it can meet.
+"""A request as the scheduler holds it, the wire's request decoded and checked, and the errors it can meet.
 
 The engine validates nothing, so everything that could crash a forward or read outside a table is checked
-here, before a request joins the queue; a bad request then fails alone.
+here, once, as a message comes off the wire and before it joins the queue; a bad request then fails alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.proto import embedding_pb2
 
 if TYPE_CHECKING:
     from bouquet.replica.scheduler import StepEngine
@@ -51,7 +55,23 @@ class Limits:
         )
 
 
-def validate(
+def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
+    """The message's batch, its arrays read in place from the bytes; InvalidInput names the first problem."""
+    input_ids = _int32s("input_ids", message.input_ids)
+    cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
+    token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
+    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens)
+    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions)
+    return Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
+
+
+def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, read-only
+    if len(data) % 4:
+        raise InvalidInput(f"{name} has {len(data)} bytes, not a whole number of 4-byte little-endian int32s")
+    return np.frombuffer(data, dtype="<i4").astype(np.int32, copy=False)  # a copy only on big-endian hosts
+
+
+def _validate(
     limits: Limits, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_type_ids: np.ndarray | None, dimensions: int
 ) -> None:
     """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
@@ -85,27 +105,23 @@ def _check_range(name: str, values: np.ndarray, size: int) -> None:
 
 @dataclass(eq=False)
 class Request:
-    """Packed sequences waiting for their rows; the scheduler moves `next_seq` forward as it cuts batches."""
+    """A batch waiting for its rows; the scheduler moves `next_seq` forward as it cuts steps from it."""
 
-    input_ids: np.ndarray  # [T] int32
-    cu_seqlens: np.ndarray  # [B + 1] int32
-    token_type_ids: np.ndarray | None  # [T] int32
-    dimensions: int  # 0 = the model's full width
-    normalize: bool
-    prompt_tokens: int  # leading prompt tokens of each sequence
+    batch: Batch
     deadline: float | None  # event-loop time
     future: asyncio.Future[np.ndarray]
     rows: np.ndarray  # [B, width] float32, filled as steps finish
+    on_rows: Callable[[int], None] | None = None  # told how many rows each step hands out, on the event loop
     next_seq: int = 0  # first sequence not yet in a step
     rows_left: int = 0  # sequences whose rows have not come back
 
     @property
     def num_seqs(self) -> int:
-        return len(self.cu_seqlens) - 1
+        return self.batch.num_seqs
 
     @property
     def queued_tokens(self) -> int:
-        return int(self.cu_seqlens[-1] - self.cu_seqlens[self.next_seq])
+        return self.batch.num_tokens - int(self.batch.cu_seqlens[self.next_seq])
 
     @property
     def queued_seqs(self) -> int:
@@ -113,12 +129,3 @@ class Request:
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
-
-    def fit(self, token_budget: int, seq_budget: int) -> int:
-        """How many of the next queued sequences fit in `token_budget` tokens and `seq_budget` sequences."""
-        ends = self.cu_seqlens[self.next_seq + 1 :]
-        count = int(np.searchsorted(ends, self.cu_seqlens[self.next_seq] + token_budget, side="right"))
-        return max(0, min(count, seq_budget))
-
-    def token_span(self, first: int, count: int) -> slice:
-        return slice(int(self.cu_seqlens[first]), int(self.cu_seqlens[first + count]))

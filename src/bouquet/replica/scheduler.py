@@ -21,12 +21,12 @@ from typing import Protocol
 
 import numpy as np
 
+from bouquet.batch import Batch, count_within_budget
 from bouquet.config import SchedulerConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.model_dir import ModelSpec, PoolingSpec
 from bouquet.replica.metrics import ReplicaMetrics
-from bouquet.replica.request import DeadlineExpired, Limits, QueueFull, Request, Unavailable, validate
+from bouquet.replica.request import DeadlineExpired, Limits, QueueFull, Request, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -79,51 +79,32 @@ class Scheduler:
 
     async def embed(
         self,
-        input_ids: np.ndarray,  # [T] int32
-        cu_seqlens: np.ndarray,  # [B + 1] int32
-        token_type_ids: np.ndarray | None = None,  # [T] int32
-        dimensions: int = 0,
-        normalize: bool = True,
+        batch: Batch,  # checked already: decoded at the replica's boundary, or packed by bouquet's own tokenizer
         deadline: float | None = None,  # event-loop time
-        prompt_tokens: int = 0,
-    ) -> np.ndarray:  # [B, dimensions or the engine's dimension] float32
-        validate(self.limits, input_ids, cu_seqlens, token_type_ids, dimensions)
-        request = self._admit(input_ids, cu_seqlens, token_type_ids, dimensions, normalize, prompt_tokens, deadline)
+        on_rows: Callable[[int], None] | None = None,  # told how many of its rows each finished step hands out
+    ) -> np.ndarray:  # [B, the batch's width] float32
+        request = self._admit(batch, deadline, on_rows)
         try:
             return await request.future
         except asyncio.CancelledError:
             self._drop(request)  # the caller has gone: its queued sequences are never computed
             raise
 
-    def _admit(
-        self,
-        input_ids: np.ndarray,
-        cu_seqlens: np.ndarray,
-        token_type_ids: np.ndarray | None,
-        dimensions: int,
-        normalize: bool,
-        prompt_tokens: int,
-        deadline: float | None,
-    ) -> Request:
+    def _admit(self, batch: Batch, deadline: float | None, on_rows: Callable[[int], None] | None) -> Request:
         if self._closed:
             raise Unavailable("replica is shutting down")
         loop = asyncio.get_running_loop()
         if deadline is not None and loop.time() >= deadline:
             raise DeadlineExpired("deadline passed before the request was queued")
-        num_tokens = len(input_ids)
-        if self.queued_tokens + num_tokens > self.config.max_queue_tokens:
+        if self.queued_tokens + batch.num_tokens > self.config.max_queue_tokens:
             raise QueueFull(
                 f"queue full: {self.queued_tokens} of {self.config.max_queue_tokens} tokens are waiting and this "
-                f"request has {num_tokens}; retry later or on another replica"
+                f"request has {batch.num_tokens}; retry later or on another replica"
             )
-        num_seqs = len(cu_seqlens) - 1
-        width = dimensions or self.limits.dimension
-        request = Request(
-            input_ids, cu_seqlens, token_type_ids, dimensions, normalize, prompt_tokens, deadline,
-            future=loop.create_future(), rows=np.empty((num_seqs, width), np.float32), rows_left=num_seqs,
-        )  # fmt: skip
+        rows = np.empty((batch.num_seqs, batch.width(self.limits.dimension)), np.float32)
+        request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_seqs)
         self._queue.append(request)
-        self._count_queued(num_tokens, num_seqs)
+        self._count_queued(batch.num_tokens, batch.num_seqs)
         self._submit_ready()
         return request
 
@@ -155,7 +136,7 @@ class Scheduler:
             parts = self._cut()
             if not parts:
                 return
-            batch = pack(parts)
+            batch = Batch.concat([request.batch.slice(first, first + count) for request, first, count in parts])
             self.metrics.batch_tokens.observe(batch.num_tokens)
             self.metrics.batch_seqs.observe(batch.num_seqs)
             try:
@@ -183,13 +164,13 @@ class Scheduler:
             if request.expired(now):
                 self._fail(self._queue.popleft(), DeadlineExpired("deadline passed while the request was queued"))
                 continue
-            count = request.fit(max_tokens - tokens, max_seqs - seqs)
+            first = request.next_seq
+            count = count_within_budget(request.batch.cu_seqlens, first, max_tokens - tokens, max_seqs - seqs)
             if count == 0:
                 if parts:
                     break
                 count = 1  # longer than the whole budget: it runs alone rather than wait forever
-            first = request.next_seq
-            num_tokens = int(request.cu_seqlens[first + count] - request.cu_seqlens[first])
+            num_tokens = int(request.batch.cu_seqlens[first + count] - request.batch.cu_seqlens[first])
             parts.append((request, first, count))
             tokens, seqs = tokens + num_tokens, seqs + count
             request.next_seq += count
@@ -241,31 +222,6 @@ def _on_step_done(loop: asyncio.AbstractEventLoop, callback: Callable[[], None],
         loop.call_soon_threadsafe(callback)
 
 
-def pack(parts: list[Part]) -> Batch:
-    """The engine batch for `parts`: their sequences end to end, each with its request's finishing options."""
-    spans = [(request, request.token_span(first, count)) for request, first, count in parts]
-    seq_lens = [np.diff(request.cu_seqlens[first : first + count + 1]) for request, first, count in parts]
-    cu_seqlens = np.zeros(sum(count for _, _, count in parts) + 1, np.int32)
-    np.cumsum(np.concatenate(seq_lens), out=cu_seqlens[1:])
-    token_type_ids = None
-    if any(request.token_type_ids is not None for request, _ in spans):
-        token_type_ids = np.concatenate([_token_types(request, span) for request, span in spans])
-    return Batch(
-        input_ids=np.concatenate([request.input_ids[span] for request, span in spans]),
-        cu_seqlens=cu_seqlens,
-        dimensions=np.concatenate([np.full(count, request.dimensions, np.int32) for request, _, count in parts]),
-        normalize=np.concatenate([np.full(count, request.normalize, bool) for request, _, count in parts]),
-        prompt_lens=np.concatenate([np.full(count, request.prompt_tokens, np.int32) for request, _, count in parts]),
-        token_type_ids=token_type_ids,
-    )
-
-
-def _token_types(request: Request, span: slice) -> np.ndarray:
-    if request.token_type_ids is None:
-        return np.zeros(span.stop - span.start, np.int32)
-    return request.token_type_ids[span]
-
-
 def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] float32
     """Copies each part's rows into its request (truncated to its width); completes requests with all rows."""
     num_seqs = sum(count for _, _, count in parts)
@@ -276,6 +232,8 @@ def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] 
         if not request.future.done():  # a cancelled, expired or failed request's rows are dropped
             request.rows[first : first + count] = rows[row : row + count, : request.rows.shape[1]]
             request.rows_left -= count
+            if request.on_rows is not None:
+                request.on_rows(count)
             if request.rows_left == 0:
                 request.future.set_result(request.rows)
         row += count

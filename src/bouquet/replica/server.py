@@ -16,13 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
-from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable
+from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
 from bouquet.tokenizer import tokenizer_json
 
@@ -111,16 +110,10 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self, request: embedding_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> embedding_pb2.EmbedResponse:
         scheduler = self._ready()
+        batch = decode_request(request, scheduler.limits)
         remaining = context.time_remaining()
-        rows = await scheduler.embed(
-            input_ids=np.array(request.input_ids, np.int32),
-            cu_seqlens=np.array(request.cu_seqlens, np.int32),
-            token_type_ids=np.array(request.token_type_ids, np.int32) if request.token_type_ids else None,
-            dimensions=request.dimensions,
-            normalize=request.normalize,
-            prompt_tokens=request.prompt_tokens,
-            deadline=None if remaining is None else asyncio.get_running_loop().time() + remaining,
-        )
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
+        rows = await scheduler.embed(batch, deadline)
         return embedding_pb2.EmbedResponse(
             embeddings=rows.astype("<f4", copy=False).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1]
         )

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bouquet import event_loop
+from bouquet.batch import Batch
 from bouquet.config import SchedulerConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.replica.scheduler import Scheduler
