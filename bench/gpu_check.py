@@ -399,7 +399,7 @@ def replica_throughput(report: Report, path: Path, args: argparse.Namespace, bac
     engine = make_engine(path, args.device, "bfloat16", backend, graphs=not args.dry_run)
     replica = ReplicaThread(engine, SchedulerConfig.for_device(args.device, 4096 if not args.dry_run else 512))
     clients, per_request, seconds = (128, 16, 15.0) if not args.dry_run else (4, 4, 1.0)
-    requests = [embed_request(random_ids(per_request, 50, seed)) for seed in range(clients)]
+    requests = [embed_request(Batch.pack(random_ids(per_request, 50, seed))) for seed in range(clients)]
 
     async def client(stub: embedding_pb2_grpc.EmbeddingStub, request: object, stop_at: float) -> int:
         sent = 0

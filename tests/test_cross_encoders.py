@@ -11,12 +11,11 @@ import pytest
 from family_checks import VOCAB_SIZE, save_tiny
 from tokenizers import Tokenizer
 
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig
-from bouquet.engine.batch import Batch
 from bouquet.engine.engine import Engine
 from bouquet.model_dir import read_model_dir
 from bouquet.scoring import activate
-from bouquet.tokenizer import pack
 
 PAIRS = [
     ("what is packed attention", "Packed sequences run without padding, as an LLM's prefill does."),
@@ -51,9 +50,7 @@ def _pairs_batch(model_dir: Path, limit: int) -> Batch:
     tokenizer.no_padding()
     tokenizer.enable_truncation(limit, strategy="longest_first")
     encodings = tokenizer.encode_batch(PAIRS)
-    ids, types = pack([e.ids for e in encodings]), pack([e.type_ids for e in encodings])
-    batch = Batch.from_packed(ids.input_ids, ids.cu_seqlens, normalize=False)
-    return Batch(**{**vars(batch), "token_type_ids": types.input_ids})
+    return Batch.pack([e.ids for e in encodings], RowOptions(normalize=False), [e.type_ids for e in encodings])
 
 
 @pytest.mark.parametrize("kind", ["bert", "xlm_roberta"])
