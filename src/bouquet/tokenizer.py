@@ -73,6 +73,16 @@ class TextTokenizer:
         tokenizer = self._truncating if truncate else self._tokenizer
         return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
 
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool = True
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(token ids, token types) per (query, passage) pair as the model's tokenizer pairs them ([CLS] q [SEP] p
+        [SEP], types 0 then 1 for BERT); over the limit, the longer part is cut first, as a CrossEncoder's
+        tokenizer call does."""
+        tokenizer = self._truncating if truncate else self._tokenizer
+        encodings = tokenizer.encode_batch(pairs)
+        return [e.ids for e in encodings], [e.type_ids for e in encodings]
+
     def prompt_tokens(self, prompt: str) -> int:
         return prompt_token_count(self._tokenizer, prompt)
 

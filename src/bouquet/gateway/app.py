@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
+from bouquet.gateway import rerank
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -99,6 +100,13 @@ class Gateway:
     async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
         """Rows [N, width] float32 for the job, and the number of tokens they took."""
         model = self.catalog.get(job.model)
+        if model.task != "embed":
+            raise InvalidRequest(
+                f"the model {model.id!r} is a cross-encoder (task {model.task!r}): it scores pairs on /rerank, "
+                "/v1/rerank and /score, and makes no embeddings",
+                "wrong_task",
+                "model",
+            )
         options = self._row_options(job, model)
         if job.num_inputs > self.config.max_inputs:
             raise TooLarge(
@@ -212,6 +220,32 @@ async def _tei_embed(gateway: Gateway, request: Request) -> Response:
     return _json(rows)
 
 
+async def _rerank(gateway: Gateway, request: Request) -> Response:
+    """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
+    body = await gateway.read_json(request)
+    if "documents" in body:
+        return await _cohere_rerank(gateway, body)
+    job, return_text = rerank.parse_tei_rerank(body)
+    _, scores, _ = await _unless_disconnected(request, rerank.score(gateway, job))
+    return _json(rerank.tei_response(scores, job, return_text))
+
+
+async def _v1_rerank(gateway: Gateway, request: Request) -> Response:
+    return await _cohere_rerank(gateway, await gateway.read_json(request))
+
+
+async def _cohere_rerank(gateway: Gateway, body: dict[str, Any]) -> Response:
+    job, top_n, return_documents = rerank.parse_cohere_rerank(body)
+    model, scores, tokens = await rerank.score(gateway, job)
+    return _json(rerank.cohere_response(scores, job, model, tokens, top_n, return_documents))
+
+
+async def _score(gateway: Gateway, request: Request) -> Response:
+    job = rerank.parse_score(await gateway.read_json(request))
+    model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
+    return _json(rerank.score_response(scores, model, tokens))
+
+
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
     """Runs `work`, cancelling it if the client goes away first: its gRPC calls are cancelled with it, so the
     replicas drop the chunks still queued instead of computing rows nobody will read."""
@@ -250,6 +284,7 @@ def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
     """OpenAI's model object, plus what a client needs to use it: family, pooling, limit, width."""
     return {
         "id": model.id, "object": "model", "created": 0, "owned_by": "bouquet", "family": model.family,
+        "task": model.task,
         "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
         "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas),
@@ -269,13 +304,20 @@ async def _info(gateway: Gateway, request: Request) -> Response:
         raise Unavailable("no replica has reported its model yet", "no_healthy_replica")
     model = gateway.catalog.get(request.query_params.get("model"))
     return _json({
-        "model_id": model.id, "model_dtype": model.dtype, "model_type": {"embedding": {"pooling": model.pooling}},
+        "model_id": model.id, "model_dtype": model.dtype, "model_type": _model_type(model), "task": model.task,
         "family": model.family, "architecture": model.architecture, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length,
         "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": gateway.config.max_inputs,
         "prompts": model.prompts, "default_prompt_name": model.default_prompt_name,
         "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas), "version": "0.1.0",
     })  # fmt: skip
+
+
+def _model_type(model: ServedModel) -> dict[str, Any]:
+    """TEI's /info `model_type`: an embedding model's pooling, or a reranker."""
+    if model.task == "score":
+        return {"reranker": {"activation": model.score_activation}}
+    return {"embedding": {"pooling": model.pooling}}
 
 
 async def _health(gateway: Gateway, request: Request) -> Response:
@@ -326,6 +368,10 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/v1/models", _endpoint("/v1/models", _models), methods=["GET"]),
         Route("/v1/models/{model:path}", _endpoint("/v1/models/{model}", _model), methods=["GET"]),
         Route("/embed", _endpoint("/embed", _tei_embed), methods=["POST"]),
+        Route("/rerank", _endpoint("/rerank", _rerank), methods=["POST"]),
+        Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank), methods=["POST"]),
+        Route("/score", _endpoint("/score", _score), methods=["POST"]),
+        Route("/v1/score", _endpoint("/v1/score", _score), methods=["POST"]),
         Route("/tokenize", _endpoint("/tokenize", _tei_tokenize), methods=["POST"]),
         Route("/info", _endpoint("/info", _info), methods=["GET"]),
         Route("/health", _endpoint("/health", _health, public=True), methods=["GET"]),

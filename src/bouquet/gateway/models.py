@@ -30,6 +30,8 @@ class ServedModel:
     vocab_size: int
     family: str  # the models/ file serving it
     architecture: str
+    task: str  # "embed" or "score" (a cross-encoder: its rows are raw logits)
+    score_activation: str
     pooling: str
     normalize: bool  # rows are normalised when a request does not say
     dtype: str
@@ -125,7 +127,8 @@ class ModelCatalog:
         return ServedModel(
             name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
-            family=info.family, architecture=info.architecture, normalize=info.normalize, dtype=info.dtype,
+            family=info.family, architecture=info.architecture, task=info.task or "embed",
+            score_activation=info.score_activation or "Identity", normalize=info.normalize, dtype=info.dtype,
             max_batch_tokens=info.max_batch_tokens,
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
         )  # fmt: skip

@@ -58,6 +58,45 @@ _TOKENIZE_REQUEST = {
         "prompt_name": {"type": "string"},
     },
 }
+_TEXTS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+_TEI_RERANK_REQUEST = {
+    "type": "object",
+    "required": ["query", "texts"],
+    "properties": {
+        "query": {"type": "string"},
+        "texts": _TEXTS,
+        "model": {"type": "string"},
+        "raw_scores": {"type": "boolean", "default": False, "description": "the logits, no activation"},
+        "return_text": {"type": "boolean", "default": False},
+        "truncate": {"type": "boolean", "default": True},
+    },
+}
+_RERANK_REQUEST = {
+    "type": "object",
+    "required": ["query", "documents"],
+    "properties": {
+        "query": {"type": "string"},
+        "documents": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"oneOf": [{"type": "string"}, {"type": "object", "properties": {"text": {"type": "string"}}}]},
+        },
+        "model": {"type": "string"},
+        "top_n": {"type": "integer", "minimum": 1},
+        "return_documents": {"type": "boolean", "default": True},
+    },
+}
+_SCORE_REQUEST = {
+    "type": "object",
+    "required": ["text_1", "text_2"],
+    "properties": {
+        "model": {"type": "string"},
+        "text_1": {"oneOf": [{"type": "string"}, _TEXTS]},
+        "text_2": {"oneOf": [{"type": "string"}, _TEXTS]},
+        "truncate": {"type": "boolean", "default": True},
+    },
+}
+_MODEL_PARAMETER = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
 _ERRORS = {
     str(status): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
     for status, text in [
@@ -85,6 +124,11 @@ def openapi_spec() -> dict[str, Any]:
         "paths": {
             "/v1/embeddings": {"post": _operation("OpenAI: embed text or token ids", _OPENAI_REQUEST)},
             "/v1/models": {"get": _operation("OpenAI: the served models")},
+            "/v1/models/{model}": {"get": {**_operation("OpenAI: one served model"), "parameters": [_MODEL_PARAMETER]}},
+            "/v1/rerank": {"post": _operation("Cohere / Jina / vLLM: rerank documents", _RERANK_REQUEST)},
+            "/rerank": {"post": _operation("TEI (texts) or Cohere / Jina (documents): rerank", _TEI_RERANK_REQUEST)},
+            "/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
+            "/v1/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
             "/embed": {"post": _operation("TEI: embed text or token ids", _TEI_REQUEST)},
             "/tokenize": {"post": _operation("TEI: tokens with their offsets", _TOKENIZE_REQUEST)},
             "/info": {"get": _operation("TEI: the model, its limits and pooling")},

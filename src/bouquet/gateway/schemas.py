@@ -35,8 +35,8 @@ class EmbedJob:
 
 
 def parse_openai(body: dict[str, Any]) -> EmbedJob:
-    _optional(body, "user", str)
-    encoding_format = _optional(body, "encoding_format", str) or "float"
+    optional_field(body, "user", str)
+    encoding_format = optional_field(body, "encoding_format", str) or "float"
     if encoding_format not in ENCODING_FORMATS:
         raise InvalidRequest(
             f"encoding_format must be one of {ENCODING_FORMATS}, got {encoding_format!r}",
@@ -47,7 +47,7 @@ def parse_openai(body: dict[str, Any]) -> EmbedJob:
         raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
     texts, token_ids = parse_inputs(body["input"], "input")
     return EmbedJob(
-        model=_optional(body, "model", str),
+        model=optional_field(body, "model", str),
         texts=texts,
         token_ids=token_ids,
         dimensions=_dimensions(body),
@@ -59,22 +59,22 @@ def parse_tei(body: dict[str, Any]) -> EmbedJob:
     if "inputs" not in body:
         raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
     texts, token_ids = parse_inputs(body["inputs"], "inputs")
-    normalize = _optional(body, "normalize", bool)
-    truncate = _optional(body, "truncate", bool)
+    normalize = optional_field(body, "normalize", bool)
+    truncate = optional_field(body, "truncate", bool)
     return EmbedJob(
-        model=_optional(body, "model", str),
+        model=optional_field(body, "model", str),
         texts=texts,
         token_ids=token_ids,
         dimensions=_dimensions(body),
         normalize=normalize,
         truncate=True if truncate is None else truncate,
         truncation_direction=truncation_direction(body),
-        prompt_name=_optional(body, "prompt_name", str),
+        prompt_name=optional_field(body, "prompt_name", str),
     )
 
 
 def truncation_direction(body: dict[str, Any]) -> str:
-    direction = (_optional(body, "truncation_direction", str) or "right").lower()  # TEI spells it "Right"
+    direction = (optional_field(body, "truncation_direction", str) or "right").lower()  # TEI spells it "Right"
     if direction not in TRUNCATION_DIRECTIONS:
         raise InvalidRequest(
             f"truncation_direction must be one of {TRUNCATION_DIRECTIONS}, got {direction!r}",
@@ -137,7 +137,7 @@ def _dimensions(body: dict[str, Any]) -> int | None:
     return dimensions
 
 
-def _optional(body: dict[str, Any], name: str, kind: type) -> Any:
+def optional_field(body: dict[str, Any], name: str, kind: type) -> Any:
     value = body.get(name)
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
         raise Unprocessable(f"'{name}' must be of type {kind.__name__}", "invalid_type", name)

@@ -44,15 +44,31 @@ class ModelTokenizer:
     def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
         sequences = self._by_direction[direction].encode(texts, truncate=truncate)
         if not truncate:
-            for index, sequence in enumerate(sequences):
-                if len(sequence) > self.max_length:
-                    raise TooLarge(
-                        f"input {index} has {len(sequence)} tokens, over this model's limit of {self.max_length}; "
-                        "shorten it or send truncate=true",
-                        "input_too_long",
-                        "inputs",
-                    )
+            self._check_lengths(sequences)
         return sequences
+
+    async def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(ids, token types) per (query, passage) pair, for a cross-encoder."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._encode_pairs, pairs, truncate)
+
+    def _encode_pairs(self, pairs: list[tuple[str, str]], truncate: bool) -> tuple[list[list[int]], list[list[int]]]:
+        ids, types = self._by_direction["right"].encode_pairs(pairs, truncate=truncate)
+        if not truncate:
+            self._check_lengths(ids)
+        return ids, types
+
+    def _check_lengths(self, sequences: list[list[int]]) -> None:
+        for index, sequence in enumerate(sequences):
+            if len(sequence) > self.max_length:
+                raise TooLarge(
+                    f"input {index} has {len(sequence)} tokens, over this model's limit of {self.max_length}; "
+                    "shorten it or send truncate=true",
+                    "input_too_long",
+                    "inputs",
+                )
 
     async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[dict[str, Any]]]:
         """TEI's /tokenize: every token with its id, text, whether it is special, and its character span."""

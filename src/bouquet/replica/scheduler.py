@@ -41,6 +41,7 @@ class StepEngine(Protocol):
     max_seq_length: int
     pooling: PoolingSpec
     family: str
+    task: str
     workers: int  # steps it computes at once; a later one starts, in submission order, when one of them is done
 
     def step(self, batch: Batch) -> LazyTensor: ...

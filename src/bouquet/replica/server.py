@@ -91,6 +91,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             max_seq_length=engine.max_seq_length, pooling=engine.pooling.name, dtype=dtype, device=device,
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
             max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
+            task=engine.task, score_activation=spec.score_activation,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()

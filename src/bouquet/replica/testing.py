@@ -33,6 +33,7 @@ class RecordingEngine:
         self.max_seq_length = engine.max_seq_length
         self.pooling = engine.pooling
         self.family = engine.family
+        self.task = engine.task
         self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()

@@ -1,0 +1,171 @@
+"""Reranking, shaped as the servers people switch from answer it: TEI's `/rerank` (`query`, `texts`), Cohere's,
+Jina's and vLLM's `/v1/rerank` (`query`, `documents`, `top_n`, `return_documents`; also `/rerank` with
+`documents`), and vLLM's `/score` (`text_1`, `text_2`). A cross-encoder scores each (query, document) pair on
+the replicas, chunked and balanced like an embedding batch; the model's activation (CrossEncoder's) is applied
+here unless the client asks for raw scores."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.gateway.chunking import embed_chunked
+from bouquet.gateway.errors import InvalidRequest, TooLarge, Unavailable, Unprocessable
+from bouquet.gateway.schemas import optional_field
+from bouquet.scoring import activate
+
+if TYPE_CHECKING:
+    from bouquet.gateway.app import Gateway
+    from bouquet.gateway.models import ServedModel
+
+
+@dataclass(frozen=True)
+class RerankJob:
+    model: str | None
+    pairs: list[tuple[str, str]]  # (query, document), in the client's document order
+    truncate: bool = True
+    raw_scores: bool = False
+
+
+def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
+    """TEI's body, and whether to return each text."""
+    query = _text(body, "query")
+    texts = _texts(body.get("texts"), "texts")
+    truncate = optional_field(body, "truncate", bool)
+    job = RerankJob(
+        model=optional_field(body, "model", str),
+        pairs=[(query, text) for text in texts],
+        truncate=True if truncate is None else truncate,
+        raw_scores=bool(optional_field(body, "raw_scores", bool)),
+    )
+    return job, bool(optional_field(body, "return_text", bool))
+
+
+def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bool]:
+    """Cohere's, Jina's and vLLM's body (documents as strings or {"text": ...}), its top_n and return_documents."""
+    query = _text(body, "query")
+    documents = [_document_text(document, index) for index, document in enumerate(_list(body, "documents"))]
+    top_n = optional_field(body, "top_n", int)
+    if top_n is not None and top_n < 1:
+        raise InvalidRequest(f"'top_n' must be at least 1, got {top_n}", "invalid_value", "top_n")
+    return_documents = optional_field(body, "return_documents", bool)
+    job = RerankJob(model=optional_field(body, "model", str), pairs=[(query, text) for text in documents])
+    return job, top_n, True if return_documents is None else return_documents
+
+
+def parse_score(body: dict[str, Any]) -> RerankJob:
+    """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
+    first, second = body.get("text_1"), body.get("text_2")
+    queries = [_text(body, "text_1")] if isinstance(first, str) else _texts(first, "text_1")
+    documents = [_text(body, "text_2")] if isinstance(second, str) else _texts(second, "text_2")
+    if len(queries) == 1:
+        queries = queries * len(documents)
+    if len(queries) != len(documents):
+        message = f"'text_1' has {len(queries)} texts and 'text_2' {len(documents)}: give one text_1, or as many"
+        raise InvalidRequest(message, "invalid_value", "text_1")
+    truncate = optional_field(body, "truncate", bool)
+    return RerankJob(
+        optional_field(body, "model", str), list(zip(queries, documents, strict=True)), truncate is not False
+    )
+
+
+async def score(gateway: Gateway, job: RerankJob) -> tuple[ServedModel, np.ndarray, int]:
+    """One score per pair ([N] float32), and the tokens computed."""
+    model = gateway.catalog.get(job.model)
+    if model.task != "score":
+        raise InvalidRequest(
+            f"the model {model.id!r} is an embedding model (task 'embed'); rerank with a cross-encoder", "wrong_task",
+            "model",
+        )  # fmt: skip
+    if len(job.pairs) > gateway.config.max_inputs:
+        raise TooLarge(f"{len(job.pairs)} documents, over the limit of {gateway.config.max_inputs}", "too_many_inputs")
+    ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate)
+    tokens = sum(map(len, ids))
+    if tokens > gateway.config.max_request_tokens:
+        raise TooLarge(f"{tokens} tokens, over the limit of {gateway.config.max_request_tokens}", "too_many_tokens")
+    if not gateway.pool.any_healthy():
+        raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
+    with gateway.admission.admit(tokens):
+        chunk_tokens = gateway.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
+        batch = Batch.pack(ids, RowOptions(normalize=False), types)
+        logits = await embed_chunked(gateway.pool, model.name, batch, chunk_tokens)
+    gateway.metrics.tokens.labels(model.id).inc(tokens)
+    scores = logits if job.raw_scores else activate(logits, model.score_activation)
+    return model, scores[:, 0].astype(np.float32), tokens
+
+
+def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:
+    """TEI's answer: every text's index and score, best first."""
+    return [
+        {"index": index, "score": float(scores[index]), **({"text": job.pairs[index][1]} if return_text else {})}
+        for index in np.argsort(-scores, kind="stable")
+    ]
+
+
+def cohere_response(
+    scores: np.ndarray, job: RerankJob, model: ServedModel, tokens: int, top_n: int | None, return_documents: bool
+) -> dict[str, Any]:
+    """Cohere's, Jina's and vLLM's answer: the best `top_n` documents with their relevance, best first."""
+    order = np.argsort(-scores, kind="stable")[:top_n]
+    results = [
+        {
+            "index": int(index),
+            "relevance_score": float(scores[index]),
+            **({"document": {"text": job.pairs[index][1]}} if return_documents else {}),
+        }
+        for index in order
+    ]
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model.id,
+        "results": results,
+        "usage": {"total_tokens": tokens},
+    }
+
+
+def score_response(scores: np.ndarray, model: ServedModel, tokens: int) -> dict[str, Any]:
+    """vLLM's /score answer: one score per pair, in order."""
+    data = [{"index": index, "object": "score", "score": float(value)} for index, value in enumerate(scores)]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.id,
+            "data": data, "usage": usage}  # fmt: skip
+
+
+def _text(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if value is None:
+        raise InvalidRequest(f"'{name}' is required", "missing_required_parameter", name)
+    if not isinstance(value, str):
+        raise Unprocessable(f"'{name}' must be a string", "invalid_type", name)
+    if not value:
+        raise InvalidRequest(f"'{name}' is an empty string", "empty_input", name)
+    return value
+
+
+def _list(body: dict[str, Any], name: str) -> list[Any]:
+    value = body.get(name)
+    if value is None:
+        raise InvalidRequest(f"'{name}' is required", "missing_required_parameter", name)
+    if not isinstance(value, list):
+        raise Unprocessable(f"'{name}' must be a list", "invalid_type", name)
+    if not value:
+        raise InvalidRequest(f"'{name}' is an empty list", "empty_input", name)
+    return value
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    texts = _list({name: value}, name)
+    for index, text in enumerate(texts):
+        _text({f"{name}[{index}]": text}, f"{name}[{index}]")
+    return texts
+
+
+def _document_text(document: Any, index: int) -> str:
+    if isinstance(document, dict):
+        return _text(document, "text") if "text" in document else _text({}, f"documents[{index}].text")
+    return _text({f"documents[{index}]": document}, f"documents[{index}]")
