@@ -54,35 +54,39 @@ def model_gflop(lengths: list[int], hidden: int, intermediate: int, layers: int)
 class BouquetRunner:
     """The `bouquet embed` pipeline (reader, tokenizer thread, engine steps, .npy writer) on one file."""
 
-    def __init__(self, texts: list[str], workdir: Path, dtype: str, batch_tokens: int):
+    def __init__(self, texts: list[str], workdir: Path, dtype: str, batch_tokens: int, model_path: Path):
         self.input_path = workdir / "texts.jsonl"
         self.input_path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-        self.engine = Engine(EngineConfig(model_path=default_model_path(), device="cpu", dtype=dtype))
+        self.engine = Engine(EngineConfig(model_path=model_path, device="cpu", dtype=dtype))
         self.tokenizer = TextTokenizer(self.engine.spec.tokenizer_file, self.engine.max_seq_length)
         self.config = EmbedConfig(self.input_path, workdir / f"out-{dtype}.npy", batch_tokens=batch_tokens)
 
     def __call__(self) -> None:
         embed_file(self.engine, self.tokenizer, self.config, progress_bar=False)
 
+    def close(self) -> None:
+        self.engine.close()
+
 
 class SentenceTransformersRunner:
-    def __init__(self, texts: list[str], dtype: str):
+    def __init__(self, texts: list[str], dtype: str, model_path: Path, search_texts: int = 256):
         from sentence_transformers import SentenceTransformer
 
         self.texts = texts
-        self.model = SentenceTransformer(
-            str(default_model_path()), device="cpu", model_kwargs={"torch_dtype": DTYPES[dtype]}
-        )
-        self.batch_size = self._best_batch_size()
+        self.model = SentenceTransformer(str(model_path), device="cpu", model_kwargs={"torch_dtype": DTYPES[dtype]})
+        self.batch_size = self._best_batch_size(search_texts)
 
-    def _best_batch_size(self) -> int:
-        sample = self.texts[: min(len(self.texts), 256)]
+    def _best_batch_size(self, search_texts: int) -> int:
+        sample = self.texts[:search_texts]
         self.model.encode(sample[:32], batch_size=32)
         timings = {bs: _timed(lambda bs=bs: self.model.encode(sample, batch_size=bs)) for bs in (8, 16, 32, 64)}
         return min(timings, key=timings.__getitem__)
 
     def __call__(self) -> None:
         self.model.encode(self.texts, batch_size=self.batch_size, normalize_embeddings=True)
+
+    def close(self) -> None:
+        pass
 
 
 def run_cli_once(texts: list[str], workdir: Path, dtype: str) -> float:
@@ -95,42 +99,66 @@ def run_cli_once(texts: list[str], workdir: Path, dtype: str) -> float:
     return time.perf_counter() - start
 
 
+Samples = dict[tuple[str, str], list[float]]  # (system, dtype) -> seconds per repetition
+
+
+def measure(texts: list[str], model_path: Path, args: argparse.Namespace, workdir: Path) -> Samples:
+    """Both systems in every dtype on `texts`, warmed up, then interleaved repetition by repetition."""
+    runners: dict[tuple[str, str], BouquetRunner | SentenceTransformersRunner] = {}
+    for dtype in args.dtypes.split(","):
+        runners["bouquet", dtype] = BouquetRunner(texts, workdir, dtype, args.batch_tokens, model_path)
+        st = SentenceTransformersRunner(texts, dtype, model_path, args.st_search_texts)
+        runners["sentence-transformers", dtype] = st
+        print(f"sentence-transformers {dtype}: best batch size {st.batch_size}")
+    for runner in runners.values():
+        runner()  # warm-up
+    samples: Samples = {key: [] for key in runners}
+    for _ in range(args.repeats):
+        for key, runner in runners.items():
+            samples[key].append(_timed(runner))
+    for runner in runners.values():
+        runner.close()
+    return samples
+
+
+def ratio(samples: Samples, dtype: str) -> float:
+    """bouquet's speed over sentence-transformers', from the medians."""
+    return statistics.median(samples["sentence-transformers", dtype]) / statistics.median(samples["bouquet", dtype])
+
+
 def bench_corpus(name: str, texts: list[str], args: argparse.Namespace, workdir: Path) -> None:
     tokenizer = TextTokenizer(default_model_path() / "tokenizer.json", 256)
     lengths = [len(ids) for ids in tokenizer.encode(texts)]
     tokens = sum(lengths)
     gflop = model_gflop(lengths, hidden=384, intermediate=1536, layers=6)
     print(f"\n== {name}: {len(texts)} texts, {tokens} real tokens (mean {tokens / len(texts):.0f}/text)")
-    runners: dict[tuple[str, str], Callable[[], None]] = {}
-    for dtype in args.dtypes.split(","):
-        runners["bouquet", dtype] = BouquetRunner(texts, workdir, dtype, args.batch_tokens)
-        st = SentenceTransformersRunner(texts, dtype)
-        runners["sentence-transformers", dtype] = st
-        print(f"sentence-transformers {dtype}: best batch size {st.batch_size}")
-    for runner in runners.values():
-        runner()  # warm-up
-    samples: dict[tuple[str, str], list[float]] = {key: [] for key in runners}
-    for _ in range(args.repeats):
-        for key, runner in runners.items():
-            samples[key].append(_timed(runner))
+    samples = measure(texts, default_model_path(), args, workdir)
     print(f"{'system':<24}{'dtype':<10}{'tokens/s':>10}{'GFLOP/s':>9}   runs (tokens/s)")
     for (system, dtype), times in samples.items():
         rate = tokens / statistics.median(times)
         runs = " ".join(f"{tokens / t:.0f}" for t in times)
         print(f"{system:<24}{dtype:<10}{rate:>10.0f}{gflop * rate / tokens:>9.0f}   {runs}")
     for dtype in args.dtypes.split(","):
-        ratio = statistics.median(samples["sentence-transformers", dtype]) / statistics.median(
-            samples["bouquet", dtype]
-        )
-        print(f"ratio bouquet / sentence-transformers, {dtype}: {ratio:.2f}x")
+        print(f"ratio bouquet / sentence-transformers, {dtype}: {ratio(samples, dtype):.2f}x")
+
+
+def add_measure_arguments(parser: argparse.ArgumentParser, repeats: int, st_search_texts: int) -> None:
+    """The options `measure` reads."""
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument(
+        "--st-search-texts",
+        type=int,
+        default=st_search_texts,
+        help="texts timed to pick sentence-transformers' batch size",
+    )
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_measure_arguments(parser, repeats=5, st_search_texts=256)
     parser.add_argument("--texts", default="documents,queries")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 from conftest import row_cosines
-from st_models import TOKENIZER_FILES, save_sentence_transformer, spread_weights, to_legacy_layout
+from family_models import TOKENIZER_FILES, save_sentence_transformer, spread_weights
+from st_models import to_legacy_layout
 from test_st_layouts import PROMPTS, assert_same_rows, embed_with_bouquet, embed_with_sentence_transformers
 
 from bouquet.batch import Batch

@@ -1,7 +1,8 @@
 """Model directories as sentence-transformers saves them today (6.x, through its own `save`), and the same
 models rewritten in the layout 2.x-4.x saved (module paths `sentence_transformers.models.*`, legacy pooling
 flags, the length in sentence_bert_config.json, Dense weights as pytorch_model.bin, optionally the
-Transformer in `0_Transformer/`), for the loader's parity tests."""
+Transformer in `0_Transformer/`), for the loader's parity tests. The current-layout builder,
+`save_sentence_transformer`, lives in bench/family_models.py, which the per-family benchmark shares."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from family_models import TOKENIZER_FILES, spread_weights
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 _LEGACY_TYPES = {
     "Transformer": "sentence_transformers.models.Transformer",
     "Pooling": "sentence_transformers.models.Pooling",
@@ -29,21 +30,6 @@ _LEGACY_FLAGS = {
 }
 
 
-def spread_weights(model: torch.nn.Module, seed: int, scale: float = 0.15) -> None:
-    """Random weights wide enough that attention is far from uniform (a position or window bug then shows):
-    projections of std `scale`, norm weights around 1, embeddings of std 1."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if "norm" in name.lower():
-                param.copy_(1.0 + 0.2 * noise if name.endswith("weight") else 0.1 * noise)
-            elif "embed" in name.lower():
-                param.copy_(noise)
-            else:
-                param.copy_(scale * noise)
-
-
 def tiny_bert(path: Path, tokenizer_dir: Path, seed: int = 0, max_positions: int = 512) -> Path:
     """A 2-layer random BERT saved with `save_pretrained`, the real MiniLM tokenizer beside it."""
     from transformers import BertConfig, BertModel
@@ -58,41 +44,6 @@ def tiny_bert(path: Path, tokenizer_dir: Path, seed: int = 0, max_positions: int
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, path / name)
     return path
-
-
-def save_sentence_transformer(
-    out: Path,
-    hf_dir: Path,
-    pooling_mode: str | tuple[str, ...] = "mean",
-    include_prompt: bool = True,
-    dense: list[dict[str, Any]] | None = None,
-    normalize: bool = True,
-    prompts: dict[str, str] | None = None,
-    max_seq_length: int | None = None,
-    seed: int = 0,
-) -> Path:
-    """Builds the pipeline from sentence-transformers' own modules and saves it with its current `save`."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules import Dense, Normalize, Transformer
-    from sentence_transformers.sentence_transformer.modules import Pooling
-
-    transformer = Transformer(str(hf_dir), max_seq_length=max_seq_length)
-    width = transformer.get_embedding_dimension()
-    modules: list[torch.nn.Module] = [transformer, Pooling(width, pooling_mode, include_prompt=include_prompt)]
-    width *= 1 if isinstance(pooling_mode, str) else len(pooling_mode)
-    generator = torch.Generator().manual_seed(seed + 1)
-    for layer in dense or []:
-        module = Dense(width, **layer)
-        with torch.no_grad():
-            for param in module.parameters():
-                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
-        modules.append(module)
-        width = layer["out_features"]
-    if normalize:
-        modules.append(Normalize())
-    model = SentenceTransformer(modules=modules, device="cpu", prompts=prompts)
-    model.save(str(out))
-    return out
 
 
 def to_legacy_layout(current: Path, out: Path, max_seq_length: int, transformer_subdir: bool = False) -> Path:

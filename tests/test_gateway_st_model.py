@@ -14,7 +14,8 @@ import numpy as np
 import openai
 import pytest
 from conftest import row_cosines
-from st_models import save_sentence_transformer, tiny_bert
+from family_models import save_sentence_transformer
+from st_models import tiny_bert
 from test_gateway_api import post
 from test_st_layouts import PROMPTS, TEXTS
 from torch import nn

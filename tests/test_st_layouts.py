@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import row_cosines
-from st_models import save_sentence_transformer, tiny_bert, to_legacy_layout
+from family_models import save_sentence_transformer
+from st_models import tiny_bert, to_legacy_layout
 from torch import nn
 
 from bouquet.cli import main as bouquet
