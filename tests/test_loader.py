@@ -115,3 +115,11 @@ def test_unsupported_pooling_is_named(model_copy: Path) -> None:
     config_path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported pooling 'splade'; supported: cls, max, mean"):
         read_model_dir(model_copy)
+
+
+def test_a_config_in_another_form_is_named(model_copy: Path) -> None:
+    config = json.loads((model_copy / "config.json").read_text())
+    config["n_embd"] = config.pop("hidden_size")  # as remote-code configs (nomic's first release) spell it
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json has no 'hidden_size'"):
+        read_model_dir(model_copy)

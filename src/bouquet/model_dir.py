@@ -80,6 +80,12 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
     hf_config = read_json(require(transformer / "config.json"))
     if not hf_config.get("architectures"):
         raise ValueError(f"{transformer / 'config.json'} has no 'architectures' entry")
+    missing = [key for key in ("hidden_size", "vocab_size") if key not in hf_config]
+    if missing:  # e.g. a remote-code config that names them its own way (n_embd)
+        raise ValueError(
+            f"{transformer / 'config.json'} has no {' or '.join(repr(k) for k in missing)}: bouquet reads configs "
+            "in the form transformers' own model classes save"
+        )
     st_config = read_optional_json(root / "config_sentence_transformers.json") or {}
     sbert_config = read_optional_json(transformer / "sentence_bert_config.json") or {}
     return ModelSpec(
