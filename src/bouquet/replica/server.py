@@ -127,13 +127,23 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         return self._info_with_tokenizer if request.include_tokenizer else self._info
 
 
+_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    # The gateways ping every connection each second (their way to notice a replica that hangs); gRPC's defaults
+    # would call that abuse and close the connection ("too_many_pings").
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 class ReplicaServer:
     """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached."""
 
     def __init__(self, listen: str, metrics: ReplicaMetrics | None = None):
         self.metrics = metrics or ReplicaMetrics()
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
-        self.server = grpc.aio.server(options=[*options, ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)])
+        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
         self.health = health.aio.HealthServicer()
         self.servicer = EmbeddingServicer(self.metrics)
         embedding_pb2_grpc.add_EmbeddingServicer_to_server(self.servicer, self.server)
