@@ -109,3 +109,31 @@ def test_a_dead_gateway_workers_live_gauges_leave_the_shared_metrics(tmp_path):
     supervisor.gateways.append(child)  # type: ignore[arg-type]
     supervisor.forget_metrics(child)  # type: ignore[arg-type]
     assert not list(tmp_path.glob("gauge_livesum_*.db"))
+
+
+def test_a_failed_chunk_cancels_its_siblings():
+    """One chunk refused (a full queue) answers the request at once, and the chunks still waiting on replicas are
+    cancelled, which cancels their gRPC calls, so no replica computes rows nobody will read."""
+    import asyncio
+
+    import numpy as np
+
+    from bouquet.gateway.chunking import embed_chunked
+
+    cancelled: list[int] = []
+
+    class Pool:
+        async def embed(self, model: str, batch: Batch) -> np.ndarray:
+            if batch.num_seqs == 1 and batch.input_ids[0] == 7:
+                raise Overloaded("queue full", "overloaded")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(int(batch.input_ids[0]))
+                raise
+            return np.zeros((batch.num_seqs, 2), np.float32)
+
+    batch = Batch.pack([[1] * 10, [7] * 10, [3] * 10])  # three chunks of 10 tokens
+    with pytest.raises(Overloaded):
+        asyncio.run(asyncio.wait_for(embed_chunked(Pool(), "m", batch, chunk_tokens=10), timeout=10))
+    assert sorted(cancelled) == [1, 3]
