@@ -167,6 +167,7 @@ BAD_INPUTS = [
     ("/v1/embeddings", {"input": []}, 400, "empty_input"),
     ("/v1/embeddings", {"input": [[]]}, 400, "empty_input"),
     ("/v1/embeddings", {"input": ["a"] * (MAX_INPUTS + 1)}, 413, "too_many_inputs"),
+    ("/tokenize", {"inputs": ["a"] * (MAX_INPUTS + 1)}, 413, "too_many_inputs"),
     ("/embed", {"inputs": _LONG, "truncate": False}, 413, "input_too_long"),
     ("/embed", {"inputs": [[101] * 300], "truncate": False}, 413, "input_too_long"),
     ("/v1/embeddings", {"input": [[101, 30522, 102]]}, 400, "invalid_token_id"),

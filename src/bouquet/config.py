@@ -183,7 +183,9 @@ class GatewayConfig:
     api_key: str | None = None  # when set, every route but /health and the docs needs `Authorization: Bearer KEY`
     max_inputs: int = 2048  # inputs per request
     max_request_tokens: int = 300_000  # tokens per request, after truncation
-    max_payload_bytes: int = 8 * 1024 * 1024  # request body
+    # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings
+    # (which truncation throws away anyway) would cost the gateway gigabytes to parse and tokenize.
+    max_payload_bytes: int = 2 * 1024 * 1024
     max_inflight_tokens: int = 524_288  # tokens admitted and not yet answered, per gateway process; more is 429
     chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 4x the replica's batch budget
     max_attempts: int = 3  # replicas a chunk may be tried on

@@ -108,16 +108,10 @@ class Gateway:
                 "model",
             )
         options = self._row_options(job, model)
-        if job.num_inputs > self.config.max_inputs:
-            raise TooLarge(
-                f"{job.num_inputs} inputs, over the limit of {self.config.max_inputs} a request", "too_many_inputs"
-            )
+        self.check_inputs(job.num_inputs)
         sequences = await self._sequences(job, model)
         tokens = sum(map(len, sequences))
-        if tokens > self.config.max_request_tokens:
-            raise TooLarge(
-                f"{tokens} tokens, over the limit of {self.config.max_request_tokens} a request", "too_many_tokens"
-            )
+        self.check_tokens(tokens)
         if not self.pool.any_healthy():
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         with self.admission.admit(tokens):
@@ -125,6 +119,17 @@ class Gateway:
             rows = await embed_chunked(self.pool, model.name, Batch.pack(sequences, options), chunk_tokens)
         self.metrics.tokens.labels(model.id).inc(tokens)
         return model, rows, tokens
+
+    def check_inputs(self, count: int) -> None:
+        """Every route's cap on the inputs of one request (embeddings, documents, texts to tokenize)."""
+        if count > self.config.max_inputs:
+            raise TooLarge(f"{count} inputs, over the limit of {self.config.max_inputs} a request", "too_many_inputs")
+
+    def check_tokens(self, tokens: int) -> None:
+        if tokens > self.config.max_request_tokens:
+            raise TooLarge(
+                f"{tokens} tokens, over the limit of {self.config.max_request_tokens} a request", "too_many_tokens"
+            )
 
     def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
         prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
@@ -277,7 +282,10 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     if not isinstance(add_special, bool):
         raise Unprocessable("'add_special_tokens' must be a boolean", "invalid_type", "add_special_tokens")
     prompt = model.prompt(body.get("prompt_name"))
-    return _json(await model.require_tokenizer().tokens(texts, prompt, add_special))
+    gateway.check_inputs(len(texts))  # the limits /embed has: a /tokenize reply is larger than its request
+    tokens = await model.require_tokenizer().tokens(texts, prompt, add_special)
+    gateway.check_tokens(sum(map(len, tokens)))
+    return _json(tokens)
 
 
 def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.chunking import embed_chunked
-from bouquet.gateway.errors import InvalidRequest, TooLarge, Unavailable, Unprocessable
+from bouquet.gateway.errors import InvalidRequest, Unavailable, Unprocessable
 from bouquet.gateway.schemas import optional_field
 from bouquet.scoring import activate
 
@@ -82,12 +82,10 @@ async def score(gateway: Gateway, job: RerankJob) -> tuple[ServedModel, np.ndarr
             f"the model {model.id!r} is an embedding model (task 'embed'); rerank with a cross-encoder", "wrong_task",
             "model",
         )  # fmt: skip
-    if len(job.pairs) > gateway.config.max_inputs:
-        raise TooLarge(f"{len(job.pairs)} documents, over the limit of {gateway.config.max_inputs}", "too_many_inputs")
+    gateway.check_inputs(len(job.pairs))
     ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate)
     tokens = sum(map(len, ids))
-    if tokens > gateway.config.max_request_tokens:
-        raise TooLarge(f"{tokens} tokens, over the limit of {gateway.config.max_request_tokens}", "too_many_tokens")
+    gateway.check_tokens(tokens)
     if not gateway.pool.any_healthy():
         raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
     with gateway.admission.admit(tokens):
