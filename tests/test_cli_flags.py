@@ -31,9 +31,10 @@ from bouquet.config import (
 )
 from bouquet.gateway.testing import children, free_port, start_serve
 
-# Fields with no flag of their own, each commented as internal in config.py (or set through another flag).
+# Fields with no flag of their own, each commented as internal in config.py (or set through another flag); the
+# replica token comes from $BOUQUET_REPLICA_TOKEN only, as argv shows in `ps`.
 INTERNAL = {"token_buckets", "seq_buckets", "max_graphs", "max_steps_in_flight", "sort_window", "worker_args",
-            "replica_args", "gateway_args"}  # fmt: skip
+            "replica_args", "gateway_args", "token", "replica_token"}  # fmt: skip
 # Flags whose parsed name is not the field's name.
 FIELD_OF = {"model": "model_path", "input": "input_path", "output": "output_path"}
 GATEWAY_FIELD_OF = {"replica": "replicas", "model": "model_dirs"}

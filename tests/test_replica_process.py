@@ -106,3 +106,31 @@ def test_sigterm_with_nothing_in_flight_exits_at_once(replica_process):
         replica_process.process.send_signal(signal.SIGTERM)
         assert replica_process.process.wait(timeout=30) == 0
     assert time.monotonic() - started < 15  # not the 60 s drain: it left once nothing was in flight
+
+
+def test_a_replica_with_a_token_refuses_calls_without_it(minilm_path):
+    """$BOUQUET_REPLICA_TOKEN set: Embed and Info need it (serve makes one for its own replicas and gateways);
+    health stays open for orchestrators' probes."""
+    import os
+
+    command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(minilm_path), "--listen",
+               "127.0.0.1:0", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    env = {**os.environ, "BOUQUET_REPLICA_TOKEN": "t0ken"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        address = f"127.0.0.1:{_wait_for_port(process)}"
+        request = embed_request(Batch.pack([marked(5)]))
+        with grpc.insecure_channel(address) as channel:
+            stub = embedding_pb2_grpc.EmbeddingStub(channel)
+            for metadata in (None, (("authorization", "Bearer wrong"),)):
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Embed(request, timeout=10, metadata=metadata)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            rows = response_rows(stub.Embed(request, timeout=30, metadata=(("authorization", "Bearer t0ken"),)))
+            assert rows.shape == (1, 384)
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        process.stderr.close()

@@ -210,7 +210,13 @@ def scheduler_config(args: argparse.Namespace, device: str) -> SchedulerConfig:
 
 
 def replica_config(args: argparse.Namespace) -> ReplicaConfig:
-    return ReplicaConfig(**_given(args, [*_REPLICA_PROCESS, _DRAIN]))
+    return ReplicaConfig(token=_replica_token(), **_given(args, [*_REPLICA_PROCESS, _DRAIN]))
+
+
+def _replica_token() -> str | None:
+    """The token between gateways and replicas: from the environment only, never argv (`ps` shows argv);
+    `serve` makes one for its own children."""
+    return os.environ.get("BOUQUET_REPLICA_TOKEN") or None
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -238,6 +244,7 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         replicas=tuple(args.replica),
         model_dirs=tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs(),
         api_key=_api_key(args),
+        replica_token=_replica_token(),
         worker_args=_argv(GATEWAY_OPTIONS, vars(args)) if args.workers > 1 else (),
         **_given(args, [_HOST, _PORT, _DRAIN, _WORKERS, *GATEWAY_LIMIT_OPTIONS]),
     )

@@ -166,6 +166,7 @@ class ReplicaConfig:
     listen: str = "127.0.0.1:50051"
     metrics_port: int | None = None  # /metrics over HTTP; None: not served
     drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
+    token: str | None = None  # $BOUQUET_REPLICA_TOKEN: Embed and Info need it from the gateway; None: open
 
     def __post_init__(self) -> None:
         if self.drain_seconds < 0:
@@ -181,6 +182,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None  # when set, every route but /health and the docs needs `Authorization: Bearer KEY`
+    replica_token: str | None = None  # $BOUQUET_REPLICA_TOKEN, sent to the replicas with every call
     max_inputs: int = 2048  # inputs per request
     max_request_tokens: int = 300_000  # tokens per request, after truncation
     # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings

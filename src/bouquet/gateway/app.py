@@ -60,7 +60,7 @@ class Gateway:
         self.catalog = ModelCatalog(config.model_dirs, self.executor)
         self.pool = ReplicaPool(
             config.replicas, self.catalog, self.metrics, config.max_attempts, config.request_timeout,
-            config.probe_interval,
+            config.probe_interval, config.replica_token,
         )  # fmt: skip
         self.admission = Admission(config.max_inflight_tokens, self.metrics)
         self._api_key = config.api_key.encode() if config.api_key else None

@@ -65,8 +65,11 @@ class ReplicaPool:
         max_attempts: int = 3,
         timeout: float = 120.0,
         probe_interval: float = 0.5,
+        token: str | None = None,
     ):
         self.replicas = [Replica(address) for address in addresses]
+        # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.catalog = catalog
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -118,7 +121,7 @@ class ReplicaPool:
         replica.outstanding_tokens += tokens
         started = time.perf_counter()
         try:
-            reply = await replica.stub.Embed(request, timeout=self._timeout)
+            reply = await replica.stub.Embed(request, timeout=self._timeout, metadata=self._metadata)
         finally:
             replica.outstanding_tokens -= tokens
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
@@ -142,10 +145,11 @@ class ReplicaPool:
         self._metrics.replica_healthy.labels(replica.address).set(1 if healthy else 0)
 
     async def _discover(self, replica: Replica) -> None:
-        info = await replica.stub.Info(embedding_pb2.InfoRequest(), timeout=10)
+        info = await replica.stub.Info(embedding_pb2.InfoRequest(), timeout=10, metadata=self._metadata)
         if self.catalog.needs_tokenizer(info):
             # Asked for only for a model met for the first time with no local directory: it is megabytes.
-            info = await replica.stub.Info(embedding_pb2.InfoRequest(include_tokenizer=True), timeout=30)
+            request = embedding_pb2.InfoRequest(include_tokenizer=True)
+            info = await replica.stub.Info(request, timeout=30, metadata=self._metadata)
         replica.model = self.catalog.register(info)
 
     async def _watch(self, replica: Replica) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import sys
 import urllib.error
 import urllib.request
@@ -26,6 +27,8 @@ class ServeSupervisor(Supervisor):
         self.replica_models: dict[str, int] = {}  # replica name -> index of its model in config.replica_args
 
     def start(self) -> bool:
+        # Its replicas serve only its gateways: one token for this run, handed down by environment (not argv).
+        os.environ.setdefault("BOUQUET_REPLICA_TOKEN", secrets.token_urlsafe(32))
         if not (self._start_replicas() and self._start_gateways()):
             return False
         print(f"bouquet serve: ready on http://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import signal
 import sys
@@ -138,12 +139,38 @@ _SERVER_OPTIONS = [
 ]
 
 
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Embed and Info only with `authorization: Bearer TOKEN` (the gateways send it); health stays open, for
+    orchestrators' probes."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:  # fmt: skip
+        if details.method.startswith("/grpc.health.v1."):
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(given).encode(), self._expected):
+            return await continuation(details)
+        return grpc.unary_unary_rpc_method_handler(_refuse_unauthenticated)
+
+
+async def _refuse_unauthenticated(request: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED, "this replica needs the gateway's token ($BOUQUET_REPLICA_TOKEN)"
+    )
+
+
 class ReplicaServer:
     """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached."""
 
-    def __init__(self, listen: str, metrics: ReplicaMetrics | None = None):
+    def __init__(self, listen: str, metrics: ReplicaMetrics | None = None, token: str | None = None):
         self.metrics = metrics or ReplicaMetrics()
-        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
+        interceptors = [TokenCheck(token)] if token else []
+        self.server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
         self.health = health.aio.HealthServicer()
         self.servicer = EmbeddingServicer(self.metrics)
         embedding_pb2_grpc.add_EmbeddingServicer_to_server(self.servicer, self.server)
@@ -212,7 +239,7 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    replica = ReplicaServer(config.listen)
+    replica = ReplicaServer(config.listen, token=config.token)
     loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop)))
     if config.metrics_port is not None:
         replica.metrics.serve_http(config.metrics_port, listen_host(config.listen))
