@@ -228,3 +228,32 @@ def test_a_client_that_goes_away_has_its_work_cancelled(server, client, sentence
         time.sleep(0.05)
     rows = as_rows(client.embeddings.create(model=MODEL, input=["still serving"]))
     assert_parity(rows, reference(sentence_transformer, ["still serving"]))
+
+
+def test_gzip_bodies(server, sentence_transformer):
+    """Clients that compress their requests: a gzip body is read (within the size limit, decompressed), any other
+    encoding is a 415, a corrupt one a 400."""
+    import gzip
+
+    def send(body: bytes, encoding: str) -> tuple[int, object]:
+        headers = {
+            "Content-Type": "application/json",
+            "Content-Encoding": encoding,
+            "Authorization": f"Bearer {API_KEY}",
+        }
+        request = urllib.request.Request(f"{server}/embed", data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    texts = TEXTS[:4]
+    status, rows = send(gzip.compress(json.dumps({"inputs": texts}).encode()), "gzip")
+    assert status == 200
+    assert_parity(np.array(rows, dtype=np.float32), reference(sentence_transformer, texts))
+    assert send(json.dumps({"inputs": texts}).encode(), "br")[0] == 415
+    assert send(b"\x1f\x8b not gzip", "gzip")[0] == 400
+    bomb = gzip.compress(json.dumps({"inputs": ["a" * (2 * MAX_PAYLOAD)]}).encode())  # small sent, large inflated
+    status, error = send(bomb, "gzip")
+    assert status == 413 and error["error"]["code"] == "payload_too_large"

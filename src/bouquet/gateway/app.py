@@ -8,6 +8,7 @@ import asyncio
 import hmac
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from bouquet.gateway.errors import (
     Unauthorized,
     Unavailable,
     Unprocessable,
+    UnsupportedMedia,
     error_response,
 )
 from bouquet.gateway.metrics import GatewayMetrics
@@ -87,6 +89,7 @@ class Gateway:
             body += piece
             if len(body) > limit:
                 raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+        body = _decoded(body, request.headers.get("content-encoding", "identity"), limit)
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as error:
@@ -180,6 +183,28 @@ class Gateway:
         if job.truncation_direction == "left":
             return [ids[-limit:] for ids in token_ids]
         return [ids[:limit] for ids in token_ids]
+
+
+def _decoded(body: bytearray, encoding: str, limit: int) -> bytes | bytearray:
+    """The body as sent, or gunzipped (clients that compress requests); the limit holds for the decompressed
+    body too, so a small bomb cannot grow past it."""
+    encoding = encoding.strip().lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding not in ("gzip", "x-gzip"):
+        raise UnsupportedMedia(
+            f"Content-Encoding {encoding!r} is not supported; send gzip or none", "unsupported_encoding"
+        )
+    inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+    try:
+        plain = inflater.decompress(bytes(body), limit + 1)
+    except zlib.error as error:
+        raise InvalidRequest(f"the gzip body is corrupt: {error}", "invalid_gzip") from error
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise TooLarge(f"the decompressed body is over the limit of {limit} bytes", "payload_too_large")
+    if not inflater.eof:
+        raise InvalidRequest("the gzip body ends before its stream does", "invalid_gzip")
+    return plain
 
 
 Handler = Callable[[Gateway, Request], Awaitable[Response]]

@@ -34,6 +34,12 @@ class NotFound(ApiError):
     status = 404
 
 
+class UnsupportedMedia(ApiError):
+    """A body in an encoding the gateway does not read (415)."""
+
+    status = 415
+
+
 class TooLarge(ApiError):
     """Over a size limit: payload bytes, inputs, tokens, or an input over the model's limit with truncate=false."""
 
