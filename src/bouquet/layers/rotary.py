@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+
+
+def rope_theta(rope: dict[str, Any], fallback: float, where: str = "") -> float:
+    """The rotary base of a config's rope entry (transformers 5's `rope_parameters`, or a released config's
+    `rope_scaling`), else `fallback` (the family's own key or default). Only the default rope is implemented:
+    any scaled type is refused by name rather than served wrong."""
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"unsupported rope_type {rope_type!r}{where}; supported: default")
+    return float(rope.get("rope_theta", fallback))
+
+
+def config_rope_theta(config: dict[str, Any], default: float) -> float:
+    """One base for every layer: the rope entry's, else `rope_theta`, else the family's `default`."""
+    return rope_theta(
+        config.get("rope_parameters") or config.get("rope_scaling") or {}, config.get("rope_theta", default)
+    )
 
 
 class RotaryEmbedding(nn.Module):

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
+from bouquet.layers.mlp import GatedMLP
 from bouquet.layers.norms import RMSNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, rope_theta
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 from bouquet.model_dir import PoolingMethod
 
@@ -106,11 +106,8 @@ def _rope_theta(config: dict[str, Any], layer_type: str) -> float:
     rope = (config.get("rope_parameters") or {}).get(layer_type) or {}
     if layer_type == "full_attention":
         rope = {**(config.get("rope_scaling") or {}), **rope}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r} for {layer_type}; supported: default")
     legacy = config.get(_LEGACY_THETA_KEYS[layer_type]) or _DEFAULT_THETA[layer_type]
-    return float(rope.get("rope_theta", legacy))
+    return rope_theta(rope, legacy, f" for {layer_type}")
 
 
 class Gemma3Attention(nn.Module):
@@ -140,18 +137,6 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(out)
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, config: Gemma3Config):
-        super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.activation = get_activation(config.hidden_act)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=1)
-        return self.down_proj(self.activation(gate) * up)
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, config: Gemma3Config, rotary: RotaryEmbedding, sliding: bool):
         super().__init__()
@@ -159,7 +144,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.self_attn = Gemma3Attention(config, rotary, sliding)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Gemma3MLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

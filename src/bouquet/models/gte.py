@@ -20,7 +20,7 @@ from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import drop_ignored, strip_prefixes
 from bouquet.model_dir import PoolingMethod
 
@@ -53,22 +53,12 @@ class GteConfig:
             type_vocab_size=config.get("type_vocab_size", 1),
             layer_norm_eps=config.get("layer_norm_eps", 1e-12),
             hidden_act=config.get("hidden_act", "gelu"),
-            rope_theta=_rope_theta(config),
+            rope_theta=config_rope_theta(config, 160000.0),  # transformers' GTE defaults to a base of 160000
         )
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    # transformers 5 writes `rope_parameters`; its GTE defaults to a base of 160000 when none is given. Scaled
-    # variants (the released checkpoints' "ntk") have no implementation in transformers to check against.
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default")
-    return float(rope.get("rope_theta", config.get("rope_theta", 160000.0)))
 
 
 class GteAttention(nn.Module):

@@ -20,7 +20,7 @@ from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, rope_theta
 from bouquet.layers.weights import drop_ignored, strip_prefixes
 from bouquet.model_dir import PoolingMethod
 
@@ -87,11 +87,8 @@ def _rope_theta(config: dict[str, Any], layer_type: str) -> float:
     # transformers 5 writes `rope_parameters` per layer type; released checkpoints carry `global_rope_theta` and
     # `local_rope_theta`.
     rope = (config.get("rope_parameters") or {}).get(layer_type) or {}
-    rope_type = rope.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r} for {layer_type}; supported: default")
     legacy = config.get(_LEGACY_THETA_KEYS[layer_type]) or _DEFAULT_THETA[layer_type]
-    return float(rope.get("rope_theta", legacy))
+    return rope_theta(rope, legacy, f" for {layer_type}")
 
 
 class ModernBertAttention(nn.Module):

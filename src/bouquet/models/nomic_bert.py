@@ -19,7 +19,7 @@ from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import fuse
 from bouquet.model_dir import PoolingMethod
 
@@ -51,17 +51,8 @@ class NomicBertConfig:
             type_vocab_size=config.get("type_vocab_size", 2),
             layer_norm_eps=config.get("layer_norm_eps", 1e-12),
             hidden_act=config.get("hidden_act", "silu"),
-            rope_theta=_rope_theta(config),
+            rope_theta=config_rope_theta(config, 1000.0),  # transformers' NomicBERT defaults to a base of 1000
         )
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    # transformers 5 writes `rope_parameters`; its NomicBERT defaults to a base of 1000 when none is given.
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default")
-    return float(rope.get("rope_theta", config.get("rope_theta", 1000.0)))
 
 
 class NomicBertAttention(nn.Module):

@@ -16,16 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
+from bouquet.layers.mlp import GatedMLP
 from bouquet.layers.norms import RMSNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 from bouquet.model_dir import PoolingMethod
-from bouquet.models.qwen3 import _rope_theta
 
 _IGNORED = re.compile(r"lm_head\..*")
 
@@ -62,7 +61,7 @@ class Qwen2Config:
             intermediate_size=config["intermediate_size"],
             max_positions=config["max_position_embeddings"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(config),
+            rope_theta=config_rope_theta(config, 10000.0),
             attention_bias=attention_bias,
             windows=windows,
         )
@@ -99,24 +98,13 @@ class Qwen2Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v.unflatten(1, (-1, self.head_dim))))
 
 
-class Qwen2MLP(nn.Module):
-    def __init__(self, config: Qwen2Config):
-        super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class Qwen2DecoderLayer(nn.Module):
     def __init__(self, config: Qwen2Config, rotary: RotaryEmbedding, window: int | None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Qwen2Attention(config, rotary, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Qwen2MLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # The residual stream stays float32; sublayer outputs in the compute dtype are promoted on add.

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear
+from bouquet.layers.mlp import GatedMLP
 from bouquet.layers.norms import RMSNorm
-from bouquet.layers.rotary import RotaryEmbedding
+from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 from bouquet.model_dir import PoolingMethod
 
@@ -55,19 +55,10 @@ class Qwen3Config:
             intermediate_size=config["intermediate_size"],
             max_positions=config["max_position_embeddings"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(config),
+            rope_theta=config_rope_theta(config, 10000.0),
             attention_bias=config.get("attention_bias", False),
             causal=not config.get("use_bidirectional_attention", False),
         )
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    # transformers 5 writes `rope_parameters`; released checkpoints carry `rope_theta` and `rope_scaling`.
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: default")
-    return float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
 
 
 class Qwen3Attention(nn.Module):
@@ -94,24 +85,13 @@ class Qwen3Attention(nn.Module):
         return self.o_proj(out)
 
 
-class Qwen3MLP(nn.Module):
-    def __init__(self, config: Qwen3Config):
-        super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=1)
-        return self.down_proj(F.silu(gate) * up)
-
-
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, config: Qwen3Config, rotary: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Qwen3Attention(config, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = Qwen3MLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "silu")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # The residual stream stays float32; sublayer outputs in the compute dtype are promoted on add.
