@@ -98,6 +98,13 @@ BAD = {
     "an empty document": ("/v1/rerank", {"query": "q", "documents": [""], "model": "tiny-reranker"}, 400),
     "top_n of 0": ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0, "model": "tiny-reranker"}, 400),
     "lists of other lengths": ("/score", {"text_1": ["a", "b"], "text_2": ["c"], "model": "tiny-reranker"}, 400),
+    "a field it does not honour": (
+        "/v1/rerank",
+        {"query": "q", "documents": ["a"], "max_chunks_per_doc": 2, "model": "tiny-reranker"},
+        400,
+    ),
+    "vLLM's truncate_prompt_tokens": ("/score", {"text_1": "q", "text_2": ["a"], "truncate_prompt_tokens": 8}, 400),
+    "left truncation of pairs": ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 400),
 }
 
 
@@ -106,3 +113,5 @@ def test_bad_rerank_requests_get_their_4xx(server: str, case: str) -> None:
     route, body, status = BAD[case]
     got, answer = post(f"{server}{route}", body)
     assert got == status and "message" in answer["error"], answer
+    if answer["error"]["code"] == "unsupported_parameter":
+        assert answer["error"]["param"] in {"max_chunks_per_doc", "truncate_prompt_tokens", "truncation_direction"}

@@ -254,19 +254,19 @@ async def _rerank(gateway: Gateway, request: Request) -> Response:
     """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
     body = await gateway.read_json(request)
     if "documents" in body:
-        return await _cohere_rerank(gateway, body)
+        return await _cohere_rerank(gateway, request, body)
     job, return_text = rerank.parse_tei_rerank(body)
     _, scores, _ = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.tei_response(scores, job, return_text))
 
 
 async def _v1_rerank(gateway: Gateway, request: Request) -> Response:
-    return await _cohere_rerank(gateway, await gateway.read_json(request))
+    return await _cohere_rerank(gateway, request, await gateway.read_json(request))
 
 
-async def _cohere_rerank(gateway: Gateway, body: dict[str, Any]) -> Response:
+async def _cohere_rerank(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
     job, top_n, return_documents = rerank.parse_cohere_rerank(body)
-    model, scores, tokens = await rerank.score(gateway, job)
+    model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.cohere_response(scores, job, model, tokens, top_n, return_documents))
 
 
