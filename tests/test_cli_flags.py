@@ -169,7 +169,8 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
 
 GATEWAY_SAMPLES = {
     "--max-inputs": "100", "--max-request-tokens": "50000", "--max-payload-bytes": "1000000",
-    "--max-inflight-tokens": "100000", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
+    "--max-inflight-tokens": "100000", "--admission-seconds": "1.5", "--admission-wait": "0.5",
+    "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
     "--probe-interval": "0.25", "--tokenizer-threads": "1",
 }  # fmt: skip
 

@@ -1,5 +1,6 @@
-"""The in-flight token cap end to end: a real `bouquet serve`, a long request holding the cap, a second one
-turned away with 429 and Retry-After, and service back once the first is done."""
+"""The in-flight token cap end to end: a real `bouquet serve`, a long request holding the cap, a second bulk one
+turned away with 429 and Retry-After while a one-text query still gets in (short requests have a lane of their
+own), and service back once the first is done."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def _in_flight_tokens(base: str) -> float:
 
 def test_over_the_in_flight_cap_is_429_with_retry_after_then_recovers() -> None:
     port = free_port()
-    process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--max-inflight-tokens", "1000")
+    process = start_serve(
+        port, "--device", "cpu", "--dtype", "float32", "--max-inflight-tokens", "1000", "--admission-wait", "0"
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         process.wait_ready()
@@ -42,7 +45,9 @@ def test_over_the_in_flight_cap_is_429_with_retry_after_then_recovers() -> None:
             while _in_flight_tokens(base) == 0:
                 assert time.monotonic() < deadline, "the long request never got in"
                 time.sleep(0.01)
-            status, headers, body = _post(f"{base}/v1/embeddings", {"input": "turned away while the cap is held"})
+            status, _, body = _post(f"{base}/v1/embeddings", {"input": "a query gets in while the cap is held"})
+            assert status == 200 and len(body["data"]) == 1
+            status, headers, body = _post(f"{base}/v1/embeddings", {"input": corpus.documents(16)})
             assert status == 429
             assert headers.get("retry-after") == "1"
             assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "rate_limit_error"

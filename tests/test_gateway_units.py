@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -37,15 +38,72 @@ def test_chunk_spans_cover_every_sequence_in_order(lengths, chunk_tokens, spans)
     assert chunk_spans(Batch.pack([[1] * length for length in lengths]), chunk_tokens) == spans
 
 
+def _admission(rate: float | None, floor: int = 100, ceiling: int = 10_000, requests: int = 8) -> Admission:
+    return Admission(GatewayMetrics(), ceiling, 2.0, 0.2, requests, lambda: rate, lambda: floor)
+
+
+async def _admit_and_hold(admission: Admission, tokens: int, hold: float) -> None:
+    async with admission.admit(tokens, short_tokens=10):
+        await asyncio.sleep(hold)
+
+
 def test_admission_caps_tokens_in_flight_but_always_admits_a_lone_request():
-    admission = Admission(100, GatewayMetrics())
-    with admission.admit(500):  # alone: admitted even over the cap
-        with pytest.raises(Overloaded) as refused, admission.admit(1):
-            pass
-        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
-    with admission.admit(60), admission.admit(40):
-        assert admission.inflight_tokens == 100
-    assert admission.inflight_tokens == 0
+    async def scenario() -> None:
+        admission = _admission(rate=None)  # speed unknown: the floor, 100 tokens
+        async with admission.admit(500, short_tokens=10):  # alone in the bulk lane: admitted over the cap
+            with pytest.raises(Overloaded) as refused:  # waits its 0.2 s for room, then 429
+                await _admit_and_hold(admission, 50, 0)
+            assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+            async with admission.admit(5, short_tokens=10):  # a short request has a lane of its own
+                assert admission.inflight == {False: 500, True: 5}
+        async with admission.admit(60, short_tokens=10), admission.admit(40, short_tokens=10):
+            assert admission.inflight[False] == 100
+        assert admission.inflight == {False: 0, True: 0}
+
+    asyncio.run(scenario())
+
+
+def test_a_request_over_the_cap_waits_for_room_first_come_first_served():
+    async def scenario() -> list[int]:
+        admission = _admission(rate=None)
+        order: list[int] = []
+
+        async def request(index: int, tokens: int) -> None:
+            async with admission.admit(tokens, short_tokens=10):
+                order.append(index)
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(request(0, 80), request(1, 80), request(2, 20))  # 2 would fit beside 0, but waits
+        return order
+
+    assert asyncio.run(scenario()) == [0, 1, 2]
+
+
+def test_admission_follows_the_measured_speed_within_floor_and_ceiling():
+    assert _admission(rate=None).limit() == 100
+    assert _admission(rate=1_000).limit() == 2_000  # two seconds of work
+    assert _admission(rate=10).limit() == 100  # never under the floor
+    assert _admission(rate=1e9).limit() == 10_000  # never over the ceiling
+
+
+def test_a_ticket_holds_its_real_count_once_tokenized():
+    async def scenario() -> None:
+        admission = _admission(rate=None)
+        async with admission.admit(90, short_tokens=10) as ticket:
+            ticket.resize(30)
+            async with admission.admit(70, short_tokens=10):
+                assert admission.inflight[False] == 100
+        assert admission.inflight[False] == 0
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_requests_over_the_cap_are_refused_at_once():
+    admission = _admission(rate=None, requests=2)
+    with admission.request(), admission.request(), pytest.raises(Overloaded), admission.request():
+        pass
+    with admission.request():
+        assert admission.requests == 1
 
 
 def test_inputs_of_every_form():
@@ -123,7 +181,7 @@ def test_a_failed_chunk_cancels_its_siblings():
     cancelled: list[int] = []
 
     class Pool:
-        async def embed(self, model: str, batch: Batch) -> np.ndarray:
+        async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray:
             if batch.num_seqs == 1 and batch.input_ids[0] == 7:
                 raise Overloaded("queue full", "overloaded")
             try:

@@ -30,7 +30,8 @@ def embed(url: str, texts: list[str]) -> tuple[int, int]:
 
 def test_sigterm_finishes_requests_in_flight():
     port = free_port()
-    serve = start_serve(port, "--workers", "2", "--device", "cpu", "--dtype", "float32")
+    # A burst past what the replica computes in the admission window: queued, not refused (this tests draining).
+    serve = start_serve(port, "--workers", "2", "--device", "cpu", "--dtype", "float32", "--admission-wait", "120")
     url = f"http://127.0.0.1:{port}"
     try:
         serve.wait_ready()
@@ -55,7 +56,9 @@ def test_sigkill_of_serve_still_answers_the_requests_in_flight():
     """serve killed outright: its gateways get SIGTERM and finish their requests while the replicas, told to go
     only once their gateways are done, keep serving them; then every child exits."""
     port = free_port()
-    serve = start_serve(port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "512")
+    serve = start_serve(
+        port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "512", "--admission-wait", "120"
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         serve.wait_ready()

@@ -109,9 +109,26 @@ GATEWAY_LIMIT_OPTIONS = (
     _option("--max-request-tokens", f"default {GatewayConfig.max_request_tokens}", type=int),
     _option("--max-payload-bytes", f"default {GatewayConfig.max_payload_bytes}", type=int),
     _option(
-        "--max-inflight-tokens", f"a process; over it, 429 (default {GatewayConfig.max_inflight_tokens})", type=int
+        "--max-inflight-tokens",
+        f"ceiling on tokens admitted at once a process; over it, 429 (default {GatewayConfig.max_inflight_tokens})",
+        type=int,
     ),
-    _option("--chunk-tokens", "tokens a chunk (default: 4x the replica's batch budget)", type=int),
+    _option(
+        "--admission-seconds",
+        f"admit what the replicas compute in this long, as measured (default {GatewayConfig.admission_seconds})",
+        type=float,
+    ),
+    _option(
+        "--admission-wait",
+        f"seconds a request over the cap waits for room before its 429 (default {GatewayConfig.admission_wait})",
+        type=float,
+    ),
+    _option(
+        "--max-concurrent-requests",
+        f"requests answered at once a process; over it, 429 (default {GatewayConfig.max_concurrent_requests})",
+        type=int,
+    ),
+    _option("--chunk-tokens", "tokens a chunk (default: 2x the replica's batch budget)", type=int),
     _option("--max-attempts", f"replicas a chunk may be tried on (default {GatewayConfig.max_attempts})", type=int),
     _option("--request-timeout", f"seconds a chunk may take (default {GatewayConfig.request_timeout})", type=float),
     _option(

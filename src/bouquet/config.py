@@ -188,8 +188,14 @@ class GatewayConfig:
     # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings
     # (which truncation throws away anyway) would cost the gateway gigabytes to parse and tokenize.
     max_payload_bytes: int = 2 * 1024 * 1024
-    max_inflight_tokens: int = 524_288  # tokens admitted and not yet answered, per gateway process; more is 429
-    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 4x the replica's batch budget
+    # Tokens admitted and not yet answered, per gateway process, per lane (bulk; short requests): what the replicas
+    # compute in `admission_seconds` as measured, between a floor of some batches per replica and this ceiling. A
+    # request over it waits up to `admission_wait` for room, then 429: every answer within about their sum.
+    max_inflight_tokens: int = 524_288
+    admission_seconds: float = 2.0
+    admission_wait: float = 2.0
+    max_concurrent_requests: int = 512  # requests being answered per gateway process (TEI's default); more is 429
+    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 2x the replica's batch budget
     max_attempts: int = 3  # replicas a chunk may be tried on
     request_timeout: float = 120.0  # seconds a chunk may take at a replica
     probe_interval: float = 0.5  # seconds between health probes of a replica that is down
@@ -210,7 +216,11 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
-        for name in ("request_timeout", "probe_interval", "tokenizer_threads"):
+        if self.max_concurrent_requests < 1:
+            raise ValueError(f"max_concurrent_requests must be positive, got {self.max_concurrent_requests}")
+        if self.admission_wait < 0:
+            raise ValueError(f"admission_wait must be >= 0, got {self.admission_wait}")
+        for name in ("request_timeout", "probe_interval", "tokenizer_threads", "admission_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:

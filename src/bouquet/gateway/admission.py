@@ -1,35 +1,138 @@
-"""Admission control: a cap on tokens in flight per gateway process; over it, 429 with Retry-After."""
+"""Admission control, decided before a request costs anything: a cap on requests being answered (TEI's
+`max_concurrent_requests`), and a cap on tokens in flight that follows what the replicas can compute.
+
+The token cap is the replicas' measured speed times `admission_seconds` (within a floor of some batches per
+replica and the `max_inflight_tokens` ceiling): what is admitted is computed within about that long, so an
+admitted request is answered in seconds. A request over the cap waits, first come first served, up to
+`admission_wait` seconds for room (a burst of a few clients is served, not refused) and is then told to come
+back (429, Retry-After). It is admitted on an upper bound of its tokens taken before tokenizing (its UTF-8
+bytes, or the model's limit when it will be truncated) and holds its real count once tokenized. Short requests
+(one batch or less: queries) have a budget and a line of their own, so a flood of bulk documents never turns a
+query away; the pool also sends their chunks first."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 
 from bouquet.gateway.errors import Overloaded
 from bouquet.gateway.metrics import GatewayMetrics
 
+_RECHECK_S = 0.05
+
+
+@dataclass
+class Ticket:
+    """Tokens a request holds while it is answered; `resize` once the real count is known."""
+
+    tokens: int
+    short: bool
+    _admission: Admission
+
+    def resize(self, tokens: int) -> None:
+        self._admission.move(self, tokens - self.tokens)
+        self.tokens = tokens
+
 
 class Admission:
-    def __init__(self, max_inflight_tokens: int, metrics: GatewayMetrics, retry_after_s: int = 1):
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        max_inflight_tokens: int,
+        admission_seconds: float,
+        admission_wait: float,
+        max_concurrent_requests: int,
+        tokens_per_second: Callable[[], float | None],
+        floor_tokens: Callable[[], int],
+        retry_after_s: int = 1,
+    ):
         self.max_inflight_tokens = max_inflight_tokens
-        self.inflight_tokens = 0
+        self.admission_seconds = admission_seconds
+        self.admission_wait = admission_wait
+        self.max_concurrent_requests = max_concurrent_requests
+        self._tokens_per_second = tokens_per_second
+        self._floor_tokens = floor_tokens
+        self.inflight = {False: 0, True: 0}  # tokens held by bulk and by short requests
+        self._lines: dict[bool, collections.deque[asyncio.Event]] = {
+            False: collections.deque(),
+            True: collections.deque(),
+        }
+        self.requests = 0
         self._metrics = metrics
         self._retry_after = str(retry_after_s)
 
+    def limit(self) -> int:
+        """Tokens admitted at once, per lane: what the replicas compute in `admission_seconds`."""
+        floor = min(self.max_inflight_tokens, self._floor_tokens())
+        rate = self._tokens_per_second()
+        tokens = floor if rate is None else int(rate * self.admission_seconds)
+        return max(floor, min(self.max_inflight_tokens, tokens))
+
     @contextmanager
-    def admit(self, tokens: int) -> Iterator[None]:
-        """Holds `tokens` until the block ends; a request alone is always admitted (the per-request limit
-        bounds it), so an oversized one cannot starve."""
-        if self.inflight_tokens and self.inflight_tokens + tokens > self.max_inflight_tokens:
-            raise Overloaded(
-                f"the server is at capacity ({self.inflight_tokens} tokens in flight); retry shortly",
-                "overloaded",
-                headers={"Retry-After": self._retry_after},
-            )
-        self.inflight_tokens += tokens
-        self._metrics.tokens_in_flight.inc(tokens)
+    def request(self) -> Iterator[None]:
+        """One request being answered, refused at once over `max_concurrent_requests`."""
+        if self.requests >= self.max_concurrent_requests:
+            self._refuse(f"the server is answering {self.requests} requests, its limit", "concurrent_requests")
+        self.requests += 1
         try:
             yield
         finally:
-            self.inflight_tokens -= tokens
-            self._metrics.tokens_in_flight.dec(tokens)
+            self.requests -= 1
+
+    @asynccontextmanager
+    async def admit(self, tokens: int, short_tokens: int) -> AsyncIterator[Ticket]:
+        """Holds about `tokens` until the block ends. A request alone in its lane is always admitted (the
+        per-request limits bound it), so an oversized one cannot starve."""
+        short = tokens <= short_tokens
+        await self._wait_for_room(tokens, short)
+        ticket = Ticket(0, short, self)
+        ticket.resize(tokens)
+        try:
+            yield ticket
+        finally:
+            ticket.resize(0)
+
+    async def _wait_for_room(self, tokens: int, short: bool) -> None:
+        line = self._lines[short]
+        turn = asyncio.Event()
+        line.append(turn)
+        deadline = time.monotonic() + self.admission_wait
+        try:
+            while not (line[0] is turn and self._fits(tokens, short)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    limit, held = self.limit(), self.inflight[short]
+                    self._refuse(f"the server is at capacity ({held} tokens in flight, {limit} at once)", "tokens")
+                # The first in line also looks again on its own: the cap moves with the measured speed.
+                await _wait(turn, min(_RECHECK_S, left) if line[0] is turn else left)
+        finally:
+            line.remove(turn)
+            if line:
+                line[0].set()
+
+    def _fits(self, tokens: int, short: bool) -> bool:
+        limit = self.limit()
+        self._metrics.admission_tokens.set(limit)
+        held = self.inflight[short]
+        return held == 0 or held + tokens <= limit
+
+    def move(self, ticket: Ticket, tokens: int) -> None:
+        self.inflight[ticket.short] += tokens
+        self._metrics.tokens_in_flight.inc(tokens)
+        line = self._lines[ticket.short]
+        if tokens < 0 and line:
+            line[0].set()
+
+    def _refuse(self, message: str, reason: str) -> None:
+        self._metrics.refused.labels(reason).inc()
+        raise Overloaded(f"{message}; retry shortly", "overloaded", headers={"Retry-After": self._retry_after})
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    event.clear()
+    with suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

@@ -5,6 +5,7 @@ turned into responses in one place (errors.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 _JSON = "application/json"
 _T = TypeVar("_T")
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_SPECIAL_TOKENS = 4  # the most any tokenizer here adds around one text or pair (e.g. <s> </s></s> </s>)
 
 
 class Gateway:
@@ -64,7 +66,11 @@ class Gateway:
             config.replicas, self.catalog, self.metrics, config.max_attempts, config.request_timeout,
             config.probe_interval, config.replica_token,
         )  # fmt: skip
-        self.admission = Admission(config.max_inflight_tokens, self.metrics)
+        self.admission = Admission(
+            self.metrics, config.max_inflight_tokens, config.admission_seconds, config.admission_wait,
+            config.max_concurrent_requests,
+            self.pool.tokens_per_second, self._admission_floor,
+        )  # fmt: skip
         self._api_key = config.api_key.encode() if config.api_key else None
 
     def authorize(self, request: Request) -> None:
@@ -112,16 +118,46 @@ class Gateway:
             )
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
-        sequences = await self._sequences(job, model)
-        tokens = sum(map(len, sequences))
-        self.check_tokens(tokens)
-        if not self.pool.any_healthy():
-            raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
-        with self.admission.admit(tokens):
-            chunk_tokens = self.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
-            rows = await embed_chunked(self.pool, model.name, Batch.pack(sequences, options), chunk_tokens)
-        self.metrics.tokens.labels(model.id).inc(tokens)
+
+        async def batch() -> Batch:
+            return Batch.pack(await self._sequences(job, model), options)
+
+        rows, tokens = await self.compute(model, self._estimate(job, model, options.prompt_tokens), batch)
         return model, rows, tokens
+
+    async def compute(
+        self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]]
+    ) -> tuple[Any, int]:
+        """The rows of the batch `prepare` tokenizes, admitted on `estimate` (an upper bound of its tokens)
+        before any work; and the tokens they took."""
+        if not self.pool.any_healthy(model.name):
+            raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
+        async with self.admission.admit(estimate, short_tokens=model.max_batch_tokens) as ticket:
+            batch = await prepare()
+            tokens = batch.num_tokens
+            self.check_tokens(tokens)
+            ticket.resize(tokens)
+            chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
+            priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
+            rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority)
+        self.metrics.tokens.labels(model.id).inc(tokens)
+        return rows, tokens
+
+    def _estimate(self, job: EmbedJob, model: ServedModel, prompt_tokens: int) -> int:
+        """At least the tokens the job will take, known before tokenizing: a token is at least one byte."""
+        limit = model.max_seq_length
+        if job.token_ids is not None:
+            return sum(min(len(ids), limit) if job.truncate else len(ids) for ids in job.token_ids)
+        assert job.texts is not None
+        bound = _SPECIAL_TOKENS + prompt_tokens
+        sizes = (len(text.encode()) + bound for text in job.texts)
+        return sum(min(size, limit) for size in sizes) if job.truncate else sum(sizes)
+
+    def _admission_floor(self) -> int:
+        """Tokens admitted at once before the replicas' speed is known, and the least after: sixteen batches
+        for each healthy replica (about a second of work on a CPU), so a cap measured while they idled never
+        starves them."""
+        return sum(16 * r.model.max_batch_tokens for r in self.pool.replicas if r.healthy and r.model is not None)
 
     def check_inputs(self, count: int) -> None:
         """Every route's cap on the inputs of one request (embeddings, documents, texts to tokenize)."""
@@ -210,7 +246,11 @@ def _decoded(body: bytearray, encoding: str, limit: int) -> bytes | bytearray:
 Handler = Callable[[Gateway, Request], Awaitable[Response]]
 
 
-def _endpoint(route: str, handler: Handler, public: bool = False) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(
+    route: str, handler: Handler, public: bool = False, work: bool = False
+) -> Callable[[Request], Awaitable[Response]]:
+    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`."""
+
     async def endpoint(request: Request) -> Response:
         gateway: Gateway = request.app.state.gateway
         metrics = gateway.metrics
@@ -219,7 +259,8 @@ def _endpoint(route: str, handler: Handler, public: bool = False) -> Callable[[R
         try:
             if not public:
                 gateway.authorize(request)
-            response = await handler(gateway, request)
+            with gateway.admission.request() if work else contextlib.nullcontext():
+                response = await handler(gateway, request)
         except ApiError as error:
             response = error_response(error)
         except Exception:
@@ -397,15 +438,15 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         gateway.executor.shutdown(wait=False)
 
     routes = [
-        Route("/v1/embeddings", _endpoint("/v1/embeddings", _openai_embeddings), methods=["POST"]),
+        Route("/v1/embeddings", _endpoint("/v1/embeddings", _openai_embeddings, work=True), methods=["POST"]),
         Route("/v1/models", _endpoint("/v1/models", _models), methods=["GET"]),
         Route("/v1/models/{model:path}", _endpoint("/v1/models/{model}", _model), methods=["GET"]),
-        Route("/embed", _endpoint("/embed", _tei_embed), methods=["POST"]),
-        Route("/rerank", _endpoint("/rerank", _rerank), methods=["POST"]),
-        Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank), methods=["POST"]),
-        Route("/score", _endpoint("/score", _score), methods=["POST"]),
-        Route("/v1/score", _endpoint("/v1/score", _score), methods=["POST"]),
-        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize), methods=["POST"]),
+        Route("/embed", _endpoint("/embed", _tei_embed, work=True), methods=["POST"]),
+        Route("/rerank", _endpoint("/rerank", _rerank, work=True), methods=["POST"]),
+        Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
+        Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),
+        Route("/v1/score", _endpoint("/v1/score", _score, work=True), methods=["POST"]),
+        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True), methods=["POST"]),
         Route("/info", _endpoint("/info", _info), methods=["GET"]),
         Route("/health", _endpoint("/health", _health, public=True), methods=["GET"]),
         Route("/metrics", _endpoint("/metrics", _metrics), methods=["GET"]),

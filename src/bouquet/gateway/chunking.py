@@ -19,15 +19,17 @@ def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
     return token_budget_runs(batch.cu_seqlens, target)
 
 
-async def embed_chunked(pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int) -> np.ndarray:  # [B, dim]
+async def embed_chunked(
+    pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
+) -> np.ndarray:  # [B, dim]
     spans = chunk_spans(batch, chunk_tokens)
     if len(spans) == 1:
-        return await pool.embed(model, batch)
+        return await pool.embed(model, batch, priority)
     # A task group: when one chunk fails (a full queue, a bad input) its siblings are cancelled, so the replicas
     # drop their queued work at once instead of computing rows for a request that has already been answered.
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(pool.embed(model, batch.slice(start, stop))) for start, stop in spans]
+            tasks = [group.create_task(pool.embed(model, batch.slice(start, stop), priority)) for start, stop in spans]
     except* Exception as failures:
         raise failures.exceptions[0] from None
     return np.concatenate([task.result() for task in tasks])

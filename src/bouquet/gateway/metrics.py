@@ -48,6 +48,33 @@ class GatewayMetrics:
             multiprocess_mode="livesum",
         )
         self.retries = Counter("bouquet_gateway_chunk_retries", "chunks retried on another replica", registry=r)
+        self.ejections = Counter(
+            "bouquet_gateway_replica_ejections",
+            "times a replica was taken out of rotation for running past an attempt's deadline",
+            ["replica"],
+            registry=r,
+        )
+        self.replica_tokens = Counter(
+            "bouquet_gateway_replica_tokens", "tokens a replica computed for this gateway", ["replica"], registry=r
+        )
+        self.dispatch_wait_seconds = Histogram(
+            "bouquet_gateway_dispatch_wait_seconds",
+            "time a chunk waits at the gateway for room at a replica",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.refused = Counter(
+            "bouquet_gateway_refused",
+            "requests refused with 429 before any work, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.admission_tokens = Gauge(
+            "bouquet_gateway_admission_limit_tokens",
+            "tokens a gateway admits at once now: the replicas' measured speed times the admission window",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.replica_healthy = Gauge(
             "bouquet_gateway_replica_healthy",
             "1 while a replica is healthy",

@@ -1,59 +1,54 @@
 """The replicas behind the gateway: discovered through their Info RPC, watched through grpc.health.v1, and
-chosen per chunk as the healthy replica of the model with the fewest outstanding tokens. A chunk whose replica
-fails is retried on another one (bounded); that replica is marked down and probed until it serves again."""
+chosen per chunk as the healthy replica of the model with the fewest outstanding tokens.
+
+Chunks are not all sent at once. Each replica is kept about `window_seconds` of work ahead (at least a few of
+its batches, so it never idles between chunks); the chunks beyond that wait here, the smallest request's first.
+So a one-text query waits behind at most a window of work, not behind every chunk of every large request
+admitted before it, and a refused or cancelled request has little queued at a replica to throw away.
+
+A chunk whose replica fails is retried on another one (bounded); that replica is marked down and probed until it
+serves again. Each attempt has a deadline from the replica's measured speed, so a replica that still answers
+pings but computes nothing (a stuck engine) is ejected for a while and its chunk moved within seconds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import time
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
-from bouquet.gateway.models import ModelCatalog, ServedModel
-from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.gateway.models import ModelCatalog
+from bouquet.gateway.replica import Replica
+from bouquet.proto import embedding_pb2
 from bouquet.replica.client import embed_request, response_rows
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedding"].full_name
-_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows, or a tokenizer in Info (~11 MB for Qwen3)
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    # A replica that comes back is found within a second, not after gRPC's default backoff of up to 2 minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    # A replica that stops answering (a hung process, a cut link) shows as an unanswered ping within about two
-    # seconds: the connection is closed, its calls fail over to another replica and its health stream breaks.
-    # Without pings a call would wait out its whole timeout on a replica that can no longer answer.
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.http2.min_time_between_pings_ms", 1000),
-    ("grpc.http2.ping_timeout_ms", 1000),  # gRPC 1.6x+: how long a ping may go unanswered before the close
-]
 _SERVING = health_pb2.HealthCheckResponse.SERVING
+_WINDOW_BATCHES = 4  # the least a replica is kept ahead: two steps computing, two batches ready behind them
+_ATTEMPT_SLACK = 4.0  # an attempt may take this many times what the replica's speed predicts...
+_ATTEMPT_FLOOR_S = 2.0  # ...and never less than this: a cold bucket, a noisy neighbour
+_RECHECK_S = 0.05  # a waiting chunk looks again this often (a replica back, an ejection over)
 
 
-class Replica:
-    def __init__(self, address: str):
-        self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self.stub = embedding_pb2_grpc.EmbeddingStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.model: ServedModel | None = None  # known once Info has answered
-        self.healthy = False
-        self.outstanding_tokens = 0  # sent and not yet answered
-        self.probing = False
+@dataclass(order=True)
+class _Waiter:
+    """A chunk waiting for room at a replica: smaller requests first, then in order of arrival."""
+
+    priority: int
+    arrival: int
+    event: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
 
 
 class ReplicaPool:
@@ -66,6 +61,7 @@ class ReplicaPool:
         timeout: float = 120.0,
         probe_interval: float = 0.5,
         token: str | None = None,
+        window_seconds: float = 0.25,
     ):
         self.replicas = [Replica(address) for address in addresses]
         # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
@@ -75,6 +71,9 @@ class ReplicaPool:
         self._max_attempts = max_attempts
         self._timeout = timeout
         self._probe_interval = probe_interval
+        self._window_seconds = window_seconds
+        self._waiting: dict[str, list[_Waiter]] = {}  # per model, a heap: chunks waiting for room
+        self._arrivals = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
@@ -87,54 +86,149 @@ class ReplicaPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
 
-    def any_healthy(self) -> bool:
-        return any(replica.healthy for replica in self.replicas)
+    def any_healthy(self, model: str | None = None) -> bool:
+        return any(r.healthy and (model is None or (r.model is not None and r.model.name == model))
+                   for r in self.replicas)  # fmt: skip
 
-    async def embed(self, model: str, batch: Batch) -> np.ndarray:  # [B, width] float32
+    def tokens_per_second(self) -> float | None:
+        """What the healthy replicas compute together, as measured; None until one has been measured."""
+        rates = [r.rate.tokens_per_second for r in self.replicas if r.healthy]
+        known = [rate for rate in rates if rate is not None]
+        return sum(known) * len(rates) / len(known) if known else None
+
+    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray:  # [B, width] float32
+        """The rows of `batch`; `priority` orders chunks waiting for a replica (lower first, then by arrival)."""
         request = embed_request(batch)
         tokens = batch.num_tokens
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None
+        deadline = time.monotonic() + self._timeout
         for attempt in range(self._max_attempts):
-            replica = self._pick(model, tried)
+            replica = await self._acquire(model, tokens, priority, tried, deadline)
             if replica is None:
                 break
             if attempt:
                 self._metrics.retries.inc()
             tried.add(replica)
             try:
-                return await self._call(replica, request, tokens)
+                return await self._call(replica, request, tokens, self._attempt_timeout(replica, tokens, deadline))
             except grpc.aio.AioRpcError as error:
                 last_code = error.code()
-                if last_code is grpc.StatusCode.INVALID_ARGUMENT:
-                    raise InvalidRequest(error.details() or "invalid input", "invalid_value", None) from error
-                if last_code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise Unavailable(f"the replica took over {self._timeout} s", "timeout") from error
-                if last_code is not grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    logger.warning("replica %s failed (%s); marking it down", replica.address, last_code.name)
-                    self._mark_down(replica)
+                self._after_failure(replica, error, deadline)
         if last_code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise Overloaded("every replica's queue is full; retry shortly", "overloaded", headers={"Retry-After": "1"})
+        if time.monotonic() >= deadline:
+            raise Unavailable(f"the replicas took over {self._timeout} s", "timeout")
         raise Unavailable(f"no healthy replica serves the model {model!r}", "no_healthy_replica", "model")
 
-    async def _call(self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int) -> np.ndarray:
-        replica.outstanding_tokens += tokens
+    def _after_failure(self, replica: Replica, error: grpc.aio.AioRpcError, deadline: float) -> None:
+        code = error.code()
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            raise InvalidRequest(error.details() or "invalid input", "invalid_value", None) from error
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"the replicas took over {self._timeout} s", "timeout") from error
+            seconds = replica.eject()
+            self._metrics.ejections.labels(replica.address).inc()
+            logger.warning("replica %s ran past an attempt's deadline; ejected for %.0f s", replica.address, seconds)
+        elif code is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+            logger.warning("replica %s failed (%s); marking it down", replica.address, code.name)
+            self._mark_down(replica)
+
+    def _attempt_timeout(self, replica: Replica, tokens: int, deadline: float) -> float:
+        """A few times what the replica's speed predicts for its queue and this chunk, when another replica could
+        take the chunk over; with none, the request's whole remaining time (there is nowhere to move it)."""
+        remaining = max(0.0, deadline - time.monotonic())
+        expected = replica.expected_seconds(0)  # the chunk is already counted in outstanding_tokens
+        if expected is None or not self._has_alternative(replica):
+            return remaining
+        return min(remaining, max(_ATTEMPT_FLOOR_S, _ATTEMPT_SLACK * expected))
+
+    def _has_alternative(self, replica: Replica) -> bool:
+        assert replica.model is not None
+        return any(other is not replica and other.serves(replica.model.name) for other in self.replicas)
+
+    async def _call(
+        self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float
+    ) -> np.ndarray:
+        """One attempt; `tokens` were added to the replica's outstanding count when it was chosen."""
         started = time.perf_counter()
+        replica.rate.started(time.monotonic())
+        answered = False
         try:
-            reply = await replica.stub.Embed(request, timeout=self._timeout, metadata=self._metadata)
+            reply = await replica.stub.Embed(request, timeout=timeout, metadata=self._metadata)
+            answered = True
         finally:
             replica.outstanding_tokens -= tokens
+            busy = replica.outstanding_tokens > 0
+            if answered:
+                replica.rate.answered(tokens, time.monotonic(), busy)
+            else:
+                replica.rate.failed(time.monotonic(), busy)
+            assert replica.model is not None
+            self._wake_next(replica.model.name)
+        replica.succeeded()
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
+        self._metrics.replica_tokens.labels(replica.address).inc(tokens)
         return response_rows(reply)
 
-    def _pick(self, model: str, tried: set[Replica]) -> Replica | None:
-        best: Replica | None = None
-        for replica in self.replicas:
-            if not replica.healthy or replica in tried or replica.model is None or replica.model.name != model:
-                continue
-            if best is None or replica.outstanding_tokens < best.outstanding_tokens:
-                best = replica
-        return best
+    async def _acquire(
+        self, model: str, tokens: int, priority: int, tried: set[Replica], deadline: float
+    ) -> Replica | None:
+        """The least loaded replica of `model` not tried yet, once it has room in its window and no smaller
+        request's chunk waits before this one; None when no replica can take the chunk."""
+        started = time.monotonic()
+        queue = self._waiting.setdefault(model, [])
+        me = _Waiter(priority, next(self._arrivals))
+        queued = False
+        try:
+            while True:
+                replica = self._least_loaded(model, tried)
+                if replica is None or time.monotonic() >= deadline:
+                    return None
+                if self._has_room(replica, tokens) and (not queue or me <= queue[0]):
+                    replica.outstanding_tokens += tokens
+                    return replica
+                if not queued:
+                    heapq.heappush(queue, me)
+                    queued = True
+                await self._wait_turn(me, queue)
+        finally:
+            if queued:
+                queue.remove(me)
+                heapq.heapify(queue)
+            self._metrics.dispatch_wait_seconds.observe(time.monotonic() - started)
+            self._wake_next(model)  # the next chunk may fit too
+
+    @staticmethod
+    async def _wait_turn(me: _Waiter, queue: list[_Waiter]) -> None:
+        """The first in line looks again every few milliseconds (a replica back, an ejection over); the others
+        sleep until they are first (`_wake_next`)."""
+        me.event.clear()
+        if queue[0] is me:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(me.event.wait(), _RECHECK_S)
+        else:
+            await me.event.wait()
+
+    def _wake_next(self, model: str) -> None:
+        queue = self._waiting.get(model)
+        if queue:
+            queue[0].event.set()
+
+    def _least_loaded(self, model: str, tried: set[Replica]) -> Replica | None:
+        candidates = [r for r in self.replicas if r.serves(model) and r not in tried]
+        return min(candidates, key=lambda r: r.outstanding_tokens, default=None)
+
+    def _has_room(self, replica: Replica, tokens: int) -> bool:
+        if replica.outstanding_tokens == 0:
+            return True  # a chunk larger than the window still runs, alone
+        assert replica.model is not None
+        window = _WINDOW_BATCHES * replica.model.max_batch_tokens
+        rate = replica.rate.tokens_per_second
+        if rate is not None:
+            window = max(window, int(rate * self._window_seconds))
+        return replica.outstanding_tokens + tokens <= window
 
     def _set_healthy(self, replica: Replica, healthy: bool) -> None:
         if replica.healthy != healthy:
@@ -143,6 +237,8 @@ class ReplicaPool:
             log("replica %s is %s", replica.address, "serving" if healthy else "down")
         replica.healthy = healthy
         self._metrics.replica_healthy.labels(replica.address).set(1 if healthy else 0)
+        if replica.model is not None:
+            self._wake_next(replica.model.name)
 
     async def _discover(self, replica: Replica) -> None:
         info = await replica.stub.Info(embedding_pb2.InfoRequest(), timeout=10, metadata=self._metadata)

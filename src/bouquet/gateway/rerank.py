@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
-from bouquet.gateway.chunking import embed_chunked
-from bouquet.gateway.errors import InvalidRequest, Unavailable, Unprocessable
+from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.gateway.schemas import optional_field
 from bouquet.scoring import activate
 
@@ -95,18 +94,20 @@ async def score(gateway: Gateway, job: RerankJob) -> tuple[ServedModel, np.ndarr
             "model",
         )  # fmt: skip
     gateway.check_inputs(len(job.pairs))
-    ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate)
-    tokens = sum(map(len, ids))
-    gateway.check_tokens(tokens)
-    if not gateway.pool.any_healthy():
-        raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
-    with gateway.admission.admit(tokens):
-        chunk_tokens = gateway.config.chunk_tokens or 4 * max(1, model.max_batch_tokens)
-        batch = Batch.pack(ids, RowOptions(normalize=False), types)
-        logits = await embed_chunked(gateway.pool, model.name, batch, chunk_tokens)
-    gateway.metrics.tokens.labels(model.id).inc(tokens)
+
+    async def batch() -> Batch:
+        ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate)
+        return Batch.pack(ids, RowOptions(normalize=False), types)
+
+    logits, tokens = await gateway.compute(model, _estimate(job, model), batch)
     scores = logits if job.raw_scores else activate(logits, model.score_activation)
     return model, scores[:, 0].astype(np.float32), tokens
+
+
+def _estimate(job: RerankJob, model: ServedModel) -> int:
+    """At least the tokens the pairs will take (a token is at least a byte), known before tokenizing."""
+    sizes = (len(query.encode()) + len(document.encode()) + 4 for query, document in job.pairs)
+    return sum(min(size, model.max_seq_length) for size in sizes) if job.truncate else sum(sizes)
 
 
 def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:

@@ -1,0 +1,105 @@
+"""One replica as the gateway sees it: its channel, the model it serves, whether it is healthy, the tokens sent
+to it and not yet answered, how fast it computes, and whether it is ejected for answering too slowly."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from bouquet.gateway.models import ServedModel
+from bouquet.proto import embedding_pb2_grpc
+
+_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows, or a tokenizer in Info (~11 MB for Qwen3)
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    # A replica that comes back is found within a second, not after gRPC's default backoff of up to 2 minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # A replica that stops answering (a hung process, a cut link) shows as an unanswered ping within about two
+    # seconds: the connection is closed, its calls fail over to another replica and its health stream breaks.
+    # Without pings a call would wait out its whole timeout on a replica that can no longer answer.
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_time_between_pings_ms", 1000),
+    ("grpc.http2.ping_timeout_ms", 1000),  # gRPC 1.6x+: how long a ping may go unanswered before the close
+]
+
+_RATE_HALF_LIFE_S = 10.0  # of busy time: the speed follows a replica that slows down within seconds
+_EJECT_FIRST_S = 1.0
+_EJECT_MAX_S = 30.0
+
+
+class ServiceRate:
+    """Tokens per second a replica computes while it has work: answered tokens over busy time, both decayed so
+    recent seconds count most. Idle time is not counted, so a quiet replica keeps its measured speed."""
+
+    def __init__(self) -> None:
+        self._tokens = 0.0
+        self._seconds = 0.0
+        self._busy_since: float | None = None
+
+    def started(self, now: float) -> None:
+        if self._busy_since is None:
+            self._busy_since = now
+
+    def answered(self, tokens: int, now: float, still_busy: bool) -> None:
+        if self._busy_since is not None:
+            elapsed = max(0.0, now - self._busy_since)
+            decay = 0.5 ** (elapsed / _RATE_HALF_LIFE_S)
+            self._tokens = self._tokens * decay + tokens
+            self._seconds = self._seconds * decay + elapsed
+        self._busy_since = now if still_busy else None
+
+    def failed(self, now: float, still_busy: bool) -> None:
+        """A call that produced nothing ends: its time is not the replica's speed."""
+        self._busy_since = now if still_busy else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """None until a quarter second of work has been seen."""
+        return self._tokens / self._seconds if self._seconds >= 0.25 else None
+
+
+class Replica:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = embedding_pb2_grpc.EmbeddingStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.model: ServedModel | None = None  # known once Info has answered
+        self.healthy = False
+        self.outstanding_tokens = 0  # sent and not yet answered
+        self.rate = ServiceRate()
+        self.probing = False
+        self._ejected_until = 0.0
+        self._eject_seconds = _EJECT_FIRST_S
+
+    def serves(self, model: str) -> bool:
+        return self.healthy and self.model is not None and self.model.name == model and not self.ejected
+
+    @property
+    def ejected(self) -> bool:
+        return time.monotonic() < self._ejected_until
+
+    def eject(self) -> float:
+        """Out of rotation for a while after an attempt ran past its deadline (outlier ejection, as Envoy does):
+        a replica whose process answers pings but whose engine is stuck would otherwise keep taking chunks. The
+        time doubles while it keeps failing, up to half a minute; a success resets it."""
+        seconds = self._eject_seconds
+        self._ejected_until = time.monotonic() + seconds
+        self._eject_seconds = min(_EJECT_MAX_S, seconds * 2)
+        return seconds
+
+    def succeeded(self) -> None:
+        self._eject_seconds = _EJECT_FIRST_S
+
+    def expected_seconds(self, tokens: int) -> float | None:
+        """How long `tokens` more should take here, queue included; None while its speed is unknown."""
+        rate = self.rate.tokens_per_second
+        return None if rate is None else (self.outstanding_tokens + tokens) / rate
