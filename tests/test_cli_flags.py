@@ -107,6 +107,8 @@ def test_gateway_flags_land_in_its_config_and_its_workers_arguments(tmp_path: Pa
         "gateway", "--replica", "10.0.0.1:5", "--replica", "10.0.0.2:5", "--model", str(tmp_path), "--port", "9000",
         "--workers", "2", "--api-key", "secret", "--max-attempts", "2", "--request-timeout", "7.5",
         "--probe-interval", "0.25", "--tokenizer-threads", "3", "--max-inputs", "10", "--drain-seconds", "4",
+        "--max-connections", "50", "--max-header-bytes", "4096", "--header-timeout", "2", "--body-timeout", "3",
+        "--idle-timeout", "9.5",
     )  # fmt: skip
     config = gateway_config(args)
     assert (config.replicas, config.model_dirs, config.port, config.workers) == (
@@ -114,10 +116,13 @@ def test_gateway_flags_land_in_its_config_and_its_workers_arguments(tmp_path: Pa
     )  # fmt: skip
     assert (config.max_attempts, config.request_timeout, config.probe_interval) == (2, 7.5, 0.25)
     assert (config.tokenizer_threads, config.max_inputs, config.drain_seconds, config.api_key) == (3, 10, 4.0, "secret")
+    assert (config.max_connections, config.max_header_bytes) == (50, 4096)
+    assert (config.header_timeout, config.body_timeout, config.idle_timeout) == (2.0, 3.0, 9.5)
     assert config.worker_args == (
         "--replica=10.0.0.1:5", "--replica=10.0.0.2:5", f"--model={tmp_path}", "--host=127.0.0.1", "--port=9000",
         "--drain-seconds=4.0", "--max-inputs=10", "--max-attempts=2", "--request-timeout=7.5",
-        "--probe-interval=0.25", "--tokenizer-threads=3", "--log-level=WARNING",
+        "--probe-interval=0.25", "--tokenizer-threads=3", "--max-connections=50", "--max-header-bytes=4096",
+        "--header-timeout=2.0", "--body-timeout=3.0", "--idle-timeout=9.5", "--log-level=WARNING",
     )  # fmt: skip
 
 
@@ -140,6 +145,8 @@ def test_serve_passes_on_only_what_it_was_given_and_what_it_resolved(tmp_path: P
         (["gateway", "--replica", "h:1", "--probe-interval", "-1"], "probe_interval must be positive"),
         (["gateway", "--replica", "h:1", "--tokenizer-threads", "0"], "tokenizer_threads must be positive"),
         (["gateway", "--replica", "h:1", "--max-attempts", "0"], "max_attempts must be positive"),
+        (["gateway", "--replica", "h:1", "--max-connections", "0"], "max_connections must be positive"),
+        (["gateway", "--replica", "h:1", "--idle-timeout", "0"], "idle_timeout must be positive"),
         (["serve", "--ready-timeout", "0"], "ready_timeout must be positive"),
         (["serve", "--replicas", "0"], "replicas and workers must be positive"),
     ],
@@ -171,7 +178,8 @@ GATEWAY_SAMPLES = {
     "--max-inputs": "100", "--max-request-tokens": "50000", "--max-payload-bytes": "1000000",
     "--max-inflight-tokens": "100000", "--admission-seconds": "1.5", "--admission-wait": "0.5",
     "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
-    "--probe-interval": "0.25", "--tokenizer-threads": "1",
+    "--probe-interval": "0.25", "--tokenizer-threads": "1", "--max-connections": "5000", "--max-header-bytes": "8192",
+    "--header-timeout": "20.0", "--body-timeout": "20.0", "--idle-timeout": "60.0",
 }  # fmt: skip
 
 

@@ -195,3 +195,63 @@ def test_a_failed_chunk_cancels_its_siblings():
     with pytest.raises(Overloaded):
         asyncio.run(asyncio.wait_for(embed_chunked(Pool(), "m", batch, chunk_tokens=10), timeout=10))
     assert sorted(cancelled) == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "field", ["max_connections", "max_header_bytes", "header_timeout", "body_timeout", "idle_timeout"]
+)
+def test_connection_limits_must_be_positive(field: str):
+    with pytest.raises(ValueError, match=f"{field} must be positive"):
+        GatewayConfig(replicas=("127.0.0.1:50051",), **{field: 0})
+
+
+def connection_table(cap: int):
+    from bouquet.gateway.http_protocol import ConnectionLimits, Connections
+
+    return Connections(ConnectionLimits(cap, 16384, 30.0, 30.0, 75.0), GatewayMetrics())
+
+
+class FakeConnection:
+    """What `Connections` asks of a connection: to close itself, to make room."""
+
+    def __init__(self, shared, name: str):
+        self.shared = shared
+        self.name = name
+        self.evicted = False
+
+    def evict(self) -> None:
+        self.evicted = True
+        self.shared.release(self)
+
+
+def test_at_the_cap_the_longest_idle_connection_makes_room_and_none_idle_means_a_refusal():
+    shared = connection_table(cap=3)
+    a, b, c = (FakeConnection(shared, name) for name in "abc")
+    for connection in (a, b, c):
+        assert shared.admit()
+        shared.idle(connection)
+    shared.busy(a)  # a request in progress on the oldest: never cut
+    assert shared.admit() and (a.evicted, b.evicted, c.evicted) == (False, True, False)
+    d = FakeConnection(shared, "d")
+    shared.idle(c)  # c idle again, after a response: now the youngest idle but for d
+    shared.idle(d)
+    assert shared.admit() and c.evicted and not d.evicted
+    shared.busy(d)
+    assert not shared.admit()  # every connection busy: the new one is refused
+    assert shared.counted == 3
+
+
+def test_the_connection_cap_follows_the_open_file_limit(monkeypatch: pytest.MonkeyPatch):
+    import resource
+
+    from bouquet.gateway import http_protocol
+    from bouquet.gateway.http_protocol import ConnectionLimits, connection_cap
+
+    limits = ConnectionLimits(10_000, 16384, 30.0, 30.0, 75.0)
+    set_to: list[tuple[int, int]] = []
+    for soft, hard, cap in ((1024, 1_048_576, 10_000), (1024, 4096, 4096 - http_protocol._FD_RESERVE)):
+        set_to.clear()
+        monkeypatch.setattr(resource, "getrlimit", lambda _, soft=soft, hard=hard: (soft, hard))
+        monkeypatch.setattr(resource, "setrlimit", lambda _, value: set_to.append(value))
+        assert connection_cap(limits).max_connections == cap
+        assert set_to == [(min(hard, 10_000 + http_protocol._FD_RESERVE), hard)]  # the soft limit raised first

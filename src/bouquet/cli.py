@@ -137,6 +137,32 @@ GATEWAY_LIMIT_OPTIONS = (
         type=float,
     ),
     _option("--tokenizer-threads", f"a process (default {GatewayConfig.tokenizer_threads})", type=int),
+    _option(
+        "--max-connections",
+        f"open HTTP connections a process; at it the oldest idle one is closed, or a new one refused 503 "
+        f"(default {GatewayConfig.max_connections})",
+        type=int,
+    ),
+    _option(
+        "--max-header-bytes",
+        f"request line and headers; more is 431 (default {GatewayConfig.max_header_bytes})",
+        type=int,
+    ),
+    _option(
+        "--header-timeout",
+        f"seconds for a request's headers from their first byte; then 408 (default {GatewayConfig.header_timeout})",
+        type=float,
+    ),
+    _option(
+        "--body-timeout",
+        f"seconds a request body may go without a byte; then 408 (default {GatewayConfig.body_timeout})",
+        type=float,
+    ),
+    _option(
+        "--idle-timeout",
+        f"seconds a connection may stay with no request in progress (default {GatewayConfig.idle_timeout})",
+        type=float,
+    ),
 )
 _HOST = _option("--host", f"default {GatewayConfig.host}", default=GatewayConfig.host)
 _PORT = _option("--port", f"default {GatewayConfig.port}", type=int, default=GatewayConfig.port)

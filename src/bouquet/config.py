@@ -201,6 +201,12 @@ class GatewayConfig:
     probe_interval: float = 0.5  # seconds between health probes of a replica that is down
     tokenizer_threads: int = 2
     drain_seconds: float = 30.0  # after SIGTERM, how long in-flight requests may take
+    # Each HTTP connection's bounds, per gateway process; why these defaults: gateway/http_protocol.py.
+    max_connections: int = 10_000  # open connections; at the cap the oldest idle one makes room, else 503
+    max_header_bytes: int = 16 * 1024  # request line and headers; more is 431
+    header_timeout: float = 30.0  # seconds for a request's headers, from their first byte; then 408
+    body_timeout: float = 30.0  # seconds a request body may go without a byte; then 408
+    idle_timeout: float = 75.0  # seconds a connection may stay with no request in progress, a fresh one too
     workers: int = 1  # gateway processes sharing the port; more than one: this process supervises them
     worker_args: tuple[str, ...] = ()  # internal: with workers > 1, each worker's arguments (cli.py builds them)
 
@@ -211,16 +217,20 @@ class GatewayConfig:
             raise ValueError(f"workers must be positive, got {self.workers}")
         if self.workers > 1 and self.port == 0:
             raise ValueError("workers share one port: give --port a fixed port, not 0")
-        for name in ("max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts"):
+        for name in (
+            "max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts",
+            "max_connections", "max_header_bytes", "max_concurrent_requests",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
-        if self.max_concurrent_requests < 1:
-            raise ValueError(f"max_concurrent_requests must be positive, got {self.max_concurrent_requests}")
         if self.admission_wait < 0:
             raise ValueError(f"admission_wait must be >= 0, got {self.admission_wait}")
-        for name in ("request_timeout", "probe_interval", "tokenizer_threads", "admission_seconds"):
+        for name in (
+            "request_timeout", "probe_interval", "tokenizer_threads", "admission_seconds", "header_timeout",
+            "body_timeout", "idle_timeout",
+        ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:

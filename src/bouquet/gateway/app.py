@@ -10,15 +10,15 @@ import hmac
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
@@ -33,6 +33,7 @@ from bouquet.gateway.errors import (
     InternalError,
     InvalidRequest,
     NotFound,
+    RequestTimeout,
     TooLarge,
     Unauthorized,
     Unavailable,
@@ -90,12 +91,8 @@ class Gateway:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
-        body = _decoded(body, request.headers.get("content-encoding", "identity"), limit)
+        encoding = request.headers.get("content-encoding", "identity")
+        body = _decoded(await self._read_body(request, limit), encoding, limit)
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as error:
@@ -105,6 +102,33 @@ class Gateway:
         if not isinstance(value, dict):
             raise Unprocessable("the body must be a JSON object", "invalid_type")
         return value
+
+    async def _read_body(self, request: Request, limit: int) -> bytearray:
+        body = bytearray()
+        async with aclosing(request.stream()) as pieces:
+            while (piece := await self._next_piece(pieces)) is not None:
+                body += piece
+                if len(body) > limit:
+                    raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+        return body
+
+    async def _next_piece(self, pieces: AsyncGenerator[bytes, None]) -> bytes | None:
+        """The body's next piece, None at its end. The body timeout lives here, in the one reader every route
+        with a body uses, so the 408 is the route's own error answer, counted under the route; a client that
+        stops sending (a body shorter than its Content-Length) no longer holds its connection forever."""
+        seconds = self.config.body_timeout
+        try:
+            async with asyncio.timeout(seconds):
+                return await anext(pieces, None)
+        except TimeoutError:
+            self.metrics.connections_closed.labels("body_timeout").inc()
+            raise RequestTimeout(
+                f"no byte of the body arrived for {seconds:g} s (is it shorter than its Content-Length?)",
+                "request_timeout",
+                headers={"Connection": "close"},  # the rest of the body may still come: the connection is done
+            ) from None
+        except ClientDisconnect:
+            raise ClientClosed("the client closed the connection before its body ended", "client_closed") from None
 
     async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
         """Rows [N, width] float32 for the job, and the number of tokens they took."""

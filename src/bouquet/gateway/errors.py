@@ -34,6 +34,12 @@ class NotFound(ApiError):
     status = 404
 
 
+class RequestTimeout(ApiError):
+    """A request's headers or body stopped arriving for longer than their timeout (408); the connection closes."""
+
+    status = 408
+
+
 class UnsupportedMedia(ApiError):
     """A body in an encoding the gateway does not read (415)."""
 
@@ -44,6 +50,12 @@ class TooLarge(ApiError):
     """Over a size limit: payload bytes, inputs, tokens, or an input over the model's limit with truncate=false."""
 
     status = 413
+
+
+class HeadersTooLarge(ApiError):
+    """The request line and headers are over the gateway's limit (431); the connection closes."""
+
+    status = 431
 
 
 class Unprocessable(ApiError):

@@ -47,6 +47,20 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.connections_open = Gauge(
+            "bouquet_gateway_connections_open",
+            "HTTP connections open and counted against --max-connections",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        # reason: header_too_large, header_timeout, body_timeout, idle_timeout, evicted (an idle one, to make room
+        # at the cap) or refused (503 at the cap, every connection busy)
+        self.connections_closed = Counter(
+            "bouquet_gateway_connections_closed",
+            "HTTP connections the gateway closed or refused, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.retries = Counter("bouquet_gateway_chunk_retries", "chunks retried on another replica", registry=r)
         self.ejections = Counter(
             "bouquet_gateway_replica_ejections",

@@ -1,7 +1,8 @@
 """`bouquet gateway`: one gateway process, uvicorn on uvloop and httptools, on a socket bound with SO_REUSEPORT
-so several gateway processes can share a port (the kernel spreads connections across them). SIGTERM stops
-accepting and lets in-flight requests finish (up to drain_seconds). With `--workers N` this process supervises N
-such processes instead, as `bouquet serve` does its gateways."""
+so several gateway processes can share a port (the kernel spreads connections across them); each connection is
+bounded in size, time and number (http_protocol.py). SIGTERM stops accepting and lets in-flight requests finish
+(up to drain_seconds). With `--workers N` this process supervises N such processes instead, as `bouquet serve`
+does its gateways."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import uvicorn
 from bouquet import event_loop
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
+from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
 from bouquet.gateway.supervisor import Supervisor
 
 _WORKERS_READY_SECONDS = 60.0  # for every worker to listen; they load no model
@@ -46,10 +48,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 async def serve_gateway(config: GatewayConfig) -> int:
     app = create_app(config)
+    # httptools with every connection bounded (http_protocol.py); no WebSocket route, so no upgrade either.
+    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
     sock = bind_socket(config.host, config.port)
     server = _Server(
         uvicorn.Config(
-            app, http="httptools", lifespan="on", access_log=False, log_level="warning",
+            app, http=protocol, ws="none", lifespan="on", access_log=False, log_level="warning",
             timeout_graceful_shutdown=int(config.drain_seconds), server_header=False, date_header=False,
         )
     )  # fmt: skip
