@@ -87,3 +87,24 @@ def test_info_sends_the_tokenizer_only_when_asked(minilm_fp32, minilm_path: Path
     assert full.tokenizer_json == (minilm_path / "tokenizer.json").read_text()
     full.ClearField("tokenizer_json")
     assert full == plain
+
+
+def test_a_huge_text_is_cut_before_tokenizing_and_reads_as_the_whole_text_would(minilm_path: Path, executor):
+    """A 2 MB text is cut to 64 characters a token of the limit before tokenizing: the ids are those of the whole
+    text truncated (left and right), and the tokenizer never sees the megabytes. Without truncation it is
+    refused by name, before tokenizing."""
+    from bouquet.gateway.errors import TooLarge
+    from bouquet.gateway.tokenization import ModelTokenizer
+
+    tokenizer = ModelTokenizer(minilm_path / "tokenizer.json", 256, executor)
+    huge = " ".join(corpus.documents(400)) * 3
+    assert len(huge) > 50 * tokenizer.max_chars
+    whole = {
+        d: TextTokenizer(Tokenizer.from_file(str(minilm_path / "tokenizer.json")), 256, d) for d in ("left", "right")
+    }
+    for direction in ("left", "right"):
+        ids = asyncio.run(tokenizer.encode([huge], "", truncate=True, direction=direction))
+        assert ids == whole[direction].encode([huge], truncate=True)
+    with pytest.raises(TooLarge) as refused:
+        asyncio.run(tokenizer.encode([huge], "", truncate=False, direction="right"))
+    assert refused.value.code == "input_too_long" and "characters" in refused.value.message

@@ -16,12 +16,20 @@ from bouquet.tokenizer import (
     prompt_token_count,
 )
 
+# Characters of an input read at most: a text is cut to this many characters per token of the model's limit
+# before it is tokenized, since truncation would throw the rest away. Tokenizing a multi-megabyte string only to
+# keep its first 256 tokens cost the gateway gigabytes and stalled every other request. Real tokens average 3-6
+# characters; only a text whose first `limit` tokens span more (a run of thousands of spaces, which BERT-style
+# tokenizers drop) is read differently than a whole-text tokenization would.
+CHARS_PER_TOKEN = 64
+
 
 class ModelTokenizer:
     """Truncates to the model's limit from either side, or rejects an over-long input when told not to."""
 
     def __init__(self, tokenizer: TokenizerSource, max_length: int, executor: Executor):
         self.max_length = max_length
+        self.max_chars = CHARS_PER_TOKEN * max_length
         self._executor = executor
         self._plain = load_tokenizer(tokenizer)  # for /tokenize: offsets, no truncation
         self._by_direction = {d: TextTokenizer(self._plain, max_length, d) for d in TRUNCATION_DIRECTIONS}
@@ -36,6 +44,7 @@ class ModelTokenizer:
         return self._prompt_tokens[prompt]
 
     async def encode(self, texts: list[str], prompt: str, truncate: bool, direction: str) -> list[list[int]]:
+        texts = self._capped(texts, truncate, direction == "left")
         if prompt:
             texts = [prompt + text for text in texts]
         loop = asyncio.get_running_loop()
@@ -51,6 +60,9 @@ class ModelTokenizer:
         self, pairs: list[tuple[str, str]], truncate: bool
     ) -> tuple[list[list[int]], list[list[int]]]:
         """(ids, token types) per (query, passage) pair, for a cross-encoder."""
+        queries = self._capped([query for query, _ in pairs], truncate, from_left=False)
+        passages = self._capped([passage for _, passage in pairs], truncate, from_left=False)
+        pairs = list(zip(queries, passages, strict=True))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._encode_pairs, pairs, truncate)
 
@@ -59,6 +71,22 @@ class ModelTokenizer:
         if not truncate:
             self._check_lengths(ids)
         return ids, types
+
+    def _capped(self, texts: list[str], truncate: bool, from_left: bool) -> list[str]:
+        """Each text cut to `max_chars` when it will be truncated anyway; refused over it when not."""
+        limit = self.max_chars
+        if truncate:
+            return [text if len(text) <= limit else text[-limit:] if from_left else text[:limit] for text in texts]
+        for index, text in enumerate(texts):
+            if len(text) > limit:
+                raise TooLarge(
+                    f"input {index} has {len(text)} characters, over the {limit} this model reads without "
+                    f"truncation ({CHARS_PER_TOKEN} a token of its limit of {self.max_length}); shorten it or send "
+                    "truncate=true",
+                    "input_too_long",
+                    "inputs",
+                )
+        return texts
 
     def _check_lengths(self, sequences: list[list[int]]) -> None:
         for index, sequence in enumerate(sequences):
@@ -72,6 +100,7 @@ class ModelTokenizer:
 
     async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[dict[str, Any]]]:
         """TEI's /tokenize: every token with its id, text, whether it is special, and its character span."""
+        texts = self._capped(texts, truncate=False, from_left=False)
         if prompt:
             texts = [prompt + text for text in texts]
         loop = asyncio.get_running_loop()
