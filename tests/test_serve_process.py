@@ -4,11 +4,14 @@ finishing the requests in flight before it exits."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import corpus
 
@@ -37,6 +40,11 @@ def test_sigterm_finishes_requests_in_flight():
         serve.wait_ready()
         commands = children(serve.process.pid)
         assert sum("bouquet.cli replica" in command for command in commands) == 1
+        # Its replica listens on a Unix socket in a directory only this user can enter, not on TCP.
+        listen = next(arg for arg in " ".join(commands).split() if arg.startswith("--listen="))
+        socket_path = Path(listen.removeprefix("--listen=unix:"))
+        assert listen.startswith("--listen=unix:") and socket_path.is_socket()
+        assert socket_path.parent.stat().st_mode & 0o777 == 0o700
         assert sum("bouquet.cli gateway" in command for command in commands) == 2
         texts = corpus.documents(48)
         with ThreadPoolExecutor(6) as pool:
@@ -81,8 +89,6 @@ def test_sigkill_of_serve_still_answers_the_requests_in_flight():
 
 
 def _child_pids(pid: int) -> list[str]:
-    from pathlib import Path
-
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -100,3 +106,29 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_killed_replica_is_restarted_on_its_socket_and_served_again():
+    port = free_port()
+    serve = start_serve(port, "--device", "cpu", "--dtype", "float32")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        serve.wait_ready()
+        replica = next(
+            int(pid) for pid in _child_pids(serve.process.pid)
+            if "replica" in Path(f"/proc/{pid}/cmdline").read_text()
+        )  # fmt: skip
+        os.kill(replica, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while not any("exited; restarting" in line for line in serve.lines):
+            assert time.monotonic() < deadline, "serve did not restart its replica"
+            time.sleep(0.1)
+        while True:  # 503 until the new process has loaded the model and listens on the old socket
+            try:
+                assert embed(url, ["served again"]) == (200, 1)
+                break
+            except urllib.error.HTTPError as error:
+                assert error.code == 503 and time.monotonic() < deadline, error.code
+                time.sleep(0.2)
+    finally:
+        assert serve.stop() == 0

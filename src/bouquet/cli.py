@@ -91,7 +91,7 @@ _DRAIN = _option(
 )
 # Each replica process's own; `serve` picks them per replica.
 _REPLICA_PROCESS = (
-    _option("--listen", f"HOST:PORT for gRPC; port 0: any free port (default {ReplicaConfig.listen})"),
+    _option("--listen", f"HOST:PORT for gRPC (port 0: any free port), or unix:PATH (default {ReplicaConfig.listen})"),
     _option("--metrics-port", "serve Prometheus /metrics over HTTP on this port", type=int),
 )
 REPLICA_OPTIONS = (*ENGINE_OPTIONS, *SCHEDULER_OPTIONS, _DRAIN, _LOG_LEVEL)  # what `serve` passes each replica

@@ -1,13 +1,16 @@
 """`bouquet serve`: N local `bouquet replica` processes per model and `workers` gateway processes on one port,
 each its own process (visible in `ps`, stoppable alone). Waits until the replicas serve and the gateway answers
-/health; restarts a child that dies; on SIGTERM or SIGINT drains the gateways first, then the replicas."""
+/health; restarts a child that dies; on SIGTERM or SIGINT drains the gateways first, then the replicas.
+
+The replicas listen on Unix sockets in a directory only this user can enter, not on TCP: no other user or host
+can reach them, whatever the firewall; they also need this run's token."""
 
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from bouquet.config import ORPHANED_SIGNAL, ServeConfig
 from bouquet.gateway.supervisor import Child, Supervisor
 
-_PORT_LINE = re.compile(r"serving .* on port (\d+)")
+_SERVING_LINE = "bouquet replica: serving"
 
 
 class ServeSupervisor(Supervisor):
@@ -23,7 +26,9 @@ class ServeSupervisor(Supervisor):
         super().__init__("bouquet serve", config.ready_timeout, config.drain_seconds)
         self.config = config
         self.replicas: list[Child] = []
-        self.replica_ports: dict[str, int] = {}
+        self._sockets = tempfile.TemporaryDirectory(prefix="bouquet-replicas-")  # mode 0700
+        self.replica_addresses: dict[str, str] = {}  # replica name -> its socket, once it serves
+        self.replica_serving: set[str] = set()
         self.replica_models: dict[str, int] = {}  # replica name -> index of its model in config.replica_args
 
     def start(self) -> bool:
@@ -38,13 +43,15 @@ class ServeSupervisor(Supervisor):
         return [self.gateways, self.replicas]  # gateways first: their in-flight requests still need the replicas
 
     def restart(self, child: Child) -> None:
-        """A replica restarts on its old port, so the gateways find it again."""
+        """A replica restarts on its old socket, so the gateways find it again."""
         if child in self.replicas:
-            port = self.replica_ports[child.name]
-            print(f"bouquet serve: {child.name} exited; restarting it on port {port}", file=sys.stderr)
-            child.restart(self._replica_command(self.replica_models[child.name], f"127.0.0.1:{port}"))
+            print(f"bouquet serve: {child.name} exited; restarting it", file=sys.stderr)
+            child.restart()
         else:
             super().restart(child)
+
+    def cleanup(self) -> None:
+        self._sockets.cleanup()
 
     def _replica_command(self, model: int, listen: str) -> list[str]:
         """The replica arguments cli.py passed on for this model, and the address serve gives this replica."""
@@ -61,23 +68,23 @@ class ServeSupervisor(Supervisor):
             for index in range(self.config.replicas):
                 name = f"replica{index}" if models == 1 else f"model{model}-replica{index}"
                 self.replica_models[name] = model
-                command = self._replica_command(model, "127.0.0.1:0")
+                self.replica_addresses[name] = f"unix:{self._sockets.name}/{name}.sock"
+                command = self._replica_command(model, self.replica_addresses[name])
                 # If serve is killed, its gateways drain their requests first: the replicas serve them meanwhile.
-                child = Child(name, command, env, self._port_reader(name), death_signal=ORPHANED_SIGNAL)
+                child = Child(name, command, env, self._serving_reader(name), death_signal=ORPHANED_SIGNAL)
                 self.replicas.append(child)
-        return self.wait(lambda: len(self.replica_ports) == len(self.replicas), self.replicas, "replicas to load")
+        return self.wait(lambda: len(self.replica_serving) == len(self.replicas), self.replicas, "replicas to load")
 
-    def _port_reader(self, name: str) -> Callable[[str], None]:
+    def _serving_reader(self, name: str) -> Callable[[str], None]:
         def read(line: str) -> None:
-            match = _PORT_LINE.search(line)
-            if match:
-                self.replica_ports[name] = int(match.group(1))
+            if _SERVING_LINE in line:
+                self.replica_serving.add(name)
 
         return read
 
     def _start_gateways(self) -> bool:
         c = self.config
-        replicas = [f"--replica=127.0.0.1:{port}" for port in self.replica_ports.values()]
+        replicas = [f"--replica={address}" for address in self.replica_addresses.values()]
         listening = self.start_gateways([*c.gateway_args, *replicas], c.workers, c.api_key)
         return listening and self.wait(self._healthy, self.gateways, "/health to answer 200")
 

@@ -174,3 +174,7 @@ class Supervisor:
                 child.wait(self.drain_seconds + 10)
         if self._metrics_dir is not None:
             self._metrics_dir.cleanup()
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """What a supervisor made for its children, removed once they are gone."""

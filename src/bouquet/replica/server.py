@@ -251,7 +251,8 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
         raise
     try:
         await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
-        print(f"bouquet replica: serving {engine.spec.name} on port {replica.port}", file=sys.stderr, flush=True)
+        where = config.listen if config.listen.startswith("unix:") else f"port {replica.port}"
+        print(f"bouquet replica: serving {engine.spec.name} on {where}", file=sys.stderr, flush=True)
         await stop.wait()
         print("bouquet replica: draining", file=sys.stderr, flush=True)
         await replica.stop(config.drain_seconds)
