@@ -93,6 +93,9 @@ _DRAIN = _option(
 _REPLICA_PROCESS = (
     _option("--listen", f"HOST:PORT for gRPC (port 0: any free port), or unix:PATH (default {ReplicaConfig.listen})"),
     _option("--metrics-port", "serve Prometheus /metrics over HTTP on this port", type=int),
+    _option("--tls-cert", "PEM certificate: serve gRPC over TLS (with --tls-key)", type=Path),
+    _option("--tls-key", "PEM private key of --tls-cert", type=Path),
+    _option("--tls-client-ca", "PEM CA: gateways must present a certificate it signed (mutual TLS)", type=Path),
 )
 REPLICA_OPTIONS = (*ENGINE_OPTIONS, *SCHEDULER_OPTIONS, _DRAIN, _LOG_LEVEL)  # what `serve` passes each replica
 # `serve` takes several models, each on replicas of its own; every other replica option applies to them all.
@@ -167,8 +170,14 @@ GATEWAY_LIMIT_OPTIONS = (
 _HOST = _option("--host", f"default {GatewayConfig.host}", default=GatewayConfig.host)
 _PORT = _option("--port", f"default {GatewayConfig.port}", type=int, default=GatewayConfig.port)
 # What one gateway process is given: by `gateway --workers N` (its own arguments) and by `serve`.
+_REPLICA_TLS = (
+    _option("--replica-tls-ca", "PEM CA: reach replicas over TLS, trusting certificates it signed", type=Path),
+    _option("--replica-tls-cert", "PEM certificate shown to replicas that ask for one (mutual TLS)", type=Path),
+    _option("--replica-tls-key", "PEM private key of --replica-tls-cert", type=Path),
+)
 GATEWAY_OPTIONS = (
     _option("--replica", "HOST:PORT of a replica (repeat)", action="append", required=True),
+    *_REPLICA_TLS,
     _option(
         "--model",
         "local model directory to tokenize with instead of the tokenizer the replica sends (repeat; "
@@ -289,7 +298,7 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         api_key=_api_key(args),
         replica_token=_replica_token(),
         worker_args=_argv(GATEWAY_OPTIONS, vars(args)) if args.workers > 1 else (),
-        **_given(args, [_HOST, _PORT, _DRAIN, _WORKERS, *GATEWAY_LIMIT_OPTIONS]),
+        **_given(args, [_HOST, _PORT, _DRAIN, _WORKERS, *GATEWAY_LIMIT_OPTIONS, *_REPLICA_TLS]),
     )
 
 

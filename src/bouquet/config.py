@@ -159,6 +159,11 @@ class SchedulerConfig:
 ORPHANED_SIGNAL = signal.SIGUSR1
 
 
+def check_pair(cert: Path | None, key: Path | None, what: str) -> None:
+    if (cert is None) != (key is None):
+        raise ValueError(f"{what}: give a certificate and its key together")
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     """The process around the scheduler: where it listens and how long it drains."""
@@ -167,8 +172,14 @@ class ReplicaConfig:
     metrics_port: int | None = None  # /metrics over HTTP; None: not served
     drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
     token: str | None = None  # $BOUQUET_REPLICA_TOKEN: Embed and Info need it from the gateway; None: open
+    tls_cert: Path | None = None  # PEM: serve TLS with this certificate and key; None: plaintext
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # PEM: gateways must present a certificate this CA signed (mutual TLS)
 
     def __post_init__(self) -> None:
+        check_pair(self.tls_cert, self.tls_key, "replica TLS")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
 
@@ -183,6 +194,9 @@ class GatewayConfig:
     port: int = 8080
     api_key: str | None = None  # when set, every route but /health and the docs needs `Authorization: Bearer KEY`
     replica_token: str | None = None  # $BOUQUET_REPLICA_TOKEN, sent to the replicas with every call
+    replica_tls_ca: Path | None = None  # PEM: reach replicas over TLS, trusting certificates this CA signed
+    replica_tls_cert: Path | None = None  # PEM: the certificate and key shown to replicas that ask (mutual TLS)
+    replica_tls_key: Path | None = None
     max_inputs: int = 2048  # inputs per request
     max_request_tokens: int = 300_000  # tokens per request, after truncation
     # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings
@@ -213,6 +227,9 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not self.replicas:
             raise ValueError("the gateway needs at least one --replica HOST:PORT")
+        check_pair(self.replica_tls_cert, self.replica_tls_key, "gateway TLS to replicas")
+        if self.replica_tls_cert is not None and self.replica_tls_ca is None:
+            raise ValueError("--replica-tls-cert needs --replica-tls-ca: a client certificate is sent over TLS only")
         if self.workers < 1:
             raise ValueError(f"workers must be positive, got {self.workers}")
         if self.workers > 1 and self.port == 0:

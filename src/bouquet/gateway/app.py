@@ -46,6 +46,7 @@ from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
 from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
+from bouquet.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,12 @@ class Gateway:
         self.metrics = metrics or GatewayMetrics()
         self.executor = ThreadPoolExecutor(config.tokenizer_threads, thread_name_prefix="tokenize")
         self.catalog = ModelCatalog(config.model_dirs, self.executor)
+        credentials = None
+        if config.replica_tls_ca is not None:
+            credentials = channel_credentials(config.replica_tls_ca, config.replica_tls_cert, config.replica_tls_key)
         self.pool = ReplicaPool(
             config.replicas, self.catalog, self.metrics, config.max_attempts, config.request_timeout,
-            config.probe_interval, config.replica_token,
+            config.probe_interval, config.replica_token, credentials=credentials,
         )  # fmt: skip
         self.admission = Admission(
             self.metrics, config.max_inflight_tokens, config.admission_seconds, config.admission_wait,

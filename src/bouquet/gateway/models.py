@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bouquet.config import DEFAULT_MODEL_PACKAGE
-from bouquet.gateway.errors import InvalidRequest, NotFound
+from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.proto import embedding_pb2
@@ -97,7 +97,10 @@ class ModelCatalog:
 
     def get(self, name: str | None) -> ServedModel:
         """The model a request names; the default (first discovered) one when it names none."""
-        if name is None and self.ordered:
+        if not self.ordered:
+            # Not the client's mistake: the replicas are starting, or cannot be reached (a TLS or token mismatch).
+            raise Unavailable("no replica has reported its model yet", "no_healthy_replica", "model")
+        if name is None:
             return self.ordered[0]
         model = self._models.get(name) if name is not None else None
         if model is None:

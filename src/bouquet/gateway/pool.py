@@ -62,8 +62,9 @@ class ReplicaPool:
         probe_interval: float = 0.5,
         token: str | None = None,
         window_seconds: float = 0.25,
+        credentials: grpc.ChannelCredentials | None = None,
     ):
-        self.replicas = [Replica(address) for address in addresses]
+        self.replicas = [Replica(address, credentials) for address in addresses]
         # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.catalog = catalog

@@ -67,9 +67,12 @@ class ServiceRate:
 
 
 class Replica:
-    def __init__(self, address: str):
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None):
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
         self.stub = embedding_pb2_grpc.EmbeddingStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.model: ServedModel | None = None  # known once Info has answered

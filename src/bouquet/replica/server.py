@@ -24,6 +24,7 @@ from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
+from bouquet.tls import server_credentials
 from bouquet.tokenizer import tokenizer_json
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,13 @@ async def _refuse_unauthenticated(request: object, context: grpc.aio.ServicerCon
 class ReplicaServer:
     """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached."""
 
-    def __init__(self, listen: str, metrics: ReplicaMetrics | None = None, token: str | None = None):
+    def __init__(
+        self,
+        listen: str,
+        metrics: ReplicaMetrics | None = None,
+        token: str | None = None,
+        credentials: grpc.ServerCredentials | None = None,
+    ):
         self.metrics = metrics or ReplicaMetrics()
         interceptors = [TokenCheck(token)] if token else []
         self.server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
@@ -175,7 +182,10 @@ class ReplicaServer:
         self.servicer = EmbeddingServicer(self.metrics)
         embedding_pb2_grpc.add_EmbeddingServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(listen)
+        if credentials is None:
+            self.port = self.server.add_insecure_port(listen)
+        else:
+            self.port = self.server.add_secure_port(listen, credentials)
         if self.port == 0:
             raise ValueError(f"cannot listen on {listen}")
         self.scheduler: Scheduler | None = None
@@ -239,7 +249,10 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    replica = ReplicaServer(config.listen, token=config.token)
+    credentials = None
+    if config.tls_cert is not None and config.tls_key is not None:
+        credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    replica = ReplicaServer(config.listen, token=config.token, credentials=credentials)
     loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop)))
     if config.metrics_port is not None:
         replica.metrics.serve_http(config.metrics_port, listen_host(config.listen))
