@@ -31,15 +31,16 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    # A replica that stops answering (a hung process, a cut link) shows as an unanswered ping within about two
-    # seconds: the connection is closed, its calls fail over to another replica and its health stream breaks.
-    # Without pings a call would wait out its whole timeout on a replica that can no longer answer.
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
+    # A replica that stops answering (a hung process, a cut link) shows as an unanswered ping within about a
+    # second: the connection is closed, its calls fail over to another replica and its health stream breaks.
+    # Without pings a call would wait out its whole timeout on a replica that can no longer answer. Every chunk
+    # caught there waits out this time and then its turn on another replica: tests/test_fault_partition.py.
+    ("grpc.keepalive_time_ms", 500),
+    ("grpc.keepalive_timeout_ms", 500),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.http2.min_time_between_pings_ms", 1000),
-    ("grpc.http2.ping_timeout_ms", 1000),  # gRPC 1.6x+: how long a ping may go unanswered before the close
+    ("grpc.http2.min_time_between_pings_ms", 500),  # the replica accepts pings this often (replica/server.py)
+    ("grpc.http2.ping_timeout_ms", 500),  # gRPC 1.6x+: how long a ping may go unanswered before the close
 ]
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 

@@ -131,7 +131,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
 _SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    # The gateways ping every connection each second (their way to notice a replica that hangs); gRPC's defaults
+    # The gateways ping every connection twice a second (their way to notice a replica that hangs); gRPC's defaults
     # would call that abuse and close the connection ("too_many_pings").
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
