@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,8 +69,9 @@ def children(pid: int) -> list[str]:
     return found
 
 
-def _bouquet(*args: str, ready: str) -> Process:
-    command = [sys.executable, "-m", "bouquet.cli", *args]
+def _bouquet(*args: str, ready: str, prefix: Sequence[str] = ()) -> Process:
+    """`prefix` wraps the command, e.g. ["ip", "netns", "exec", NS] to run it on another (namespace) host."""
+    command = [*prefix, sys.executable, "-m", "bouquet.cli", *args]
     return Process(subprocess.Popen(command, stderr=subprocess.PIPE, text=True), ready)
 
 
@@ -77,13 +79,15 @@ def start_serve(port: int, *args: str) -> Process:
     return _bouquet("serve", "--port", str(port), *args, ready=r"bouquet serve: ready")
 
 
-def start_gateway(port: int, replicas: list[str], *args: str) -> Process:
+def start_gateway(port: int, replicas: list[str], *args: str, prefix: Sequence[str] = ()) -> Process:
     replica_args = [arg for address in replicas for arg in ("--replica", address)]
-    return _bouquet("gateway", "--port", str(port), *replica_args, *args, ready=r"bouquet gateway: listening")
+    ready = r"bouquet gateway: listening"
+    return _bouquet("gateway", "--port", str(port), *replica_args, *args, ready=ready, prefix=prefix)
 
 
-def start_replica(port: int, *args: str) -> Process:
-    return _bouquet("replica", "--listen", f"127.0.0.1:{port}", "--device", "cpu", *args, ready=r"serving .* on port")
+def start_replica(port: int, *args: str, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> Process:
+    listen = f"{host}:{port}"
+    return _bouquet("replica", "--listen", listen, "--device", "cpu", *args, ready=r"serving .* on port", prefix=prefix)
 
 
 def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
