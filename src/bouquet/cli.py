@@ -109,6 +109,20 @@ _SERVE_REPLICA_OPTIONS = tuple(_SERVE_MODELS if option.flag == "--model" else op
 
 GATEWAY_LIMIT_OPTIONS = (
     _option("--max-inputs", f"inputs a request (default {GatewayConfig.max_inputs})", type=int),
+    _option(
+        "--token-id-input",
+        "accept token ids as input (default: on; --no-token-id-input: text only, for clients that may send another "
+        "model's ids, such as langchain-openai's default)",
+        action=argparse.BooleanOptionalAction,
+    ),
+    _option(
+        "--allow-unknown-fields",
+        "ignore request fields a route does not read (default: refused with 400, naming the field)",
+        action=argparse.BooleanOptionalAction,
+    ),
+    _option(
+        "--cors-allow-origin", "a browser origin allowed to call, or * (repeat; default: no CORS)", action="append"
+    ),
     _option("--max-request-tokens", f"default {GatewayConfig.max_request_tokens}", type=int),
     _option("--max-payload-bytes", f"default {GatewayConfig.max_payload_bytes}", type=int),
     _option(
@@ -297,8 +311,19 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         model_dirs=tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs(),
         api_key=_api_key(args),
         replica_token=_replica_token(),
+        cors_allow_origin=tuple(args.cors_allow_origin or ()),
         worker_args=_argv(GATEWAY_OPTIONS, vars(args)) if args.workers > 1 else (),
-        **_given(args, [_HOST, _PORT, _DRAIN, _WORKERS, *GATEWAY_LIMIT_OPTIONS, *_REPLICA_TLS]),
+        **_given(
+            args,
+            [
+                _HOST,
+                _PORT,
+                _DRAIN,
+                _WORKERS,
+                *_REPLICA_TLS,
+                *(option for option in GATEWAY_LIMIT_OPTIONS if option.flag != "--cors-allow-origin"),
+            ],
+        ),
     )
 
 

@@ -198,6 +198,9 @@ class GatewayConfig:
     replica_tls_cert: Path | None = None  # PEM: the certificate and key shown to replicas that ask (mutual TLS)
     replica_tls_key: Path | None = None
     max_inputs: int = 2048  # inputs per request
+    token_id_input: bool = True  # False: requests must send text; token ids (another model's, maybe) are refused
+    allow_unknown_fields: bool = False  # True: fields a route does not read are ignored instead of refused
+    cors_allow_origin: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none: no CORS headers at all
     max_request_tokens: int = 300_000  # tokens per request, after truncation
     # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings
     # (which truncation throws away anyway) would cost the gateway gigabytes to parse and tokenize.

@@ -18,13 +18,15 @@ from typing import Any, TypeVar
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
-from bouquet.gateway import rerank
+from bouquet.gateway import request_ids, rerank, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -40,11 +42,13 @@ from bouquet.gateway.errors import (
     Unprocessable,
     UnsupportedMedia,
     error_response,
+    tei_error_response,
 )
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
+from bouquet.gateway.request_ids import RequestIds
 from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
 from bouquet.tls import channel_credentials
 
@@ -224,13 +228,20 @@ class Gateway:
         tokenizer = model.require_tokenizer()
         started = time.perf_counter()
         sequences = await tokenizer.encode(
-            job.texts, model.prompt(job.prompt_name), job.truncate, job.truncation_direction
+            job.texts, model.prompt(job.prompt_name), job.truncate, job.truncation_direction, job.truncate_tokens
         )
         self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
         return sequences
 
     def _check_token_ids(self, token_ids: list[list[int]], job: EmbedJob, model: ServedModel) -> list[list[int]]:
-        limit = model.max_seq_length
+        if not self.config.token_id_input:
+            raise InvalidRequest(
+                "this server takes text only, not token ids (--no-token-id-input): a client that tokenizes for "
+                "another model (langchain-openai's default tiktoken ids) would get wrong vectors",
+                "token_ids_refused",
+                "input",
+            )
+        limit = min(model.max_seq_length, job.truncate_tokens or model.max_seq_length)
         for index, ids in enumerate(token_ids):
             low, high = min(ids), max(ids)
             if low < 0 or high >= model.vocab_size:
@@ -275,9 +286,11 @@ Handler = Callable[[Gateway, Request], Awaitable[Response]]
 
 
 def _endpoint(
-    route: str, handler: Handler, public: bool = False, work: bool = False
+    route: str, handler: Handler, *, public: bool = False, work: bool = False, tei: bool = False
 ) -> Callable[[Request], Awaitable[Response]]:
-    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`."""
+    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`. `tei`: a
+    text-embeddings-inference route, whose errors have TEI's body and status."""
+    answer_error = tei_error_response if tei else error_response
 
     async def endpoint(request: Request) -> Response:
         gateway: Gateway = request.app.state.gateway
@@ -290,10 +303,10 @@ def _endpoint(
             with gateway.admission.request() if work else contextlib.nullcontext():
                 response = await handler(gateway, request)
         except ApiError as error:
-            response = error_response(error)
+            response = answer_error(error)
         except Exception:
-            logger.exception("%s failed", route)
-            response = error_response(InternalError("internal error; see the gateway's log", "internal_error"))
+            logger.exception("%s failed (request %s)", route, request_ids.current.get())
+            response = answer_error(InternalError("internal error; see the gateway's log", "internal_error"))
         finally:
             metrics.in_flight.dec()
         metrics.requests.labels(route, str(response.status_code)).inc()
@@ -308,15 +321,26 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
-    job = parse_openai(await gateway.read_json(request))
+    job = parse_openai(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     model, rows, tokens = await _unless_disconnected(request, gateway.embed(job))
     return _json(openai_response(rows, job.model or model.id, tokens, job.encoding_format))
 
 
 async def _tei_embed(gateway: Gateway, request: Request) -> Response:
-    job = parse_tei(await gateway.read_json(request))
+    job = parse_tei(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
     return _json(rows)
+
+
+async def _similarity(gateway: Gateway, request: Request) -> Response:
+    job = text_tools.parse_similarity(await gateway.read_json(request))
+    gateway.check_inputs(job.num_inputs)
+    _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
+    return _json(text_tools.similarities(rows))
+
+
+async def _decode(gateway: Gateway, request: Request) -> Response:
+    return _json(await text_tools.decode(gateway, await gateway.read_json(request)))
 
 
 async def _rerank(gateway: Gateway, request: Request) -> Response:
@@ -367,7 +391,10 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
+    """TEI's body (`inputs`), or vLLM's (`prompt`)."""
     body = await gateway.read_json(request)
+    if "prompt" in body and "inputs" not in body:
+        return _json(await text_tools.vllm_tokenize(gateway, body))
     texts, _ = parse_inputs(body.get("inputs"), "inputs")
     if texts is None:
         raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
@@ -405,6 +432,7 @@ async def _info(gateway: Gateway, request: Request) -> Response:
     if not gateway.catalog.ordered:
         raise Unavailable("no replica has reported its model yet", "no_healthy_replica")
     model = gateway.catalog.get(request.query_params.get("model"))
+    c = gateway.config
     return _json({
         "model_id": model.id, "model_dtype": model.dtype, "model_type": _model_type(model), "task": model.task,
         "family": model.family, "architecture": model.architecture, "normalize": model.normalize,
@@ -412,6 +440,10 @@ async def _info(gateway: Gateway, request: Request) -> Response:
         "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": gateway.config.max_inputs,
         "prompts": model.prompts, "default_prompt_name": model.default_prompt_name,
         "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas), "version": "0.1.0",
+        # TEI's router fields, for clients that read them
+        "model_sha": None, "served_model_name": model.id, "max_concurrent_requests": c.max_concurrent_requests,
+        "max_batch_requests": None, "auto_truncate": True, "tokenization_workers": c.tokenizer_threads,
+        "sha": None, "docker_label": None,
     })  # fmt: skip
 
 
@@ -448,11 +480,13 @@ async def _docs_asset(gateway: Gateway, request: Request) -> Response:
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
+    """404 and 405, counted in the metrics under the route "unmatched" (scans and misconfigured clients show)."""
+    error: ApiError = NotFound(f"no route {request.url.path}", "not_found")
     if isinstance(exc, HTTPException) and exc.status_code == 405:
-        error: ApiError = InvalidRequest(f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
         error.status = 405
-        return error_response(error)
-    return error_response(NotFound(f"no route {request.url.path}", "not_found"))
+    request.app.state.gateway.metrics.requests.labels("unmatched", str(error.status)).inc()
+    return error_response(error)
 
 
 def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> Starlette:
@@ -465,23 +499,48 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         await gateway.pool.close()
         gateway.executor.shutdown(wait=False)
 
+    embed, tei = (_endpoint("/", _tei_embed, work=True, tei=True), _endpoint("/embed", _tei_embed, work=True, tei=True))
+    openai_embeddings = _endpoint("/v1/embeddings", _openai_embeddings, work=True)
     routes = [
-        Route("/v1/embeddings", _endpoint("/v1/embeddings", _openai_embeddings, work=True), methods=["POST"]),
+        # OpenAI's, and Infinity's without the /v1 prefix
+        Route("/v1/embeddings", openai_embeddings, methods=["POST"]),
+        Route("/embeddings", _endpoint("/embeddings", _openai_embeddings, work=True), methods=["POST"]),
         Route("/v1/models", _endpoint("/v1/models", _models), methods=["GET"]),
+        Route("/models", _endpoint("/models", _models), methods=["GET"]),
         Route("/v1/models/{model:path}", _endpoint("/v1/models/{model}", _model), methods=["GET"]),
-        Route("/embed", _endpoint("/embed", _tei_embed, work=True), methods=["POST"]),
-        Route("/rerank", _endpoint("/rerank", _rerank, work=True), methods=["POST"]),
+        # text-embeddings-inference's, with its error bodies
+        Route("/", embed, methods=["POST"]),
+        Route("/embed", tei, methods=["POST"]),
+        Route("/similarity", _endpoint("/similarity", _similarity, work=True, tei=True), methods=["POST"]),
+        Route("/rerank", _endpoint("/rerank", _rerank, work=True, tei=True), methods=["POST"]),
+        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True, tei=True), methods=["POST"]),
+        Route("/decode", _endpoint("/decode", _decode, work=True, tei=True), methods=["POST"]),
+        Route("/info", _endpoint("/info", _info, tei=True), methods=["GET"]),
+        Route("/health", _endpoint("/health", _health, public=True, tei=True), methods=["GET"]),
+        # Cohere's, Jina's and vLLM's
         Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
         Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),
         Route("/v1/score", _endpoint("/v1/score", _score, work=True), methods=["POST"]),
-        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True), methods=["POST"]),
-        Route("/info", _endpoint("/info", _info), methods=["GET"]),
-        Route("/health", _endpoint("/health", _health, public=True), methods=["GET"]),
-        Route("/metrics", _endpoint("/metrics", _metrics), methods=["GET"]),
+        # Public, as TEI keeps them: a scraper, a load balancer's probe and a browser need no key.
+        Route("/metrics", _endpoint("/metrics", _metrics, public=True), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),
         Route("/docs", _endpoint("/docs", _docs, public=True), methods=["GET"]),
         Route("/docs/{asset}", _endpoint("/docs/{asset}", _docs_asset, public=True), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_found})
+    middleware = [Middleware(RequestIds)]
+    if config.cors_allow_origin:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_allow_origin),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["x-request-id", "retry-after"],
+                max_age=600,
+            )
+        )
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={404: _not_found, 405: _not_found}
+    )
     app.state.gateway = gateway
     return app

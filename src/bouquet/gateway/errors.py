@@ -1,5 +1,8 @@
-"""Every error a client can see, and the one place that turns it into an HTTP status and an OpenAI error body:
-`{"error": {"message", "type", "param", "code"}}`."""
+"""Every error a client can see, and the one place that turns it into an HTTP status and a body: OpenAI's
+`{"error": {"message", "type", "param", "code"}}`, or on text-embeddings-inference's routes TEI's own
+`{"error", "error_type"}` with TEI's status for that kind of error (its router's ErrorType -> StatusCode: an empty
+batch 400 `empty`, a limit 413 `validation`, a tokenizer failure 422 `tokenizer`, overload 429 `overloaded`, no
+healthy backend 503 `unhealthy`, a failed or wrong-type model 424 `backend`), so Hugging Face's clients read it."""
 
 from __future__ import annotations
 
@@ -95,3 +98,31 @@ def error_body(error: ApiError) -> bytes:
 
 def error_response(error: ApiError) -> Response:
     return Response(error_body(error), error.status, error.headers, media_type="application/json")
+
+
+_UNREADABLE_BODY = ("invalid_json", "invalid_utf8", "invalid_gzip")  # 400 on every route, as axum answers them
+
+
+def tei_error(error: ApiError) -> tuple[int, str]:
+    """TEI's status and `error_type` for `error`."""
+    if error.code in ("empty_input", "missing_required_parameter"):
+        return 400, "empty"
+    if error.code == "wrong_task":
+        return 424, "backend"  # TEI: "model is not a re-ranker model" and the like
+    if isinstance(error, Unavailable) and error.code == "no_healthy_replica":
+        return 503, "unhealthy"
+    if isinstance(error, Unavailable):
+        return 424, "backend"
+    if isinstance(error, Overloaded):
+        return 429, "overloaded"
+    if error.code == "unsupported_parameter":
+        return 422, "validation"  # a field the route does not have: a body of the wrong shape
+    if isinstance(error, InvalidRequest) and error.status == 400 and error.code not in _UNREADABLE_BODY:
+        return 413, "validation"  # TEI's Validation: a bad dimensions or prompt_name, an id out of the vocabulary
+    return error.status, "validation" if error.status in (400, 413, 422) else error.type
+
+
+def tei_error_response(error: ApiError) -> Response:
+    status, error_type = tei_error(error)
+    body = orjson.dumps({"error": error.message, "error_type": error_type})
+    return Response(body, status, error.headers, media_type="application/json")

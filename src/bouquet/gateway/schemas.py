@@ -13,6 +13,18 @@ from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.tokenizer import TRUNCATION_DIRECTIONS
 
 ENCODING_FORMATS = ("float", "base64")
+# What each route reads; anything else is refused by name (400 unsupported_parameter) unless the server runs with
+# --allow-unknown-fields, so a client never gets other vectors than it asked for without being told.
+OPENAI_FIELDS = frozenset(
+    {"input", "model", "encoding_format", "dimensions", "user",
+     # vLLM's extensions: honoured as vLLM does, or refused below when a value asks for what is not done here
+     "normalize", "truncate_prompt_tokens", "add_special_tokens", "embed_dtype", "endianness", "use_activation",
+     "priority", "request_id",
+     "modality"}  # Infinity's (text only)
+)  # fmt: skip
+TEI_FIELDS = frozenset(
+    {"inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions", "model", "encoding_format"}
+)
 
 
 @dataclass(frozen=True)
@@ -28,13 +40,16 @@ class EmbedJob:
     truncation_direction: str = "right"
     prompt_name: str | None = None
     encoding_format: str = "float"
+    truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the last this many tokens
 
     @property
     def num_inputs(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())
 
 
-def parse_openai(body: dict[str, Any]) -> EmbedJob:
+def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
+    if strict:
+        refuse_unknown(body, OPENAI_FIELDS)
     optional_field(body, "user", str)
     encoding_format = optional_field(body, "encoding_format", str) or "float"
     if encoding_format not in ENCODING_FORMATS:
@@ -45,17 +60,55 @@ def parse_openai(body: dict[str, Any]) -> EmbedJob:
         )
     if "input" not in body:
         raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
+    _refuse_unless(body, "add_special_tokens", True, "special tokens are always added, as the model was trained")
+    _refuse_unless(body, "use_activation", None, "embedding models here have no activation to switch")
+    _refuse_unless(body, "modality", "text", "only text is embedded here")
+    optional_field(body, "priority", int)  # vLLM's scheduling hint: requests here are served first come
+    optional_field(body, "request_id", str)
     texts, token_ids = parse_inputs(body["input"], "input")
     return EmbedJob(
         model=optional_field(body, "model", str),
         texts=texts,
         token_ids=token_ids,
         dimensions=_dimensions(body),
+        normalize=optional_field(body, "normalize", bool),
         encoding_format=encoding_format,
+        truncate_tokens=_truncate_prompt_tokens(body),
+        truncation_direction="left" if body.get("truncate_prompt_tokens") is not None else "right",
     )
 
 
-def parse_tei(body: dict[str, Any]) -> EmbedJob:
+def refuse_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"'{unknown[0]}' is not a parameter of this route; it takes {', '.join(sorted(allowed))}",
+            "unsupported_parameter",
+            unknown[0],
+        )
+
+
+def _refuse_unless(body: dict[str, Any], name: str, accepted: Any, why: str) -> None:
+    value = body.get(name, accepted)
+    if value is not None and value != accepted:
+        raise InvalidRequest(f"'{name}' = {value!r} is not supported: {why}", "unsupported_parameter", name)
+
+
+def _truncate_prompt_tokens(body: dict[str, Any]) -> int | None:
+    """vLLM's: the last k tokens of each input (special tokens kept); -1: the model's limit."""
+    value = optional_field(body, "truncate_prompt_tokens", int)
+    if value is None or value == -1:
+        return None
+    if value < 1:
+        raise InvalidRequest(
+            f"'truncate_prompt_tokens' must be -1 or at least 1, got {value}", "invalid_value", "truncate_prompt_tokens"
+        )
+    return value
+
+
+def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
+    if strict:
+        refuse_unknown(body, TEI_FIELDS)
     if "inputs" not in body:
         raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
     texts, token_ids = parse_inputs(body["inputs"], "inputs")

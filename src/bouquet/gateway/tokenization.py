@@ -22,6 +22,7 @@ from bouquet.tokenizer import (
 # characters; only a text whose first `limit` tokens span more (a run of thousands of spaces, which BERT-style
 # tokenizers drop) is read differently than a whole-text tokenization would.
 CHARS_PER_TOKEN = 64
+_SHORTER_KEPT = 16  # tokenizers kept for requests' own shorter limits (truncate_prompt_tokens)
 
 
 class ModelTokenizer:
@@ -36,6 +37,7 @@ class ModelTokenizer:
         self._plain.no_padding()
         self._plain.no_truncation()
         self._prompt_tokens: dict[str, int] = {}
+        self._shorter_tokenizers: dict[tuple[int, str], TextTokenizer] = {}
 
     def prompt_tokens(self, prompt: str) -> int:
         """The leading tokens of `prompt + text` that are the prompt's (sentence-transformers' count)."""
@@ -43,15 +45,30 @@ class ModelTokenizer:
             self._prompt_tokens[prompt] = prompt_token_count(self._plain, prompt)
         return self._prompt_tokens[prompt]
 
-    async def encode(self, texts: list[str], prompt: str, truncate: bool, direction: str) -> list[list[int]]:
+    async def encode(
+        self, texts: list[str], prompt: str, truncate: bool, direction: str, max_length: int | None = None
+    ) -> list[list[int]]:
+        """Token ids per text; `max_length` (under the model's limit) truncates shorter, as vLLM's
+        truncate_prompt_tokens does (special tokens kept)."""
         texts = self._capped(texts, truncate, direction == "left")
         if prompt:
             texts = [prompt + text for text in texts]
+        tokenizer = self._by_direction[direction]
+        if max_length is not None and max_length < self.max_length:
+            tokenizer = self._shorter(max_length, direction)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._encode, texts, truncate, direction)
+        return await loop.run_in_executor(self._executor, self._encode, tokenizer, texts, truncate)
 
-    def _encode(self, texts: list[str], truncate: bool, direction: str) -> list[list[int]]:
-        sequences = self._by_direction[direction].encode(texts, truncate=truncate)
+    def _shorter(self, max_length: int, direction: str) -> TextTokenizer:
+        key = (max_length, direction)
+        if key not in self._shorter_tokenizers:
+            if len(self._shorter_tokenizers) >= _SHORTER_KEPT:
+                self._shorter_tokenizers.pop(next(iter(self._shorter_tokenizers)))
+            self._shorter_tokenizers[key] = TextTokenizer(self._plain, max_length, direction)
+        return self._shorter_tokenizers[key]
+
+    def _encode(self, tokenizer: TextTokenizer, texts: list[str], truncate: bool) -> list[list[int]]:
+        sequences = tokenizer.encode(texts, truncate=truncate)
         if not truncate:
             self._check_lengths(sequences)
         return sequences
@@ -108,6 +125,12 @@ class ModelTokenizer:
             self._executor, lambda: self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
         )
         return [_describe(text, encoding) for text, encoding in zip(texts, encodings, strict=True)]
+
+    async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, lambda: self._plain.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+        )
 
 
 def _describe(text: str, encoding: Any) -> list[dict[str, Any]]:

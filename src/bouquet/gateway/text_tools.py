@@ -1,0 +1,86 @@
+"""Requests about text rather than vectors, shaped as the servers people switch from take them: TEI's
+`/tokenize` (`inputs`) and vLLM's (`prompt`), TEI's `/decode`, and TEI's `/similarity` (one source sentence
+against others, cosine of their embeddings)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bouquet.gateway.errors import InvalidRequest, Unprocessable
+from bouquet.gateway.schemas import EmbedJob, optional_field, refuse_unknown, truncation_direction
+
+if TYPE_CHECKING:
+    from bouquet.gateway.app import Gateway
+
+_VLLM_TOKENIZE_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
+_DECODE_FIELDS = frozenset({"ids", "skip_special_tokens", "model"})
+_SIMILARITY_FIELDS = frozenset({"inputs", "parameters", "model"})
+_SIMILARITY_PARAMETERS = frozenset({"truncate", "truncation_direction", "prompt_name"})
+
+
+async def vllm_tokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's /tokenize: `{"prompt"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
+    refuse_unknown(body, _VLLM_TOKENIZE_FIELDS)
+    prompt = optional_field(body, "prompt", str)
+    if not prompt:
+        raise InvalidRequest("'prompt' is required and must not be empty", "empty_input", "prompt")
+    model = gateway.catalog.get(optional_field(body, "model", str))
+    add_special = optional_field(body, "add_special_tokens", bool)
+    described = (await model.require_tokenizer().tokens([prompt], "", add_special is not False))[0]
+    strings = [token["text"] for token in described] if optional_field(body, "return_token_strs", bool) else None
+    tokens = [token["id"] for token in described]
+    return {"count": len(tokens), "max_model_len": model.max_seq_length, "tokens": tokens, "token_strs": strings}
+
+
+async def decode(gateway: Gateway, body: dict[str, Any]) -> list[str]:
+    """TEI's /decode: `{"ids": [...] | [[...], ...], "skip_special_tokens"}` -> one string per sequence."""
+    refuse_unknown(body, _DECODE_FIELDS)
+    ids = body.get("ids")
+    if ids is None:
+        raise InvalidRequest("'ids' is required", "missing_required_parameter", "ids")
+    batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
+    model = gateway.catalog.get(optional_field(body, "model", str))
+    for index, sequence in enumerate(batch):
+        if not isinstance(sequence, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in sequence):
+            raise Unprocessable(f"'ids[{index}]' must be a list of token ids", "invalid_type", "ids")
+        if any(not 0 <= i < model.vocab_size for i in sequence):
+            raise InvalidRequest(f"'ids[{index}]' holds an id outside the vocabulary", "invalid_token_id", "ids")
+    gateway.check_inputs(len(batch))
+    skip = optional_field(body, "skip_special_tokens", bool)
+    return await model.require_tokenizer().decode(batch, skip is not False)
+
+
+def parse_similarity(body: dict[str, Any]) -> EmbedJob:
+    """TEI's /similarity: `{"inputs": {"source_sentence", "sentences"}, "parameters": {...}}` as one embedding job,
+    the source first, rows not normalised (the cosine does that)."""
+    refuse_unknown(body, _SIMILARITY_FIELDS)
+    inputs = body.get("inputs")
+    if not isinstance(inputs, dict):
+        raise Unprocessable("'inputs' must be an object with source_sentence and sentences", "invalid_type", "inputs")
+    source, sentences = inputs.get("source_sentence"), inputs.get("sentences")
+    if not isinstance(source, str) or not isinstance(sentences, list):
+        raise Unprocessable("'inputs' needs a string source_sentence and a list of sentences", "invalid_type", "inputs")
+    if not sentences or not source or not all(isinstance(s, str) and s for s in sentences):
+        raise InvalidRequest("'inputs.sentences' cannot be empty, nor hold an empty string", "empty_input", "inputs")
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise Unprocessable("'parameters' must be an object", "invalid_type", "parameters")
+    refuse_unknown(parameters, _SIMILARITY_PARAMETERS)
+    truncate = optional_field(parameters, "truncate", bool)
+    return EmbedJob(
+        model=optional_field(body, "model", str),
+        texts=[source, *sentences],
+        token_ids=None,
+        normalize=False,
+        truncate=True if truncate is None else truncate,
+        truncation_direction=truncation_direction(parameters),
+        prompt_name=optional_field(parameters, "prompt_name", str),
+    )
+
+
+def similarities(rows: np.ndarray) -> list[float]:
+    """Cosine of the first row with each other row."""
+    unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+    return (unit[1:] @ unit[0]).astype(float).tolist()

@@ -1,0 +1,155 @@
+"""The routes and behaviours of the servers people switch from, on a real `bouquet serve`: TEI's `POST /`,
+`/similarity`, `/decode` and error bodies; vLLM's `/tokenize` shape, `truncate_prompt_tokens` and `normalize`;
+Infinity's `/embeddings` and `/models`; `x-request-id` on every answer; CORS for the origins allowed; public
+/metrics counting unmatched routes; and a server that takes text only."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import corpus
+import numpy as np
+import pytest
+from conftest import row_cosines
+
+from bouquet.gateway.testing import Process, free_port, start_serve
+
+MODEL = "all-MiniLM-L6-v2"
+API_KEY = "routes-key"
+ALLOWED_ORIGIN = "http://allowed.example"
+TEXTS = [*corpus.documents(3), *corpus.queries(3)]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    process: Process = start_serve(
+        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--cors-allow-origin", ALLOWED_ORIGIN,
+        "--no-token-id-input",
+    )  # fmt: skip
+    try:
+        process.wait_ready()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        assert process.stop() == 0
+
+
+def call(
+    url: str, body: dict | None = None, headers: dict[str, str] | None = None, method: str | None = None
+) -> tuple[int, dict[str, str], object]:
+    data = None if body is None else json.dumps(body).encode()
+    all_headers = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}", **(headers or {})}
+    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            raw, status, got = reply.read(), reply.status, reply.headers
+    except urllib.error.HTTPError as error:
+        raw, status, got = error.read(), error.code, error.headers
+    try:
+        value: object = json.loads(raw)
+    except ValueError:
+        value = raw.decode()
+    return status, {k.lower(): v for k, v in got.items()}, value
+
+
+def test_tei_root_route_is_embed(server, sentence_transformer):
+    status, _, rows = call(f"{server}/", {"inputs": TEXTS})
+    assert status == 200
+    _, _, embed_rows = call(f"{server}/embed", {"inputs": TEXTS})
+    assert np.allclose(np.array(rows), np.array(embed_rows), atol=1e-6)
+    expected = sentence_transformer.encode(TEXTS, convert_to_numpy=True)
+    assert row_cosines(np.array(rows, np.float32), expected).min() >= 0.99999
+
+
+def test_similarity_is_the_cosine_of_the_embeddings(server, sentence_transformer):
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}, "parameters": {"truncate": True}}
+    status, _, values = call(f"{server}/similarity", body)
+    assert status == 200
+    vectors = sentence_transformer.encode(TEXTS, convert_to_numpy=True, normalize_embeddings=True)
+    assert np.allclose(values, vectors[1:] @ vectors[0], atol=1e-5)
+
+
+def test_decode_reverses_tokenize(server):
+    _, _, tokens = call(f"{server}/tokenize", {"inputs": ["Hello world", "tokens back to text"]})
+    ids = [[token["id"] for token in sequence] for sequence in tokens]
+    status, _, texts = call(f"{server}/decode", {"ids": ids})
+    assert status == 200 and texts == ["hello world", "tokens back to text"]
+    assert call(f"{server}/decode", {"ids": ids[0], "skip_special_tokens": False})[2] == ["[CLS] hello world [SEP]"]
+
+
+def test_vllm_tokenize_shape(server):
+    status, _, body = call(f"{server}/tokenize", {"model": MODEL, "prompt": "hello world", "return_token_strs": True})
+    assert status == 200
+    assert body == {"count": 4, "max_model_len": 256, "tokens": [101, 7592, 2088, 102],
+                    "token_strs": ["[CLS]", "hello", "world", "[SEP]"]}  # fmt: skip
+
+
+def test_infinity_routes_without_the_v1_prefix(server):
+    status, _, body = call(f"{server}/embeddings", {"model": MODEL, "input": TEXTS[:2], "modality": "text"})
+    assert status == 200 and len(body["data"]) == 2
+    status, _, models = call(f"{server}/models")
+    assert status == 200 and models["data"][0]["id"] == MODEL
+
+
+def test_vllm_truncate_prompt_tokens_and_normalize(server, sentence_transformer):
+    text = corpus.documents(1)[0]
+    body = {"model": MODEL, "input": [text], "truncate_prompt_tokens": 16, "normalize": False}
+    status, _, reply = call(f"{server}/v1/embeddings", body)
+    assert status == 200 and reply["usage"]["prompt_tokens"] == 16
+    row = np.array(reply["data"][0]["embedding"], np.float32)
+    tokenizer, limit = sentence_transformer.tokenizer, sentence_transformer.max_seq_length
+    tokenizer.truncation_side, sentence_transformer.max_seq_length = "left", 16  # vLLM's: the last k tokens
+    try:
+        expected = sentence_transformer.encode([text], convert_to_numpy=True, normalize_embeddings=False)[0]
+    finally:
+        tokenizer.truncation_side, sentence_transformer.max_seq_length = "right", limit
+    assert np.linalg.norm(row) > 1.5  # normalize=false: the pooled row as it is (the model's Normalize skipped)
+    assert row_cosines(row[None], expected[None]).min() >= 0.99999
+
+
+def test_every_answer_has_a_request_id(server):
+    _, headers, _ = call(f"{server}/embed", {"inputs": "a"}, {"x-request-id": "client-id-42"})
+    assert headers["x-request-id"] == "client-id-42"
+    _, first, _ = call(f"{server}/info")
+    _, second, _ = call(f"{server}/no/such/route")
+    assert len(first["x-request-id"]) == 32 and first["x-request-id"] != second["x-request-id"]
+    _, unsafe, _ = call(f"{server}/info", headers={"x-request-id": "bad id\twith spaces"})
+    assert unsafe["x-request-id"] != "bad id\twith spaces"
+
+
+def test_cors_only_for_the_allowed_origin(server):
+    preflight = {"Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    status, headers, _ = call(f"{server}/v1/embeddings", headers=preflight, method="OPTIONS")
+    assert status == 200 and headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    status, _, _ = call(f"{server}/v1/embeddings", headers={**preflight, "Origin": "http://other.example"},
+                        method="OPTIONS")  # fmt: skip
+    assert status == 400
+    _, headers, _ = call(f"{server}/embed", {"inputs": "a"}, {"Origin": ALLOWED_ORIGIN})
+    assert (
+        headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+        and "x-request-id" in headers["access-control-expose-headers"]
+    )
+
+
+def test_metrics_are_public_and_count_unmatched_routes(server):
+    call(f"{server}/wp-login.php")
+    request = urllib.request.Request(f"{server}/metrics")  # no key
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        text = reply.read().decode()
+    assert 'route="unmatched",status="404"' in text
+
+
+def test_a_text_only_server_refuses_token_ids(server):
+    status, _, error = call(f"{server}/v1/embeddings", {"input": [[101, 7592, 102]]})
+    assert status == 400 and error["error"]["code"] == "token_ids_refused"
+
+
+def test_info_has_teis_router_fields(server):
+    _, _, info = call(f"{server}/info")
+    for field in ("served_model_name", "max_concurrent_requests", "auto_truncate", "tokenization_workers"):
+        assert field in info
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
