@@ -39,6 +39,9 @@ INTERNAL = {"token_buckets", "seq_buckets", "max_graphs", "max_steps_in_flight",
 FIELD_OF = {"model": "model_path", "input": "input_path", "output": "output_path"}
 GATEWAY_FIELD_OF = {"replica": "replicas", "model": "model_dirs"}
 SERVE_PICKS = {"--listen", "--metrics-port", "--replica"}  # serve gives these itself, per child
+# What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS).
+NOT_FOR_SERVE = {"--tls-cert", "--tls-key", "--tls-client-ca", "--replica-tls-ca", "--replica-tls-cert",
+                 "--replica-tls-key", "--replicas-dns", "--dns-interval"}  # fmt: skip
 
 
 def command(name: str) -> argparse.ArgumentParser:
@@ -69,8 +72,8 @@ def test_every_config_field_has_a_flag_or_is_internal():
 
 
 def test_serve_takes_every_replica_and_gateway_option():
-    assert flags("replica") - SERVE_PICKS <= flags("serve")
-    assert flags("gateway") - SERVE_PICKS <= flags("serve")
+    assert flags("replica") - SERVE_PICKS - NOT_FOR_SERVE <= flags("serve")
+    assert flags("gateway") - SERVE_PICKS - NOT_FOR_SERVE <= flags("serve")
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -179,7 +182,8 @@ GATEWAY_SAMPLES = {
     "--max-inflight-tokens": "100000", "--admission-seconds": "1.5", "--admission-wait": "0.5",
     "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
     "--probe-interval": "0.25", "--tokenizer-threads": "1", "--max-connections": "5000", "--max-header-bytes": "8192",
-    "--header-timeout": "20.0", "--body-timeout": "20.0", "--idle-timeout": "60.0",
+    "--header-timeout": "20.0", "--body-timeout": "20.0", "--idle-timeout": "60.0", "--token-id-input": "",
+    "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example",
 }  # fmt: skip
 
 
@@ -192,10 +196,11 @@ def test_serve_passes_every_replica_and_gateway_option_to_its_children(minilm_pa
     replica_given = as_given(replica_samples(minilm_path, tmp_path))
     gateway_given = as_given(GATEWAY_SAMPLES)
     # Every option is sampled: a new one fails here until it is given and seen to arrive.
-    assert {arg.split("=")[0].replace("--no-", "--") for arg in replica_given} == flags("replica") - SERVE_PICKS
+    replica_flags = flags("replica") - SERVE_PICKS - NOT_FOR_SERVE
+    assert {arg.split("=")[0].replace("--no-", "--") for arg in replica_given} == replica_flags
     assert set(GATEWAY_SAMPLES) | {"--model", "--host", "--port", "--drain-seconds", "--log-level"} == flags(
         "gateway"
-    ) - SERVE_PICKS - {"--workers", "--api-key", "--api-key-file"}
+    ) - SERVE_PICKS - NOT_FOR_SERVE - {"--workers", "--api-key", "--api-key-file"}
     port = free_port()
     serve = start_serve(port, "--replicas", "2", *replica_given, *gateway_given)
     try:

@@ -189,8 +189,16 @@ _REPLICA_TLS = (
     _option("--replica-tls-cert", "PEM certificate shown to replicas that ask for one (mutual TLS)", type=Path),
     _option("--replica-tls-key", "PEM private key of --replica-tls-cert", type=Path),
 )
+_DNS_INTERVAL = _option("--dns-interval", f"seconds between lookups (default {GatewayConfig.dns_interval})", type=float)
 GATEWAY_OPTIONS = (
-    _option("--replica", "HOST:PORT of a replica (repeat)", action="append", required=True),
+    _option("--replica", "HOST:PORT of a replica (repeat)", action="append"),
+    _option(
+        "--replicas-dns",
+        "NAME:PORT: every address NAME resolves to is a replica, re-resolved as it changes (a Kubernetes headless "
+        "Service; repeat)",
+        action="append",
+    ),
+    _DNS_INTERVAL,
     *_REPLICA_TLS,
     _option(
         "--model",
@@ -303,27 +311,25 @@ def _bundled_model_dirs() -> tuple[Path, ...]:
         return ()
 
 
+# The options that map one to one onto GatewayConfig fields (the rest are built above by hand).
+_GATEWAY_FIELDS = (
+    _HOST, _PORT, _DRAIN, _WORKERS, _DNS_INTERVAL, *_REPLICA_TLS,
+    *(option for option in GATEWAY_LIMIT_OPTIONS if option.flag != "--cors-allow-origin"),
+)  # fmt: skip
+
+
 def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     """Under `--workers N` this process supervises N gateways, each given this one's arguments but --workers and
     the API key."""
     return GatewayConfig(
-        replicas=tuple(args.replica),
+        replicas=tuple(args.replica or ()),
+        replicas_dns=tuple(args.replicas_dns or ()),
         model_dirs=tuple(Path(path) for path in args.model) if args.model else _bundled_model_dirs(),
         api_key=_api_key(args),
         replica_token=_replica_token(),
         cors_allow_origin=tuple(args.cors_allow_origin or ()),
         worker_args=_argv(GATEWAY_OPTIONS, vars(args)) if args.workers > 1 else (),
-        **_given(
-            args,
-            [
-                _HOST,
-                _PORT,
-                _DRAIN,
-                _WORKERS,
-                *_REPLICA_TLS,
-                *(option for option in GATEWAY_LIMIT_OPTIONS if option.flag != "--cors-allow-origin"),
-            ],
-        ),
+        **_given(args, _GATEWAY_FIELDS),
     )
 
 

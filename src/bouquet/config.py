@@ -189,6 +189,8 @@ class GatewayConfig:
     """The HTTP gateway: where it listens, the replicas it fronts, and its limits."""
 
     replicas: tuple[str, ...]  # HOST:PORT of each replica's gRPC server
+    replicas_dns: tuple[str, ...] = ()  # NAME:PORT: every address NAME resolves to (a headless Service), followed
+    dns_interval: float = 2.0  # seconds between lookups of each --replicas-dns name
     model_dirs: tuple[Path, ...] = ()  # tokenizers and prompts, matched to replicas by model name
     host: str = "127.0.0.1"
     port: int = 8080
@@ -228,8 +230,12 @@ class GatewayConfig:
     worker_args: tuple[str, ...] = ()  # internal: with workers > 1, each worker's arguments (cli.py builds them)
 
     def __post_init__(self) -> None:
-        if not self.replicas:
-            raise ValueError("the gateway needs at least one --replica HOST:PORT")
+        if not self.replicas and not self.replicas_dns:
+            raise ValueError("the gateway needs at least one --replica HOST:PORT or --replicas-dns NAME:PORT")
+        for target in self.replicas_dns:
+            name, _, port = target.rpartition(":")
+            if not name or not port.isdigit():
+                raise ValueError(f"--replicas-dns takes NAME:PORT, got {target!r}")
         check_pair(self.replica_tls_cert, self.replica_tls_key, "gateway TLS to replicas")
         if self.replica_tls_cert is not None and self.replica_tls_ca is None:
             raise ValueError("--replica-tls-cert needs --replica-tls-ca: a client certificate is sent over TLS only")
@@ -249,7 +255,7 @@ class GatewayConfig:
             raise ValueError(f"admission_wait must be >= 0, got {self.admission_wait}")
         for name in (
             "request_timeout", "probe_interval", "tokenizer_threads", "admission_seconds", "header_timeout",
-            "body_timeout", "idle_timeout",
+            "body_timeout", "idle_timeout", "dns_interval",
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -77,6 +77,16 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.dns_failures = Counter(
+            "bouquet_gateway_dns_failures", "failed lookups of a --replicas-dns name", ["name"], registry=r
+        )
+        self.dns_replicas = Gauge(
+            "bouquet_gateway_dns_replicas",
+            "addresses a --replicas-dns name resolved to last",
+            ["name"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.refused = Counter(
             "bouquet_gateway_refused",
             "requests refused with 429 before any work, by reason",

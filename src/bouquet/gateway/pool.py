@@ -8,7 +8,12 @@ admitted before it, and a refused or cancelled request has little queued at a re
 
 A chunk whose replica fails is retried on another one (bounded); that replica is marked down and probed until it
 serves again. Each attempt has a deadline from the replica's measured speed, so a replica that still answers
-pings but computes nothing (a stuck engine) is ejected for a while and its chunk moved within seconds."""
+pings but computes nothing (a stuck engine) is ejected for a while and its chunk moved within seconds.
+
+Replicas are given by address, or found by DNS (`--replicas-dns NAME:PORT`: every A/AAAA record of NAME, as a
+Kubernetes headless Service gives one per ready pod), re-resolved every `dns_interval` seconds: an address that
+appears joins once its Info and health answer; one that goes gets no new work, keeps its calls in flight to their
+end (a pod leaving drains them) and is closed when idle. A failed lookup keeps the last good set."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -63,8 +69,14 @@ class ReplicaPool:
         token: str | None = None,
         window_seconds: float = 0.25,
         credentials: grpc.ChannelCredentials | None = None,
+        dns_names: tuple[str, ...] = (),
+        dns_interval: float = 2.0,
     ):
+        self._credentials = credentials
         self.replicas = [Replica(address, credentials) for address in addresses]
+        self._dns_names = dns_names  # NAME:PORT each
+        self._dns_interval = dns_interval
+        self._dns_members: dict[str, set[str]] = {}  # per NAME:PORT, the addresses it gave last
         # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.catalog = catalog
@@ -79,13 +91,64 @@ class ReplicaPool:
 
     def start(self) -> None:
         for replica in self.replicas:
-            self._spawn(self._watch(replica))
+            replica.watch = self._spawn(self._watch(replica))
+        for name in self._dns_names:
+            self._spawn(self._follow_dns(name))
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
+
+    async def _follow_dns(self, target: str) -> None:
+        """Re-resolves NAME:PORT every few seconds; replicas join and leave as its records do."""
+        name, _, port = target.rpartition(":")
+        while True:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+            except OSError as error:
+                # Keep serving with what we had: a resolver hiccup must not empty the pool.
+                self._metrics.dns_failures.labels(target).inc()
+                logger.warning("resolving %s failed (%s); keeping its %d replicas", target, error,
+                               len(self._dns_members.get(target, ())))  # fmt: skip
+            else:
+                self._follow(target, {_address(info[4][0], int(port)) for info in infos})
+            await asyncio.sleep(self._dns_interval)
+
+    def _follow(self, target: str, addresses: set[str]) -> None:
+        known = self._dns_members.get(target, set())
+        self._dns_members[target] = addresses
+        self._metrics.dns_replicas.labels(target).set(len(addresses))
+        current = {replica.address: replica for replica in self.replicas}
+        for address in sorted(addresses - known):
+            if address not in current:
+                logger.info("replica %s appeared in %s", address, target)
+                replica = Replica(address, self._credentials)
+                self.replicas.append(replica)
+                replica.watch = self._spawn(self._watch(replica))
+        for address in sorted(known - addresses):
+            if address in current and not self._listed_elsewhere(target, address):
+                logger.info("replica %s left %s; it gets no new work", address, target)
+                self._retire(current[address])
+
+    def _listed_elsewhere(self, target: str, address: str) -> bool:
+        return any(address in members for name, members in self._dns_members.items() if name != target)
+
+    def _retire(self, replica: Replica) -> None:
+        """Out of rotation now; its calls in flight finish (a leaving pod drains them); closed once idle."""
+        replica.retired = True
+        self.replicas.remove(replica)
+        self._metrics.replica_healthy.labels(replica.address).set(0)
+        self._spawn(self._close_when_idle(replica))
+
+    async def _close_when_idle(self, replica: Replica) -> None:
+        deadline = time.monotonic() + self._timeout
+        while replica.outstanding_tokens and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if replica.watch is not None:
+            replica.watch.cancel()
+        await replica.channel.close()
 
     def any_healthy(self, model: str | None = None) -> bool:
         return any(r.healthy and (model is None or (r.model is not None and r.model.name == model))
@@ -282,7 +345,12 @@ class ReplicaPool:
         finally:
             replica.probing = False
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+
+def _address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

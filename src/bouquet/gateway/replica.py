@@ -3,6 +3,7 @@ to it and not yet answered, how fast it computes, and whether it is ejected for 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -80,11 +81,16 @@ class Replica:
         self.outstanding_tokens = 0  # sent and not yet answered
         self.rate = ServiceRate()
         self.probing = False
+        self.retired = False  # gone from DNS: no new work
+        self.watch: asyncio.Task[None] | None = None  # its health watch, cancelled when it is closed
         self._ejected_until = 0.0
         self._eject_seconds = _EJECT_FIRST_S
 
     def serves(self, model: str) -> bool:
-        return self.healthy and self.model is not None and self.model.name == model and not self.ejected
+        return (
+            self.healthy and not self.retired and self.model is not None and self.model.name == model
+            and not self.ejected
+        )  # fmt: skip
 
     @property
     def ejected(self) -> bool:
