@@ -50,7 +50,10 @@ def test_failover_under_load_then_503_then_recovery():
     replica_args = ("--dtype", "float32", "--max-batch-tokens", "512")
     replicas = [start_replica(port, *replica_args) for port in ports]
     gateway_port = free_port()
-    gateway = start_gateway(gateway_port, [f"127.0.0.1:{port}" for port in ports], "--chunk-tokens", "256")
+    # Half the capacity gone under a closed loop: requests queue for it (this tests failover, not admission).
+    gateway = start_gateway(
+        gateway_port, [f"127.0.0.1:{port}" for port in ports], "--chunk-tokens", "256", "--admission-wait", "120"
+    )
     url = f"http://127.0.0.1:{gateway_port}"
     try:
         for process in (*replicas, gateway):
