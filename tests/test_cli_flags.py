@@ -183,7 +183,7 @@ GATEWAY_SAMPLES = {
     "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
     "--probe-interval": "0.25", "--tokenizer-threads": "1", "--max-connections": "5000", "--max-header-bytes": "8192",
     "--header-timeout": "20.0", "--body-timeout": "20.0", "--idle-timeout": "60.0", "--token-id-input": "",
-    "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example",
+    "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example", "--long-input": "chunk",
 }  # fmt: skip
 
 

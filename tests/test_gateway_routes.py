@@ -153,3 +153,36 @@ def test_info_has_teis_router_fields(server):
     for field in ("served_model_name", "max_concurrent_requests", "auto_truncate", "tokenization_workers"):
         assert field in info
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+
+
+def test_long_input_chunk_embeds_the_whole_text_in_averaged_windows(server, sentence_transformer):
+    """An input of ~3 windows: the average of its windows' pooled rows (each [CLS] piece [SEP], weighted by its text
+    tokens), normalised, computed here with sentence-transformers' own Transformer and Pooling modules."""
+    import torch
+
+    text = " ".join(corpus.documents(12))
+    status, _, reply = call(f"{server}/v1/embeddings", {"input": [text, "short"], "long_input": "chunk"})
+    assert status == 200
+    tokenizer = sentence_transformer.tokenizer
+    content = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(content) > 2 * 254
+    pieces = [content[start : start + 254] for start in range(0, len(content), 254)]
+    pooled = []
+    for piece in pieces:
+        ids = torch.tensor([[tokenizer.cls_token_id, *piece, tokenizer.sep_token_id]])
+        features = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+        with torch.no_grad():
+            features = sentence_transformer[1](sentence_transformer[0](features))  # Transformer, Pooling
+        pooled.append(features["sentence_embedding"][0].numpy())
+    weights = np.array([len(piece) for piece in pieces], np.float64)
+    expected = (np.array(pooled, np.float64) * weights[:, None]).sum(0) / weights.sum()
+    row = np.array(reply["data"][0]["embedding"], np.float32)
+    assert row_cosines(row[None], expected[None].astype(np.float32)).min() >= 0.99999
+    assert abs(np.linalg.norm(row) - 1) < 1e-5
+    assert reply["usage"]["prompt_tokens"] == len(content) + 2 * len(pieces) + 3  # every window's frame counted
+    short = sentence_transformer.encode(["short"], convert_to_numpy=True)
+    assert row_cosines(np.array([reply["data"][1]["embedding"]], np.float32), short).min() >= 0.99999
+    truncated = call(f"{server}/v1/embeddings", {"input": [text]})[2]["data"][0]["embedding"]
+    assert row_cosines(row[None], np.array([truncated], np.float32)).min() < 0.999  # the whole text, not its start
+    status, _, error = call(f"{server}/embed", {"inputs": text, "truncate": False})
+    assert status == 413 and error["error_type"] == "validation"  # truncate=false stays an error

@@ -110,6 +110,12 @@ _SERVE_REPLICA_OPTIONS = tuple(_SERVE_MODELS if option.flag == "--model" else op
 GATEWAY_LIMIT_OPTIONS = (
     _option("--max-inputs", f"inputs a request (default {GatewayConfig.max_inputs})", type=int),
     _option(
+        "--long-input",
+        "an input over the model's limit, unless a request says: truncate it (default), or chunk it (embedded whole "
+        "in windows, averaged)",
+        choices=["truncate", "chunk"],
+    ),
+    _option(
         "--token-id-input",
         "accept token ids as input (default: on; --no-token-id-input: text only, for clients that may send another "
         "model's ids, such as langchain-openai's default)",

@@ -200,6 +200,7 @@ class GatewayConfig:
     replica_tls_cert: Path | None = None  # PEM: the certificate and key shown to replicas that ask (mutual TLS)
     replica_tls_key: Path | None = None
     max_inputs: int = 2048  # inputs per request
+    long_input: str = "truncate"  # an input over the model's limit: "truncate" it, or "chunk" it (windows averaged)
     token_id_input: bool = True  # False: requests must send text; token ids (another model's, maybe) are refused
     allow_unknown_fields: bool = False  # True: fields a route does not read are ignored instead of refused
     cors_allow_origin: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none: no CORS headers at all
@@ -251,6 +252,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.chunk_tokens is not None and self.chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
+        if self.long_input not in ("truncate", "chunk"):
+            raise ValueError(f"long_input must be 'truncate' or 'chunk', got {self.long_input!r}")
         if self.admission_wait < 0:
             raise ValueError(f"admission_wait must be >= 0, got {self.admission_wait}")
         for name in (

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
-from bouquet.gateway import request_ids, rerank, text_tools
+from bouquet.gateway import long_inputs, request_ids, rerank, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -151,12 +152,35 @@ class Gateway:
             )
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
+        if (job.long_input or self.config.long_input) == "chunk":
+            return model, *await self._embed_windows(job, model, options)
 
         async def batch() -> Batch:
             return Batch.pack(await self._sequences(job, model), options)
 
         rows, tokens = await self.compute(model, self._estimate(job, model, options.prompt_tokens), batch)
         return model, rows, tokens
+
+    async def _embed_windows(self, job: EmbedJob, model: ServedModel, options: RowOptions) -> tuple[Any, int]:
+        """Each input whole, in windows of the model's limit averaged (long_inputs.py)."""
+        prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
+        cut: list[long_inputs.Windows] = []
+
+        async def batch() -> Batch:
+            if job.texts is not None:
+                tokenizer = model.require_tokenizer()
+                contents, (prefix, suffix) = await tokenizer.encode_text_only(job.texts), tokenizer.frame(prompt)
+            else:
+                assert job.token_ids is not None
+                self._check_vocabulary(job.token_ids, model)
+                contents, prefix, suffix = job.token_ids, [], []  # ids as sent, their own special tokens
+            cut.append(long_inputs.cut(contents, prefix, suffix, model.max_seq_length))
+            return Batch.pack(cut[0].sequences, replace(options, dimensions=0, normalize=False))
+
+        sizes = [len(text.encode()) for text in job.texts] if job.texts is not None else map(len, job.token_ids or ())
+        estimate = sum(size + _SPECIAL_TOKENS * (1 + size // model.max_seq_length) for size in sizes)
+        rows, tokens = await self.compute(model, estimate, batch)
+        return long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize), tokens
 
     async def compute(
         self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]]
@@ -234,7 +258,7 @@ class Gateway:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
         return sequences
 
-    def _check_token_ids(self, token_ids: list[list[int]], job: EmbedJob, model: ServedModel) -> list[list[int]]:
+    def _check_vocabulary(self, token_ids: list[list[int]], model: ServedModel) -> None:
         if not self.config.token_id_input:
             raise InvalidRequest(
                 "this server takes text only, not token ids (--no-token-id-input): a client that tokenizes for "
@@ -242,7 +266,6 @@ class Gateway:
                 "token_ids_refused",
                 "input",
             )
-        limit = min(model.max_seq_length, job.truncate_tokens or model.max_seq_length)
         for index, ids in enumerate(token_ids):
             low, high = min(ids), max(ids)
             if low < 0 or high >= model.vocab_size:
@@ -252,6 +275,11 @@ class Gateway:
                     "invalid_token_id",
                     "input",
                 )
+
+    def _check_token_ids(self, token_ids: list[list[int]], job: EmbedJob, model: ServedModel) -> list[list[int]]:
+        self._check_vocabulary(token_ids, model)
+        limit = min(model.max_seq_length, job.truncate_tokens or model.max_seq_length)
+        for index, ids in enumerate(token_ids):
             if len(ids) > limit and not job.truncate:
                 raise TooLarge(
                     f"input {index} has {len(ids)} tokens, over this model's limit of {limit}", "input_too_long"

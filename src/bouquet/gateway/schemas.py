@@ -20,10 +20,21 @@ OPENAI_FIELDS = frozenset(
      # vLLM's extensions: honoured as vLLM does, or refused below when a value asks for what is not done here
      "normalize", "truncate_prompt_tokens", "add_special_tokens", "embed_dtype", "endianness", "use_activation",
      "priority", "request_id",
-     "modality"}  # Infinity's (text only)
+     "modality",  # Infinity's (text only)
+     "long_input"}  # bouquet's: "chunk" embeds an over-long input whole
 )  # fmt: skip
 TEI_FIELDS = frozenset(
-    {"inputs", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions", "model", "encoding_format"}
+    {
+        "inputs",
+        "normalize",
+        "truncate",
+        "truncation_direction",
+        "prompt_name",
+        "dimensions",
+        "model",
+        "encoding_format",
+        "long_input",
+    }
 )
 
 
@@ -41,6 +52,7 @@ class EmbedJob:
     prompt_name: str | None = None
     encoding_format: str = "float"
     truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the last this many tokens
+    long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
     @property
     def num_inputs(self) -> int:
@@ -74,6 +86,7 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         normalize=optional_field(body, "normalize", bool),
         encoding_format=encoding_format,
         truncate_tokens=_truncate_prompt_tokens(body),
+        long_input=long_input(body),
         truncation_direction="left" if body.get("truncate_prompt_tokens") is not None else "right",
     )
 
@@ -123,7 +136,19 @@ def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         truncate=True if truncate is None else truncate,
         truncation_direction=truncation_direction(body),
         prompt_name=optional_field(body, "prompt_name", str),
+        # truncate=false stays an error for an over-long input, as on TEI, unless the request asks to chunk it
+        long_input=long_input(body) or ("truncate" if truncate is False else None),
     )
+
+
+LONG_INPUTS = ("truncate", "chunk")
+
+
+def long_input(body: dict[str, Any]) -> str | None:
+    value = optional_field(body, "long_input", str)
+    if value is not None and value not in LONG_INPUTS:
+        raise InvalidRequest(f"'long_input' must be one of {LONG_INPUTS}, got {value!r}", "invalid_value", "long_input")
+    return value
 
 
 def truncation_direction(body: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ class ModelTokenizer:
         self._plain.no_truncation()
         self._prompt_tokens: dict[str, int] = {}
         self._shorter_tokenizers: dict[tuple[int, str], TextTokenizer] = {}
+        self._frames: dict[str, tuple[list[int], list[int]]] = {}
 
     def prompt_tokens(self, prompt: str) -> int:
         """The leading tokens of `prompt + text` that are the prompt's (sentence-transformers' count)."""
@@ -125,6 +126,25 @@ class ModelTokenizer:
             self._executor, lambda: self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
         )
         return [_describe(text, encoding) for text, encoding in zip(texts, encodings, strict=True)]
+
+    async def encode_text_only(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text without special tokens and untruncated (the text between a window's frame)."""
+        loop = asyncio.get_running_loop()
+        encodings = await loop.run_in_executor(
+            self._executor, lambda: self._plain.encode_batch(texts, add_special_tokens=False)
+        )
+        return [encoding.ids for encoding in encodings]
+
+    def frame(self, prompt: str) -> tuple[list[int], list[int]]:
+        """The ids a window puts before and after its text: the model's special tokens as its post-processor
+        places them around one text ([CLS] ... [SEP], or an EOS after), the prompt's tokens after the leading ones."""
+        if prompt not in self._frames:
+            encoding = self._plain.encode("x")
+            text = [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
+            ids = encoding.ids
+            prompt_ids = self._plain.encode(prompt, add_special_tokens=False).ids if prompt else []
+            self._frames[prompt] = ([*ids[: text[0]], *prompt_ids], ids[text[-1] + 1 :])
+        return self._frames[prompt]
 
     async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
         loop = asyncio.get_running_loop()
