@@ -356,13 +356,31 @@ async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
 
 
 async def _tei_embed(gateway: Gateway, request: Request) -> Response:
-    job = parse_tei(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    return await _tei_embed_body(gateway, request, await gateway.read_json(request))
+
+
+async def _tei_embed_body(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
+    job = parse_tei(body, strict=not gateway.config.allow_unknown_fields)
     _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
     return _json(rows)
 
 
+async def _tei_root(gateway: Gateway, request: Request) -> Response:
+    """TEI's `POST /` embeds; an object as `inputs` (`{"source_sentence", "sentences"}`) asks for similarities, as
+    the Hugging Face Inference API takes both at one URL: huggingface_hub's
+    `InferenceClient(model=URL).sentence_similarity` and litellm's `huggingface/` similarity requests send it here."""
+    body = await gateway.read_json(request)
+    if isinstance(body.get("inputs"), dict):
+        return await _similarity_body(gateway, request, body)
+    return await _tei_embed_body(gateway, request, body)
+
+
 async def _similarity(gateway: Gateway, request: Request) -> Response:
-    job = text_tools.parse_similarity(await gateway.read_json(request))
+    return await _similarity_body(gateway, request, await gateway.read_json(request))
+
+
+async def _similarity_body(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
+    job = text_tools.parse_similarity(body)
     gateway.check_inputs(job.num_inputs)
     _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
     return _json(text_tools.similarities(rows))
@@ -528,7 +546,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         await gateway.pool.close()
         gateway.executor.shutdown(wait=False)
 
-    embed, tei = (_endpoint("/", _tei_embed, work=True, tei=True), _endpoint("/embed", _tei_embed, work=True, tei=True))
+    embed, tei = (_endpoint("/", _tei_root, work=True, tei=True), _endpoint("/embed", _tei_embed, work=True, tei=True))
     openai_embeddings = _endpoint("/v1/embeddings", _openai_embeddings, work=True)
     routes = [
         # OpenAI's, and Infinity's without the /v1 prefix
