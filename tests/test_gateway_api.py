@@ -274,3 +274,11 @@ def test_gzip_bodies(server, sentence_transformer):
     bomb = gzip.compress(json.dumps({"inputs": ["a" * (2 * MAX_PAYLOAD)]}).encode())  # small sent, large inflated
     status, error = send(bomb, "gzip")
     assert status == 413 and error["error_type"] == "validation" and "limit" in error["error"]  # TEI's body
+
+
+def test_a_batch_mixing_texts_and_token_ids_as_tei_takes_it(server, sentence_transformer):
+    ids = sentence_transformer.tokenizer("hello world")["input_ids"]
+    status, rows = post(f"{server}/embed", {"inputs": [TEXTS[0], ids, TEXTS[1]]})
+    assert status == 200 and len(rows) == 3
+    expected = reference(sentence_transformer, [TEXTS[0], "hello world", TEXTS[1]])
+    assert_parity(np.array(rows, np.float32), expected)

@@ -16,6 +16,7 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -142,6 +143,8 @@ class Gateway:
 
     async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
         """Rows [N, width] float32 for the job, and the number of tokens they took."""
+        if job.text_positions is not None:
+            return await self._embed_mixed(job)
         model = self.catalog.get(job.model)
         if model.task != "embed":
             raise InvalidRequest(
@@ -160,6 +163,21 @@ class Gateway:
 
         rows, tokens = await self.compute(model, self._estimate(job, model, options.prompt_tokens), batch)
         return model, rows, tokens
+
+    async def _embed_mixed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
+        """Texts and token ids in one batch (TEI takes it): each kind embedded as a job of its own, concurrently,
+        the rows put back in the input's order."""
+        self.check_inputs(job.num_inputs)
+        texts = replace(job, token_ids=None, text_positions=None)
+        ids = replace(job, texts=None, text_positions=None)
+        (model, text_rows, text_tokens), (_, id_rows, id_tokens) = await asyncio.gather(
+            self.embed(texts), self.embed(ids)
+        )
+        rows = np.empty((job.num_inputs, text_rows.shape[1]), text_rows.dtype)
+        is_text = np.zeros(job.num_inputs, bool)
+        is_text[list(job.text_positions or ())] = True
+        rows[is_text], rows[~is_text] = text_rows, id_rows
+        return model, rows, text_tokens + id_tokens
 
     async def _embed_windows(self, job: EmbedJob, model: ServedModel, options: RowOptions) -> tuple[Any, int]:
         """Each input whole, in windows of the model's limit averaged (long_inputs.py)."""
@@ -442,8 +460,8 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     body = await gateway.read_json(request)
     if "prompt" in body and "inputs" not in body:
         return _json(await text_tools.vllm_tokenize(gateway, body))
-    texts, _ = parse_inputs(body.get("inputs"), "inputs")
-    if texts is None:
+    texts, token_ids = parse_inputs(body.get("inputs"), "inputs")
+    if texts is None or token_ids is not None:
         raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
     model = gateway.catalog.get(body.get("model"))
     add_special = body.get("add_special_tokens", True)

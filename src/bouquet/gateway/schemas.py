@@ -54,9 +54,11 @@ class EmbedJob:
     truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the last this many tokens
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
+    text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input
+
     @property
     def num_inputs(self) -> int:
-        return len(self.texts if self.texts is not None else self.token_ids or ())
+        return len(self.texts or ()) + len(self.token_ids or ())
 
 
 def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
@@ -78,6 +80,7 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
     optional_field(body, "priority", int)  # vLLM's scheduling hint: requests here are served first come
     optional_field(body, "request_id", str)
     texts, token_ids = parse_inputs(body["input"], "input")
+    positions = _text_positions(body["input"], texts, token_ids)
     return EmbedJob(
         model=optional_field(body, "model", str),
         texts=texts,
@@ -86,6 +89,7 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         normalize=optional_field(body, "normalize", bool),
         encoding_format=encoding_format,
         truncate_tokens=_truncate_prompt_tokens(body),
+        text_positions=positions,
         long_input=long_input(body),
         truncation_direction="left" if body.get("truncate_prompt_tokens") is not None else "right",
     )
@@ -125,6 +129,7 @@ def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
     if "inputs" not in body:
         raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
     texts, token_ids = parse_inputs(body["inputs"], "inputs")
+    positions = _text_positions(body["inputs"], texts, token_ids)
     normalize = optional_field(body, "normalize", bool)
     truncate = optional_field(body, "truncate", bool)
     return EmbedJob(
@@ -136,6 +141,7 @@ def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         truncate=True if truncate is None else truncate,
         truncation_direction=truncation_direction(body),
         prompt_name=optional_field(body, "prompt_name", str),
+        text_positions=positions,
         # truncate=false stays an error for an over-long input, as on TEI, unless the request asks to chunk it
         long_input=long_input(body) or ("truncate" if truncate is False else None),
     )
@@ -175,13 +181,32 @@ def parse_inputs(value: Any, param: str) -> tuple[list[str] | None, list[list[in
     if not value:
         raise InvalidRequest(f"'{param}' must not be empty", "empty_input", param)
     first = value[0]
-    if isinstance(first, str):
+    if isinstance(first, str) and all(isinstance(item, str) for item in value):
         return _check_texts(value, param), None
     if _is_int(first):
         return None, [_check_ids(value, param, None)]
-    if isinstance(first, list):
-        return None, [_check_ids(ids, param, index) for index, ids in enumerate(value)]
+    if isinstance(first, list | str):
+        return _mixed(value, param)
     raise Unprocessable(f"'{param}[0]' has an unsupported type {type(first).__name__}", "invalid_type", param)
+
+
+def _text_positions(value: Any, texts: list[str] | None, token_ids: list[list[int]] | None) -> tuple[int, ...] | None:
+    if texts is None or token_ids is None:
+        return None
+    return tuple(index for index, item in enumerate(value) if isinstance(item, str))
+
+
+def _mixed(value: list[Any], param: str) -> tuple[list[str] | None, list[list[int]] | None]:
+    """A batch of lists of token ids, or (as TEI takes) of texts and lists of ids mixed: then both come back, and
+    `mixed_order` tells where each text goes."""
+    texts: list[str] = []
+    token_ids: list[list[int]] = []
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            texts.append(_check_texts([item], f"{param}[{index}]")[0])
+        else:
+            token_ids.append(_check_ids(item, param, index))
+    return texts or None, token_ids
 
 
 def _check_texts(texts: list[Any], param: str) -> list[str]:
