@@ -31,6 +31,7 @@ class _HandCompletedEngine:
         self.dimension = 4
         self.max_seq_length = 16
         self.pooling = self.spec.pooling
+        self.task = "embed"
         self.steps: list[tuple[Batch, Future[np.ndarray]]] = []
         self.workers = 2  # steps computed at once, as the CPU engine's default
 

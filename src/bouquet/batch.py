@@ -5,7 +5,7 @@ replica and sliced into engine steps. numpy only, so the gateway can use it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import numpy as np
@@ -18,6 +18,7 @@ class RowOptions:
     dimensions: int = 0  # 0 keeps the full width
     normalize: bool = True
     prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
+    raw_spans: bool = False  # span rows are token states as the model outputs them: no Dense modules
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class Batch:
     `dimensions[i]` truncates row i (0 keeps all; Matryoshka models), `normalize[i]` L2-normalises it,
     `prompt_lens[i]` counts sequence i's leading prompt tokens (pooled or not as the model's Pooling says).
     The arrays may be views of another batch's, or of a message's bytes: nothing writes to them.
+
+    Spans (optional) pool several rows from one sequence: sequence i's spans are span_bounds[cu_spans[i]:
+    cu_spans[i + 1]], each a (start, end) pair of token offsets within the sequence, pooled by the mean of its
+    tokens. A sequence with spans gives one row per span, in order; one without gives one row, pooled as the
+    model pools. `raw_spans[i]`: sequence i's span rows skip the model's Dense modules (token states).
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -35,6 +41,9 @@ class Batch:
     normalize: np.ndarray  # [B] bool
     prompt_lens: np.ndarray  # [B] int32
     token_type_ids: np.ndarray | None = None  # [T] int32, BERT only; zeros when absent
+    cu_spans: np.ndarray | None = None  # [B + 1] int32; None: no sequence has spans
+    span_bounds: np.ndarray | None = None  # [S, 2] int32 (start, end) within the sequence; set with cu_spans
+    raw_spans: np.ndarray | None = None  # [B] bool; set with cu_spans
 
     @classmethod
     def pack(
@@ -42,13 +51,30 @@ class Batch:
         sequences: Sequence[Sequence[int]],
         options: RowOptions = RowOptions(),
         token_type_ids: Sequence[Sequence[int]] | None = None,
+        spans: Sequence[Sequence[tuple[int, int]]] | None = None,  # per sequence, (start, end) pairs; may be empty
     ) -> Batch:
         """The one place sequences of token ids are laid end to end."""
         lengths = np.fromiter(map(len, sequences), dtype=np.int32, count=len(sequences))
         cu_seqlens = np.zeros(len(sequences) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu_seqlens[1:])
         types = None if token_type_ids is None else _flatten(token_type_ids, int(cu_seqlens[-1]))
-        return cls.from_packed(_flatten(sequences, int(cu_seqlens[-1])), cu_seqlens, options, types)
+        batch = cls.from_packed(_flatten(sequences, int(cu_seqlens[-1])), cu_seqlens, options, types)
+        if spans is None:
+            return batch
+        counts = np.fromiter(map(len, spans), dtype=np.int32, count=len(spans))
+        cu_spans = np.concatenate([np.zeros(1, np.int32), np.cumsum(counts, dtype=np.int32)])
+        bounds = np.array([bound for pairs in spans for bound in pairs], dtype=np.int32).reshape(-1, 2)
+        return batch.with_spans(cu_spans, bounds, options.raw_spans)
+
+    def with_spans(self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False) -> Batch:
+        """This batch with pooling spans: `cu_spans` [B + 1] and `span_bounds` [S, 2], as the class describes."""
+        assert len(cu_spans) == self.num_seqs + 1 and len(span_bounds) == cu_spans[-1], "spans do not fit the batch"
+        return replace(
+            self,
+            cu_spans=np.asarray(cu_spans, dtype=np.int32),
+            span_bounds=np.asarray(span_bounds, dtype=np.int32).reshape(-1, 2),
+            raw_spans=np.full(self.num_seqs, raw, dtype=bool),
+        )
 
     @classmethod
     def from_packed(
@@ -81,12 +107,25 @@ class Batch:
     def seq_lens(self) -> np.ndarray:  # [B] int32
         return np.diff(self.cu_seqlens)
 
+    @property
+    def cu_rows(self) -> np.ndarray:  # [B + 1] int64: sequence i's rows are cu_rows[i]:cu_rows[i + 1]
+        """Where each sequence's rows start: one row per span, or one for a sequence without spans."""
+        if self.cu_spans is None:
+            return np.arange(self.num_seqs + 1)
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(np.maximum(np.diff(self.cu_spans), 1))])
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_seqs if self.cu_spans is None else int(self.cu_rows[-1])
+
     def options(self) -> RowOptions:
         """The options all its sequences share; a batch mixing several has none to send as one request."""
-        options = RowOptions(int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
+        raw = self.raw_spans is not None and bool(self.raw_spans[0])
+        options = RowOptions(int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]), raw)
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
+        mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
-            raise ValueError("the batch's sequences differ in dimensions, normalize or prompt_lens")
+            raise ValueError("the batch's sequences differ in dimensions, normalize, prompt_lens or raw_spans")
         return options
 
     def width(self, full: int) -> int:
@@ -105,7 +144,18 @@ class Batch:
             normalize=self.normalize[start:stop],
             prompt_lens=self.prompt_lens[start:stop],
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
+            **self._span_slice(start, stop),
         )
+
+    def _span_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        if self.cu_spans is None or self.span_bounds is None or self.raw_spans is None:
+            return {}
+        first, last = int(self.cu_spans[start]), int(self.cu_spans[stop])
+        return {
+            "cu_spans": self.cu_spans[start : stop + 1] - first,
+            "span_bounds": self.span_bounds[first:last],
+            "raw_spans": self.raw_spans[start:stop],
+        }
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
@@ -124,6 +174,7 @@ class Batch:
             normalize=np.concatenate([batch.normalize for batch in batches]),
             prompt_lens=np.concatenate([batch.prompt_lens for batch in batches]),
             token_type_ids=token_type_ids,
+            **_concat_spans(batches),
         )
 
 
@@ -133,6 +184,21 @@ def _flatten(sequences: Sequence[Sequence[int]], count: int) -> np.ndarray:  # [
 
 def _token_types(batch: Batch) -> np.ndarray:  # [T] int32
     return np.zeros(batch.num_tokens, np.int32) if batch.token_type_ids is None else batch.token_type_ids
+
+
+def _concat_spans(batches: Sequence[Batch]) -> dict[str, np.ndarray]:
+    """The batches' spans end to end; a batch without spans adds sequences without any."""
+    if all(batch.cu_spans is None for batch in batches):
+        return {}
+    counts = [np.zeros(b.num_seqs, np.int32) if b.cu_spans is None else np.diff(b.cu_spans) for b in batches]
+    no_bounds = np.zeros((0, 2), np.int32)
+    return {
+        "cu_spans": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
+        "span_bounds": np.concatenate([no_bounds if b.span_bounds is None else b.span_bounds for b in batches]),
+        "raw_spans": np.concatenate(
+            [np.zeros(b.num_seqs, bool) if b.raw_spans is None else b.raw_spans for b in batches]
+        ),
+    }
 
 
 def count_within_budget(cu_seqlens: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:

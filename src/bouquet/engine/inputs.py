@@ -11,6 +11,7 @@ import torch
 
 from bouquet.batch import Batch
 from bouquet.layers.context import ForwardContext
+from bouquet.layers.pooling import SpanInputs
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ModelInputs:
     prompt_lens: torch.Tensor  # [B] int32
     seq_lens: list[int]  # host copy
     max_seqlen: int
+    spans: SpanInputs | None = None  # eager batches only
 
     def context(self) -> ForwardContext:
         return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens)
@@ -57,7 +59,34 @@ def prepare_inputs(batch: Batch, device: torch.device) -> ModelInputs:
         prompt_lens.int(),
         seq_lens.tolist(),
         int(seq_lens.max(initial=0)),
+        prepare_spans(batch, device),
     )
+
+
+def prepare_spans(batch: Batch, device: torch.device) -> SpanInputs | None:
+    """The batch's spans as the pooler reads them: every span's tokens by their row in the packed batch, and
+    where each output row comes from (a sequence's own row, or a span's)."""
+    if batch.cu_spans is None or batch.span_bounds is None or batch.raw_spans is None:
+        return None
+    counts = np.diff(batch.cu_spans)
+    span_seq = np.repeat(np.arange(batch.num_seqs), counts)  # [S] the sequence of each span
+    starts = batch.cu_seqlens[span_seq] + batch.span_bounds[:, 0]  # [S] first token's row in the batch
+    lengths = batch.span_bounds[:, 1] - batch.span_bounds[:, 0]
+    cu_lengths = np.cumsum(lengths) - lengths  # [S] where each span's tokens start in token_index
+    token_index = np.arange(int(lengths.sum())) + np.repeat(starts - cu_lengths, lengths)
+    span_index = np.repeat(np.arange(len(lengths)), lengths)
+    order = np.arange(batch.num_seqs)[counts == 0]  # sequences without spans keep their own row...
+    row_of_seq = batch.cu_rows[:-1][counts == 0]
+    rows = np.empty(batch.num_rows, np.int64)
+    rows[row_of_seq] = order
+    rows[np.delete(np.arange(batch.num_rows), row_of_seq)] = batch.num_seqs + np.arange(len(lengths))  # ...spans
+    raw = batch.raw_spans[span_seq]
+    hosts = [token_index, span_index, lengths, batch.dimensions[span_seq], batch.normalize[span_seq], raw, rows]
+    token_index_t, span_index_t, lengths_t, dimensions, normalize, raw_t, order_t = upload(hosts, device)
+    return SpanInputs(
+        token_index_t, span_index_t, lengths_t.float(), dimensions.int(), normalize.bool(), raw_t.bool(), order_t,
+        any_raw=bool(raw.any()), all_raw=bool(raw.all()),
+    )  # fmt: skip
 
 
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:  # each [n] int64

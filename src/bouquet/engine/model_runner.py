@@ -34,7 +34,7 @@ class ModelRunner:
         self.backend = backend
         bind_backend(self.model, backend)
 
-    def execute(self, batch: Batch) -> torch.Tensor:  # [B, dim] float32 on the device
+    def execute(self, batch: Batch) -> torch.Tensor:  # [rows, dim] float32 on the device: one per sequence or span
         if self.graphs is not None and (rows := self.graphs.run(batch)) is not None:
             return rows
         return self.forward(prepare_inputs(batch, self.device), self.backend.prepare, uniform_normalize(batch))
@@ -47,8 +47,9 @@ class ModelRunner:
     ) -> torch.Tensor:  # [B, dim] float32 on the device
         hidden = self.encode(inputs, prepare)
         return self.pooler(
-            hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize
-        )
+            hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize,
+            inputs.spans,
+        )  # fmt: skip
 
     def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[T, hidden] token states: the model alone."""

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
-from bouquet.gateway import long_inputs, request_ids, rerank, text_tools
+from bouquet.gateway import contextual, long_inputs, request_ids, rerank, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -408,6 +408,18 @@ async def _decode(gateway: Gateway, request: Request) -> Response:
     return _json(await text_tools.decode(gateway, await gateway.read_json(request)))
 
 
+async def _contextual_embeddings(gateway: Gateway, request: Request) -> Response:
+    job = contextual.parse_contextual(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    model, documents, tokens = await _unless_disconnected(request, contextual.contextual_embeddings(gateway, job))
+    return _json(contextual.contextual_response(documents, job.model or model.id, tokens, job.encoding_format))
+
+
+async def _tei_embed_all(gateway: Gateway, request: Request) -> Response:
+    job = contextual.parse_embed_all(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    _, token_states, _ = await _unless_disconnected(request, contextual.embed_all(gateway, job))
+    return _json(token_states)
+
+
 async def _rerank(gateway: Gateway, request: Request) -> Response:
     """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
     body = await gateway.read_json(request)
@@ -576,6 +588,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         # text-embeddings-inference's, with its error bodies
         Route("/", embed, methods=["POST"]),
         Route("/embed", tei, methods=["POST"]),
+        Route("/embed_all", _endpoint("/embed_all", _tei_embed_all, work=True, tei=True), methods=["POST"]),
         Route("/similarity", _endpoint("/similarity", _similarity, work=True, tei=True), methods=["POST"]),
         Route("/rerank", _endpoint("/rerank", _rerank, work=True, tei=True), methods=["POST"]),
         Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True, tei=True), methods=["POST"]),
@@ -586,6 +599,12 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
         Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),
         Route("/v1/score", _endpoint("/v1/score", _score, work=True), methods=["POST"]),
+        # Perplexity's
+        Route(
+            "/v1/contextualizedembeddings",
+            _endpoint("/v1/contextualizedembeddings", _contextual_embeddings, work=True),
+            methods=["POST"],
+        ),
         # Public, as TEI keeps them: a scraper, a load balancer's probe and a browser need no key.
         Route("/metrics", _endpoint("/metrics", _metrics, public=True), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),

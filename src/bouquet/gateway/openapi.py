@@ -49,6 +49,26 @@ _TEI_REQUEST = {
         "dimensions": {"type": "integer", "minimum": 1},
     },
 }
+_EMBED_ALL_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {k: v for k, v in _TEI_REQUEST["properties"].items() if k not in ("normalize", "dimensions")},
+}
+_CONTEXTUAL_REQUEST = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "input": {
+            "type": "array",
+            "minItems": 1,
+            "description": "documents, each a list of its chunks in order; docs/contextual.md",
+            "items": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        },
+        "model": {"type": "string"},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+    },
+}
 _TOKENIZE_REQUEST = {
     "type": "object",
     "required": ["inputs"],
@@ -130,6 +150,10 @@ def openapi_spec() -> dict[str, Any]:
             "/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
             "/v1/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
             "/embed": {"post": _operation("TEI: embed text or token ids", _TEI_REQUEST)},
+            "/embed_all": {"post": _operation("TEI: every token's state, no pooling", _EMBED_ALL_REQUEST)},
+            "/v1/contextualizedembeddings": {
+                "post": _operation("Perplexity: late-chunked chunk embeddings per document", _CONTEXTUAL_REQUEST)
+            },
             "/tokenize": {"post": _operation("TEI: tokens with their offsets", _TOKENIZE_REQUEST)},
             "/info": {"get": _operation("TEI: the model, its limits and pooling")},
             "/health": {"get": _operation("200 while a replica is healthy, else 503")},

@@ -4,6 +4,10 @@ truncates each row to its requested dimensions and L2-normalises it when asked.
 
 Every op is capturable (no host reads), so the same `Pooler` runs eagerly and inside a CUDA graph. Pooling
 accumulates in float32 whatever the activations' dtype.
+
+Span rows (several rows from one sequence: late chunking's chunks, TEI's /embed_all tokens) are the mean of their
+tokens' states whatever the model's own pooling, then its Dense modules (unless raw) and the head. Their shapes
+depend on the spans, so batches with spans run eagerly, never in a graph.
 """
 
 from __future__ import annotations
@@ -113,6 +117,32 @@ def pool_max(hidden: torch.Tensor, spans: PoolingInputs) -> torch.Tensor:
     return maxima.scatter_reduce_(0, seq_ids.unsqueeze(1).expand_as(states), states, "amax")
 
 
+@dataclass
+class SpanInputs:
+    """A batch's spans as the pooler reads them (engine/inputs.py builds them from the host arrays): span j is the
+    mean of hidden rows token_index[k] over every k with span_index[k] == j."""
+
+    token_index: torch.Tensor  # [L] int64: the hidden row of each token of each span, span after span
+    span_index: torch.Tensor  # [L] int64: the span that token belongs to
+    lengths: torch.Tensor  # [S] float32: tokens in each span
+    dimensions: torch.Tensor  # [S] int: its sequence's
+    normalize: torch.Tensor  # [S] bool: its sequence's
+    raw: torch.Tensor  # [S] bool: no Dense modules (its sequence's raw_spans)
+    order: torch.Tensor  # [R] int64: output row r is row order[r] of cat(sequence rows [B], span rows [S])
+    any_raw: bool  # host copies of raw.any() and raw.all()
+    all_raw: bool
+
+
+def pool_span_means(hidden: torch.Tensor, spans: SpanInputs) -> torch.Tensor:  # [S, hidden] float32
+    sums = hidden.new_zeros(len(spans.lengths), hidden.shape[1], dtype=torch.float32)
+    sums.index_add_(0, spans.span_index, hidden[spans.token_index].float())
+    return sums / spans.lengths.unsqueeze(1)
+
+
+def _pad_columns(rows: torch.Tensor, width: int) -> torch.Tensor:
+    return F.pad(rows, (0, width - rows.shape[1]))
+
+
 POOLING_METHODS: dict[PoolingMethod, Callable[[torch.Tensor, PoolingInputs], torch.Tensor]] = {
     PoolingMethod.CLS: pool_cls,
     PoolingMethod.MAX: pool_max,
@@ -190,16 +220,41 @@ class Pooler(nn.Module):
         dimensions: torch.Tensor,  # [B] int
         normalize: torch.Tensor,  # [B] bool
         uniform_normalize: bool | None = None,  # the caller knows every row keeps its width and normalises so
-    ) -> torch.Tensor:  # [B, dimension] float32
+        spans: SpanInputs | None = None,  # eager only
+    ) -> torch.Tensor:  # [B, dimension] float32; with spans [R, max(dimension, span rows' width)]
+        rows = self._finish(self._pool(hidden, cu_seqlens, prompt_lens), dimensions, normalize, uniform_normalize)
+        if spans is None:
+            return rows
+        span_rows = self.pool_spans(hidden, spans)
+        width = max(rows.shape[1], span_rows.shape[1])
+        return torch.cat([_pad_columns(rows, width), _pad_columns(span_rows, width)])[spans.order]
+
+    def _pool(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: torch.Tensor) -> torch.Tensor:
         spans = PoolingInputs(cu_seqlens, None if self.spec.include_prompt else prompt_lens)
         pooled = [method(hidden, spans) for method in self.methods]
         rows = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)
         for layer in self.dense:
             rows = layer(rows)
-        if self.score_head is not None:
-            rows = self.score_head(rows)
+        return rows if self.score_head is None else self.score_head(rows)
+
+    def _finish(
+        self, rows: torch.Tensor, dimensions: torch.Tensor, normalize: torch.Tensor, uniform_normalize: bool | None
+    ) -> torch.Tensor:
         if uniform_normalize is None:
             return embedding_head(rows, dimensions, normalize)
         # The eager path knows the batch's options on the host: skip the ops no row asks for (each op after a
         # forward runs from cold caches; docs/benchmarks.md).
         return F.normalize(rows, p=2.0, dim=1) if uniform_normalize else rows
+
+    def pool_spans(self, hidden: torch.Tensor, spans: SpanInputs) -> torch.Tensor:  # [S, width] float32
+        """Each span's mean, then the Dense modules for rows that are not raw, then the head. A raw row is the
+        model's hidden width; the others are `dimension` wide; mixed, the narrower are padded with zeros."""
+        means = pool_span_means(hidden, spans)
+        rows = means
+        if self.dense and not spans.all_raw:
+            for layer in self.dense:
+                rows = layer(rows)
+            if spans.any_raw:
+                width = max(rows.shape[1], means.shape[1])
+                rows = torch.where(spans.raw[:, None], _pad_columns(means, width), _pad_columns(rows, width))
+        return embedding_head(rows, spans.dimensions, spans.normalize)

@@ -18,6 +18,9 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         dimensions=options.dimensions,
         normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
         prompt_tokens=options.prompt_tokens,
+        cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
+        span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
+        raw_spans=options.raw_spans,
     )
 
 
@@ -25,6 +28,6 @@ def _int32_bytes(values: np.ndarray) -> bytes:
     return values.astype("<i4", copy=False).tobytes()
 
 
-def response_rows(response: embedding_pb2.EmbedResponse) -> np.ndarray:  # [num_seqs, dimension] float32
+def response_rows(response: embedding_pb2.EmbedResponse) -> np.ndarray:  # [rows, dimension] float32
     rows = np.frombuffer(response.embeddings, dtype="<f4")
     return rows.reshape(response.num_seqs, response.dimension).astype(np.float32, copy=False)

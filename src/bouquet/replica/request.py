@@ -44,6 +44,8 @@ class Limits:
     type_vocab_size: int  # 1 for models without token types: only zeros are accepted
     max_seq_length: int
     dimension: int  # a row's full width
+    hidden_size: int = 0  # a raw span row's width (the model's token states); 0: as `dimension`
+    mean_spans: bool = True  # whether span means can go through the model's head (one pooling method, embed task)
 
     @classmethod
     def from_engine(cls, engine: StepEngine) -> Limits:
@@ -52,7 +54,13 @@ class Limits:
             type_vocab_size=int(engine.spec.hf_config.get("type_vocab_size", 1)),
             max_seq_length=engine.max_seq_length,
             dimension=engine.dimension,
+            hidden_size=engine.spec.hidden_size,
+            mean_spans=engine.task == "embed" and len(engine.pooling.methods) == 1,
         )
+
+    def full_width(self, raw_spans: bool) -> int:
+        """The width of a row: a raw span row's is the model's hidden size, any other's `dimension`."""
+        return (self.hidden_size or self.dimension) if raw_spans else self.dimension
 
 
 def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
@@ -60,9 +68,17 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
-    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens)
-    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions)
-    return Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
+    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens, message.raw_spans)
+    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans)
+    batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
+    if not message.cu_spans:
+        if message.span_bounds or message.raw_spans:
+            raise InvalidInput("span_bounds and raw_spans need cu_spans")
+        return batch
+    cu_spans = _int32s("cu_spans", message.cu_spans)
+    span_bounds = _int32s("span_bounds", message.span_bounds)
+    _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans)
+    return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans)
 
 
 def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, read-only
@@ -72,7 +88,12 @@ def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, re
 
 
 def _validate(
-    limits: Limits, input_ids: np.ndarray, cu_seqlens: np.ndarray, token_type_ids: np.ndarray | None, dimensions: int
+    limits: Limits,
+    input_ids: np.ndarray,
+    cu_seqlens: np.ndarray,
+    token_type_ids: np.ndarray | None,
+    dimensions: int,
+    raw_spans: bool = False,
 ) -> None:
     """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
     if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != len(input_ids):
@@ -92,8 +113,40 @@ def _validate(
         if len(token_type_ids) != len(input_ids):
             raise InvalidInput(f"token_type_ids has {len(token_type_ids)} values for {len(input_ids)} input_ids")
         _check_range("token_type_ids", token_type_ids, limits.type_vocab_size)
-    if not 0 <= dimensions <= limits.dimension:
-        raise InvalidInput(f"dimensions must be in [0, {limits.dimension}] (0 keeps all), got {dimensions}")
+    width = limits.full_width(raw_spans)
+    if not 0 <= dimensions <= width:
+        raise InvalidInput(f"dimensions must be in [0, {width}] (0 keeps all), got {dimensions}")
+
+
+def _validate_spans(
+    limits: Limits, seq_lens: np.ndarray, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool
+) -> None:
+    """Spans in any order, overlapping or not; each within its sequence and not empty; at most one span per token
+    of its sequence (which bounds the rows a request can ask for)."""
+    if len(cu_spans) != len(seq_lens) + 1 or cu_spans[0] != 0 or int(cu_spans[-1]) * 2 != len(span_bounds):
+        raise InvalidInput(
+            f"cu_spans must hold {len(seq_lens) + 1} values from 0 to the number of (start, end) pairs in "
+            f"span_bounds ({len(span_bounds) / 2:g})"
+        )
+    counts = np.diff(cu_spans)
+    if counts.min() < 0:
+        raise InvalidInput(f"cu_spans decreases at sequence {int(np.argmin(counts))}")
+    if (counts > seq_lens).any():
+        index = int(np.argmax(counts > seq_lens))
+        raise InvalidInput(
+            f"sequence {index} has {int(counts[index])} spans, more than its {int(seq_lens[index])} tokens"
+        )
+    if raw and counts.min() == 0:
+        raise InvalidInput(f"raw_spans: sequence {int(np.argmin(counts))} has no spans")
+    if not raw and not limits.mean_spans:
+        raise InvalidInput("this model's rows cannot be pooled over spans (it pools by several methods, or scores)")
+    bounds = span_bounds.reshape(-1, 2)
+    ends = np.repeat(seq_lens, counts)
+    bad = (bounds[:, 0] < 0) | (bounds[:, 0] >= bounds[:, 1]) | (bounds[:, 1] > ends)
+    if bad.any():
+        index = int(np.argmax(bad))
+        start, end = (int(v) for v in bounds[index])
+        raise InvalidInput(f"span {index} is [{start}, {end}): spans need 0 <= start < end <= its sequence's length")
 
 
 def _check_range(name: str, values: np.ndarray, size: int) -> None:
@@ -110,10 +163,10 @@ class Request:
     batch: Batch
     deadline: float | None  # event-loop time
     future: asyncio.Future[np.ndarray]
-    rows: np.ndarray  # [B, width] float32, filled as steps finish
+    rows: np.ndarray  # [rows, width] float32, filled as steps finish
     on_rows: Callable[[int], None] | None = None  # told how many rows each step hands out, on the event loop
     next_seq: int = 0  # first sequence not yet in a step
-    rows_left: int = 0  # sequences whose rows have not come back
+    rows_left: int = 0  # rows that have not come back (one per sequence, or per span of a sequence with spans)
 
     @property
     def num_seqs(self) -> int:

@@ -83,7 +83,7 @@ class Scheduler:
         batch: Batch,  # checked already: decoded at the replica's boundary, or packed by bouquet's own tokenizer
         deadline: float | None = None,  # event-loop time
         on_rows: Callable[[int], None] | None = None,  # told how many of its rows each finished step hands out
-    ) -> np.ndarray:  # [B, the batch's width] float32
+    ) -> np.ndarray:  # [rows (one per sequence, or per span), the batch's width] float32
         request = self._admit(batch, deadline, on_rows)
         try:
             return await request.future
@@ -102,8 +102,9 @@ class Scheduler:
                 f"queue full: {self.queued_tokens} of {self.config.max_queue_tokens} tokens are waiting and this "
                 f"request has {batch.num_tokens}; retry later or on another replica"
             )
-        rows = np.empty((batch.num_seqs, batch.width(self.limits.dimension)), np.float32)
-        request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_seqs)
+        raw = batch.raw_spans is not None and bool(batch.raw_spans.any())
+        rows = np.empty((batch.num_rows, batch.width(self.limits.full_width(raw))), np.float32)
+        request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_rows)
         self._queue.append(request)
         self._count_queued(batch.num_tokens, batch.num_seqs)
         self._submit_ready()
@@ -223,18 +224,29 @@ def _on_step_done(loop: asyncio.AbstractEventLoop, callback: Callable[[], None],
         loop.call_soon_threadsafe(callback)
 
 
-def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [B, hidden] float32
-    """Copies each part's rows into its request (truncated to its width); completes requests with all rows."""
-    num_seqs = sum(count for _, _, count in parts)
-    if rows.shape[0] != num_seqs:  # a real check, not an assert: `python -O` must not let rows be broadcast
-        raise ValueError(f"the engine returned {rows.shape[0]} rows for {num_seqs} sequences")
+def hand_out(parts: list[Part], rows: np.ndarray) -> None:  # rows: [R, width] float32
+    """Copies each part's rows into its request (truncated to its width); completes requests with all rows.
+    A part's sequences give one row each, or one per span for a sequence with spans."""
+    bounds = [_row_range(request.batch, first, count) for request, first, count in parts]
+    num_rows = sum(stop - start for start, stop in bounds)
+    if rows.shape[0] != num_rows:  # a real check, not an assert: `python -O` must not let rows be broadcast
+        raise ValueError(f"the engine returned {rows.shape[0]} rows for {num_rows}")
     row = 0
-    for request, first, count in parts:
+    for (request, _, _), (start, stop) in zip(parts, bounds, strict=True):
+        count = stop - start
         if not request.future.done():  # a cancelled, expired or failed request's rows are dropped
-            request.rows[first : first + count] = rows[row : row + count, : request.rows.shape[1]]
+            request.rows[start:stop] = rows[row : row + count, : request.rows.shape[1]]
             request.rows_left -= count
             if request.on_rows is not None:
                 request.on_rows(count)
             if request.rows_left == 0:
                 request.future.set_result(request.rows)
         row += count
+
+
+def _row_range(batch: Batch, first: int, count: int) -> tuple[int, int]:
+    """[start, stop) of the rows of sequences first..first + count - 1."""
+    if batch.cu_spans is None:
+        return first, first + count
+    cu_rows = batch.cu_rows
+    return int(cu_rows[first]), int(cu_rows[first + count])
