@@ -121,7 +121,7 @@ class Batch:
     def options(self) -> RowOptions:
         """The options all its sequences share; a batch mixing several has none to send as one request."""
         raw = self.raw_spans is not None and bool(self.raw_spans[0])
-        options = RowOptions(int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]), raw)
+        options = RowOptions(int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]), raw_spans=raw)
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
         mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():

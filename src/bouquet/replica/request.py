@@ -68,7 +68,7 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
-    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens, message.raw_spans)
+    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens, raw_spans=message.raw_spans)
     _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans)
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
     if not message.cu_spans:
