@@ -219,7 +219,7 @@ def test_bad_contextual_bodies_get_openai_error_bodies(server: str, body: dict, 
 @pytest.mark.parametrize(
     ("body", "status", "error_type"),
     [
-        ({}, 400, "empty"),
+        ({}, 422, "validation"),  # a required field missing: a body of the wrong shape
         ({"inputs": 5}, 422, "validation"),
         ({"inputs": []}, 400, "empty"),
         ({"inputs": "a " * 400, "truncate": False}, 413, "validation"),

@@ -91,10 +91,14 @@ def test_vllm_score(server: str, expected: np.ndarray) -> None:
 
 
 BAD = {
-    "an embedding model asked to rerank": ("/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 400),
-    "a reranker asked for embeddings": ("/v1/embeddings", {"input": "a", "model": "tiny-reranker"}, 400),
-    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 400),
+    # TEI's /rerank (a `texts` body): TEI's statuses and error body; a model of the wrong kind is its 424 backend
+    "an embedding model asked to rerank": ("/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 424),
+    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 422),
     "texts not a list": ("/rerank", {"query": "q", "texts": "a", "model": "tiny-reranker"}, 422),
+    "left truncation of pairs": ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 422),
+    # Cohere's body on /rerank, and the other routes: OpenAI's error body
+    "documents on /rerank, empty": ("/rerank", {"query": "q", "documents": [], "model": "tiny-reranker"}, 400),
+    "a reranker asked for embeddings": ("/v1/embeddings", {"input": "a", "model": "tiny-reranker"}, 400),
     "an empty document": ("/v1/rerank", {"query": "q", "documents": [""], "model": "tiny-reranker"}, 400),
     "top_n of 0": ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0, "model": "tiny-reranker"}, 400),
     "lists of other lengths": ("/score", {"text_1": ["a", "b"], "text_2": ["c"], "model": "tiny-reranker"}, 400),
@@ -104,7 +108,6 @@ BAD = {
         400,
     ),
     "vLLM's truncate_prompt_tokens": ("/score", {"text_1": "q", "text_2": ["a"], "truncate_prompt_tokens": 8}, 400),
-    "left truncation of pairs": ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 400),
 }
 
 
@@ -112,6 +115,10 @@ BAD = {
 def test_bad_rerank_requests_get_their_4xx(server: str, case: str) -> None:
     route, body, status = BAD[case]
     got, answer = post(f"{server}{route}", body)
-    assert got == status and "message" in answer["error"], answer
+    assert got == status, answer
+    if route == "/rerank" and "documents" not in body:
+        assert set(answer) == {"error", "error_type"} and answer["error"], answer  # TEI's body
+        return
+    assert "message" in answer["error"], answer
     if answer["error"]["code"] == "unsupported_parameter":
         assert answer["error"]["param"] in {"max_chunks_per_doc", "truncate_prompt_tokens", "truncation_direction"}

@@ -350,10 +350,11 @@ def _endpoint(
             with gateway.admission.request() if work else contextlib.nullcontext():
                 response = await handler(gateway, request)
         except ApiError as error:
-            response = answer_error(error)
+            response = _error_answer(request, answer_error)(error)
         except Exception:
             logger.exception("%s failed (request %s)", route, request_ids.current.get())
-            response = answer_error(InternalError("internal error; see the gateway's log", "internal_error"))
+            error = InternalError("internal error; see the gateway's log", "internal_error")
+            response = _error_answer(request, answer_error)(error)
         finally:
             metrics.in_flight.dec()
         metrics.requests.labels(route, str(response.status_code)).inc()
@@ -361,6 +362,12 @@ def _endpoint(
         return response
 
     return endpoint
+
+
+def _error_answer(request: Request, default: Callable[[ApiError], Response]) -> Callable[[ApiError], Response]:
+    """A TEI route that took another server's body (Cohere's `documents` on /rerank) answers in that server's
+    (OpenAI's) error shape; the handler says so in `request.state.openai_errors`."""
+    return error_response if getattr(request.state, "openai_errors", False) else default
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -424,6 +431,7 @@ async def _rerank(gateway: Gateway, request: Request) -> Response:
     """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
     body = await gateway.read_json(request)
     if "documents" in body:
+        request.state.openai_errors = True
         return await _cohere_rerank(gateway, request, body)
     job, return_text = rerank.parse_tei_rerank(body)
     _, scores, _ = await _unless_disconnected(request, rerank.score(gateway, job))

@@ -105,8 +105,10 @@ _UNREADABLE_BODY = ("invalid_json", "invalid_utf8", "invalid_gzip")  # 400 on ev
 
 def tei_error(error: ApiError) -> tuple[int, str]:
     """TEI's status and `error_type` for `error`."""
-    if error.code in ("empty_input", "missing_required_parameter"):
+    if error.code == "empty_input":
         return 400, "empty"
+    if error.code == "missing_required_parameter":
+        return 422, "validation"  # a body without a required field is one of the wrong shape (axum's 422)
     if error.code == "wrong_task":
         return 424, "backend"  # TEI: "model is not a re-ranker model" and the like
     if isinstance(error, Unavailable) and error.code == "no_healthy_replica":
