@@ -610,8 +610,8 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         # Cohere's, Jina's and vLLM's
         Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
         Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),
-        Route("/detokenize", _endpoint("/detokenize", _detokenize, work=True), methods=["POST"]),
         Route("/v1/score", _endpoint("/v1/score", _score, work=True), methods=["POST"]),
+        Route("/detokenize", _endpoint("/detokenize", _detokenize, work=True), methods=["POST"]),  # vLLM's
         # Public, as TEI keeps them: a scraper, a load balancer's probe and a browser need no key.
         Route("/metrics", _endpoint("/metrics", _metrics, public=True), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),
