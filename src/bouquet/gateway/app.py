@@ -51,7 +51,14 @@ from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
 from bouquet.gateway.pool import ReplicaPool
 from bouquet.gateway.request_ids import RequestIds
-from bouquet.gateway.schemas import EmbedJob, openai_response, parse_inputs, parse_openai, parse_tei
+from bouquet.gateway.schemas import (
+    EmbedJob,
+    openai_response,
+    parse_inputs,
+    parse_openai,
+    parse_tei,
+    with_response_id,
+)
 from bouquet.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
@@ -153,6 +160,7 @@ class Gateway:
                 "wrong_task",
                 "model",
             )
+        _check_truncate_tokens(job, model)
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
         if (job.long_input or self.config.long_input) == "chunk":
@@ -307,6 +315,17 @@ class Gateway:
         return [ids[:limit] for ids in token_ids]
 
 
+def _check_truncate_tokens(job: EmbedJob, model: ServedModel) -> None:
+    """vLLM's truncate_prompt_tokens keeps the last k tokens; k over the model's limit is refused, as vLLM does."""
+    if job.truncate_tokens is not None and job.truncate_tokens > model.max_seq_length:
+        raise InvalidRequest(
+            f"truncate_prompt_tokens ({job.truncate_tokens}) is greater than the model's limit "
+            f"(max_model_len {model.max_seq_length}); request a smaller truncation size",
+            "invalid_value",
+            "truncate_prompt_tokens",
+        )
+
+
 def _decoded(body: bytearray, encoding: str, limit: int) -> bytes | bytearray:
     """The body as sent, or gunzipped (clients that compress requests); the limit holds for the decompressed
     body too, so a small bomb cannot grow past it."""
@@ -350,11 +369,10 @@ def _endpoint(
             with gateway.admission.request() if work else contextlib.nullcontext():
                 response = await handler(gateway, request)
         except ApiError as error:
-            response = _error_answer(request, answer_error)(error)
+            response = answer_error(error)
         except Exception:
             logger.exception("%s failed (request %s)", route, request_ids.current.get())
-            error = InternalError("internal error; see the gateway's log", "internal_error")
-            response = _error_answer(request, answer_error)(error)
+            response = answer_error(InternalError("internal error; see the gateway's log", "internal_error"))
         finally:
             metrics.in_flight.dec()
         metrics.requests.labels(route, str(response.status_code)).inc()
@@ -364,12 +382,6 @@ def _endpoint(
     return endpoint
 
 
-def _error_answer(request: Request, default: Callable[[ApiError], Response]) -> Callable[[ApiError], Response]:
-    """A TEI route that took another server's body (Cohere's `documents` on /rerank) answers in that server's
-    (OpenAI's) error shape; the handler says so in `request.state.openai_errors`."""
-    return error_response if getattr(request.state, "openai_errors", False) else default
-
-
 def _json(value: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(value, option=_NUMPY), status, media_type=_JSON)
 
@@ -377,7 +389,7 @@ def _json(value: Any, status: int = 200) -> Response:
 async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
     job = parse_openai(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     model, rows, tokens = await _unless_disconnected(request, gateway.embed(job))
-    return _json(openai_response(rows, job.model or model.id, tokens, job.encoding_format))
+    return _json(with_response_id(openai_response(rows, job.model or model.id, tokens, job.encoding_format)))
 
 
 async def _tei_embed(gateway: Gateway, request: Request) -> Response:
@@ -431,8 +443,7 @@ async def _rerank(gateway: Gateway, request: Request) -> Response:
     """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
     body = await gateway.read_json(request)
     if "documents" in body:
-        request.state.openai_errors = True
-        return await _cohere_rerank(gateway, request, body)
+        return await _openai_errors(_cohere_rerank(gateway, request, body))
     job, return_text = rerank.parse_tei_rerank(body)
     _, scores, _ = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.tei_response(scores, job, return_text))
@@ -452,6 +463,23 @@ async def _score(gateway: Gateway, request: Request) -> Response:
     job = rerank.parse_score(await gateway.read_json(request))
     model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.score_response(scores, model, tokens))
+
+
+async def _openai_errors(answer: Awaitable[Response]) -> Response:
+    """Errors in OpenAI's body for a request in another server's shape on a TEI route (Cohere's, Jina's, Infinity's
+    and vLLM's /rerank with documents, vLLM's /tokenize with a prompt): their clients read `error.message`."""
+    try:
+        return await answer
+    except ApiError as error:
+        return error_response(error)
+
+
+async def _vllm_tokenize(gateway: Gateway, body: dict[str, Any]) -> Response:
+    return _json(await text_tools.vllm_tokenize(gateway, body))
+
+
+async def _detokenize(gateway: Gateway, request: Request) -> Response:
+    return _json(await text_tools.vllm_detokenize(gateway, await gateway.read_json(request)))
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
@@ -479,7 +507,7 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     """TEI's body (`inputs`), or vLLM's (`prompt`)."""
     body = await gateway.read_json(request)
     if "prompt" in body and "inputs" not in body:
-        return _json(await text_tools.vllm_tokenize(gateway, body))
+        return await _openai_errors(_vllm_tokenize(gateway, body))
     texts, token_ids = parse_inputs(body.get("inputs"), "inputs")
     if texts is None or token_ids is not None:
         raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
@@ -502,7 +530,14 @@ def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
         "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
         "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas),
+        "stats": _model_stats(gateway, model),
     }  # fmt: skip
+
+
+def _model_stats(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
+    """Infinity's `stats` object on each model of /models: what the gateway knows of its capacity."""
+    replicas = [r for r in gateway.pool.replicas if r.healthy and r.model is model]
+    return {"healthy_replicas": len(replicas), "max_batch_tokens": model.max_batch_tokens}
 
 
 async def _models(gateway: Gateway, request: Request) -> Response:
@@ -542,7 +577,7 @@ def _model_type(model: ServedModel) -> dict[str, Any]:
 async def _health(gateway: Gateway, request: Request) -> Response:
     if not gateway.pool.any_healthy():
         raise Unavailable("no replica is healthy", "no_healthy_replica")
-    return _json({"status": "ok"})
+    return _json({"status": "ok", "unix": time.time()})  # Infinity's clock field
 
 
 async def _metrics(gateway: Gateway, request: Request) -> Response:
@@ -613,6 +648,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
             _endpoint("/v1/contextualizedembeddings", _contextual_embeddings, work=True),
             methods=["POST"],
         ),
+        Route("/detokenize", _endpoint("/detokenize", _detokenize, work=True), methods=["POST"]),  # vLLM's
         # Public, as TEI keeps them: a scraper, a load balancer's probe and a browser need no key.
         Route("/metrics", _endpoint("/metrics", _metrics, public=True), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),

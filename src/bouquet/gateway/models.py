@@ -79,7 +79,8 @@ class ModelCatalog:
         self._specs = {spec.name: spec for spec in map(read_model_dir, model_dirs)}
         self._executor = executor
         self._models: dict[str, ServedModel] = {}  # by every name and alias
-        self.ordered: list[ServedModel] = []  # in order of discovery; the first is the default
+        # in the order of the gateway's model directories (--model), then of discovery; the first is the default
+        self.ordered: list[ServedModel] = []
 
     def needs_tokenizer(self, info: embedding_pb2.InfoResponse) -> bool:
         """Whether registering `info` needs the tokenizer JSON from the replica (large, so asked only then)."""
@@ -93,10 +94,13 @@ class ModelCatalog:
         for name in model.names:
             self._models.setdefault(name, model)
         self.ordered.append(model)
+        # the default is the first model given, not whichever replica happened to answer first
+        given = {name: index for index, name in enumerate(self._specs)}
+        self.ordered.sort(key=lambda served: given.get(served.name, len(given)))
         return model
 
     def get(self, name: str | None) -> ServedModel:
-        """The model a request names; the default (first discovered) one when it names none."""
+        """The model a request names; the default (the first given, else the first discovered) when it names none."""
         if not self.ordered:
             # Not the client's mistake: the replicas are starting, or cannot be reached (a TLS or token mismatch).
             raise Unavailable("no replica has reported its model yet", "no_healthy_replica", "model")

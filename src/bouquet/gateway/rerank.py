@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 # What each route honours; anything else a client sends is refused by name rather than silently ignored.
 _TEI_FIELDS = {"query", "texts", "model", "raw_scores", "return_text", "truncate", "truncation_direction"}
-_RERANK_FIELDS = {"query", "documents", "model", "top_n", "return_documents"}
-_SCORE_FIELDS = {"text_1", "text_2", "model", "truncate"}
+_ACTIVATION_FIELDS = {"activation", "use_activation"}  # vLLM's: false for the raw logits (TEI's raw_scores)
+_RERANK_FIELDS = {"query", "documents", "model", "top_n", "return_documents", *_ACTIVATION_FIELDS}
+_SCORE_FIELDS = {"text_1", "text_2", "model", "truncate", *_ACTIVATION_FIELDS}
+# vLLM's newer names for /score's two sides, each taken for text_1 or text_2
+_SCORE_ALIASES = {"queries": "text_1", "data_1": "text_1", "documents": "text_2", "items": "text_2", "data_2": "text_2"}
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,17 @@ def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bo
     if top_n is not None and top_n < 1:
         raise InvalidRequest(f"'top_n' must be at least 1, got {top_n}", "invalid_value", "top_n")
     return_documents = optional_field(body, "return_documents", bool)
-    job = RerankJob(model=optional_field(body, "model", str), pairs=[(query, text) for text in documents])
+    job = RerankJob(
+        model=optional_field(body, "model", str),
+        pairs=[(query, text) for text in documents],
+        raw_scores=_raw_scores(body),
+    )
     return job, top_n, True if return_documents is None else return_documents
 
 
 def parse_score(body: dict[str, Any]) -> RerankJob:
     """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
+    body = _score_aliases(body)
     _only(body, _SCORE_FIELDS)
     first, second = body.get("text_1"), body.get("text_2")
     queries = [_text(body, "text_1")] if isinstance(first, str) else _texts(first, "text_1")
@@ -81,8 +89,30 @@ def parse_score(body: dict[str, Any]) -> RerankJob:
         raise InvalidRequest(message, "invalid_value", "text_1")
     truncate = optional_field(body, "truncate", bool)
     return RerankJob(
-        optional_field(body, "model", str), list(zip(queries, documents, strict=True)), truncate is not False
+        optional_field(body, "model", str),
+        list(zip(queries, documents, strict=True)),
+        truncate is not False,
+        raw_scores=_raw_scores(body),
     )
+
+
+def _score_aliases(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with vLLM's newer side names (queries, documents, items, data_1, data_2) as text_1 and text_2."""
+    renamed = dict(body)
+    for alias, name in _SCORE_ALIASES.items():
+        if alias in body:
+            if name in renamed:
+                raise InvalidRequest(f"'{alias}' and another field both give {name}; send one", "invalid_value", alias)
+            renamed[name] = renamed.pop(alias)
+    return renamed
+
+
+def _raw_scores(body: dict[str, Any]) -> bool:
+    """vLLM's `activation` (older) or `use_activation`: false asks for the logits, the model's activation undone."""
+    values = {optional_field(body, name, bool) for name in sorted(_ACTIVATION_FIELDS)} - {None}
+    if len(values) > 1:
+        raise InvalidRequest("'activation' and 'use_activation' disagree", "invalid_value", "use_activation")
+    return values == {False}
 
 
 async def score(gateway: Gateway, job: RerankJob) -> tuple[ServedModel, np.ndarray, int]:
@@ -111,10 +141,11 @@ def _estimate(job: RerankJob, model: ServedModel) -> int:
 
 
 def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:
-    """TEI's answer: every text's index and score, best first."""
+    """TEI's answer: every text's index and score, best first; among equal scores the later text first, as TEI
+    orders them (a stable ascending sort, reversed)."""
     return [
         {"index": index, "score": float(scores[index]), **({"text": job.pairs[index][1]} if return_text else {})}
-        for index in np.argsort(-scores, kind="stable")
+        for index in np.argsort(scores, kind="stable")[::-1].tolist()
     ]
 
 
@@ -135,7 +166,7 @@ def cohere_response(
         "id": f"rerank-{uuid.uuid4().hex}",
         "model": model.id,
         "results": results,
-        "usage": {"total_tokens": tokens},
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},  # vLLM's both, Jina's total
     }
 
 

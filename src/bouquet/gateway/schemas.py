@@ -4,6 +4,8 @@ path), into one `EmbedJob`; and the response bodies. Each error names the offend
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +77,6 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
     if "input" not in body:
         raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
     _refuse_unless(body, "add_special_tokens", True, "special tokens are always added, as the model was trained")
-    _refuse_unless(body, "use_activation", None, "embedding models here have no activation to switch")
     _refuse_unless(body, "modality", "text", "only text is embedded here")
     optional_field(body, "priority", int)  # vLLM's scheduling hint: requests here are served first come
     optional_field(body, "request_id", str)
@@ -86,13 +87,25 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         texts=texts,
         token_ids=token_ids,
         dimensions=_dimensions(body),
-        normalize=optional_field(body, "normalize", bool),
+        normalize=_normalize(body),
         encoding_format=encoding_format,
         truncate_tokens=_truncate_prompt_tokens(body),
         text_positions=positions,
         long_input=long_input(body),
         truncation_direction="left" if body.get("truncate_prompt_tokens") is not None else "right",
     )
+
+
+def _normalize(body: dict[str, Any]) -> bool | None:
+    """vLLM's `normalize`, or `use_activation`, its newer name for the same switch on an embedding model."""
+    normalize, use_activation = optional_field(body, "normalize", bool), optional_field(body, "use_activation", bool)
+    if normalize is not None and use_activation is not None and normalize != use_activation:
+        raise InvalidRequest(
+            "'normalize' and 'use_activation' are the same switch here; they disagree",
+            "invalid_value",
+            "use_activation",
+        )
+    return normalize if normalize is not None else use_activation
 
 
 def refuse_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -260,3 +273,9 @@ def openai_response(rows: np.ndarray, model: str, prompt_tokens: int, encoding_f
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+def with_response_id(response: dict[str, Any], prefix: str = "embd") -> dict[str, Any]:
+    """vLLM's and Infinity's fields beside OpenAI's: the response's `id` and `created`, and `completion_tokens`."""
+    response["usage"].setdefault("completion_tokens", 0)
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), **response}

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
 
 _VLLM_TOKENIZE_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
+_VLLM_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 _DECODE_FIELDS = frozenset({"ids", "skip_special_tokens", "model"})
 _SIMILARITY_FIELDS = frozenset({"inputs", "parameters", "model"})
 _SIMILARITY_PARAMETERS = frozenset({"truncate", "truncation_direction", "prompt_name"})
@@ -28,10 +29,26 @@ async def vllm_tokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, Any
         raise InvalidRequest("'prompt' is required and must not be empty", "empty_input", "prompt")
     model = gateway.catalog.get(optional_field(body, "model", str))
     add_special = optional_field(body, "add_special_tokens", bool)
-    described = (await model.require_tokenizer().tokens([prompt], "", add_special is not False))[0]
-    strings = [token["text"] for token in described] if optional_field(body, "return_token_strs", bool) else None
-    tokens = [token["id"] for token in described]
+    tokenizer = model.require_tokenizer()
+    tokens = [token["id"] for token in (await tokenizer.tokens([prompt], "", add_special is not False))[0]]
+    # the vocabulary's token strings (HF's convert_ids_to_tokens), not TEI's spans of the text
+    strings = tokenizer.token_strings(tokens) if optional_field(body, "return_token_strs", bool) else None
     return {"count": len(tokens), "max_model_len": model.max_seq_length, "tokens": tokens, "token_strs": strings}
+
+
+async def vllm_detokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, str]:
+    """vLLM's /detokenize: `{"model", "tokens"}` -> `{"prompt"}`, special tokens kept as HF's decode keeps them."""
+    refuse_unknown(body, _VLLM_DETOKENIZE_FIELDS)
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise InvalidRequest("'tokens' is required", "missing_required_parameter", "tokens")
+    if not isinstance(tokens, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in tokens):
+        raise Unprocessable("'tokens' must be a list of token ids", "invalid_type", "tokens")
+    model = gateway.catalog.get(optional_field(body, "model", str))
+    if any(not 0 <= i < model.vocab_size for i in tokens):
+        raise InvalidRequest("'tokens' holds an id outside the vocabulary", "invalid_token_id", "tokens")
+    gateway.check_tokens(len(tokens))
+    return {"prompt": (await model.require_tokenizer().decode([tokens], False))[0]}
 
 
 async def decode(gateway: Gateway, body: dict[str, Any]) -> list[str]:

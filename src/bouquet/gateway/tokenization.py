@@ -146,6 +146,10 @@ class ModelTokenizer:
             self._frames[prompt] = ([*ids[: text[0]], *prompt_ids], ids[text[-1] + 1 :])
         return self._frames[prompt]
 
+    def token_strings(self, ids: list[int]) -> list[str | None]:
+        """The vocabulary's string of each id (Hugging Face's convert_ids_to_tokens)."""
+        return [self._plain.id_to_token(i) for i in ids]
+
     async def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
