@@ -25,6 +25,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -266,7 +267,8 @@ def print_requests(load: OpenLoop, capacity: float) -> int:
           f"p50 {percentile_ms(latencies, 50):,.0f} ms  p90 {percentile_ms(latencies, 90):,.0f} ms  "
           f"p99 {percentile_ms(latencies, 99):,.0f} ms")  # fmt: skip
     print(f"  429: {rejected} ({rejected / max(sent, 1):.1%} of those sent)")
-    print(f"  other errors: {len(errors)}")
+    by_status = Counter(o.status for o in errors)
+    print(f"  other errors: {len(errors)}" + "".join(f", {n} of status {s}" for s, n in sorted(by_status.items())))
     for outcome in errors[:5]:
         print(f"    status {outcome.status}: {outcome.error}")
     return len(errors)
