@@ -76,6 +76,12 @@ ENGINE_OPTIONS = (
         f"takes every thread (default {EngineConfig.cpu_lone_step_tokens}; 0: never)",
         type=int,
     ),
+    _option(
+        "--cpu-token-buckets",
+        "CPU: step token counts padded to this many sizes per doubling, bounding oneDNN's per-shape memory "
+        f"(default {EngineConfig.cpu_token_buckets}; 0: exact counts)",
+        type=int,
+    ),
 )
 SCHEDULER_OPTIONS = (
     _option("--max-batch-tokens", "token budget a step (default: the device's measured knee)", type=int),

@@ -51,6 +51,9 @@ class EngineConfig:
     # runs takes every thread, not its worker's one (a lone query about 1.3x faster); 0 turns this off.
     # engine/cpu_threads.py says why only then.
     cpu_lone_step_tokens: int = 256
+    # CPU: a step's token count is rounded up to one of this many sizes per doubling, so that oneDNN builds and
+    # keeps a bounded number of primitives (engine/memory.py, docs/memory.md); 0: exact counts, unbounded.
+    cpu_token_buckets: int = 16
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
     # `auto` backend on a GPU: the per-length table bench/gpu_check.py wrote; None: measured at start-up.
     attention_table: Path | None = None
@@ -66,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
         if self.cpu_lone_step_tokens < 0:
             raise ValueError(f"cpu_lone_step_tokens must be >= 0, got {self.cpu_lone_step_tokens}")
+        if self.cpu_token_buckets < 0:
+            raise ValueError(f"cpu_token_buckets must be >= 0, got {self.cpu_token_buckets}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 

@@ -120,7 +120,10 @@ class Engine:
 
     def _load(self) -> ModelRunner:
         model = load_model(self.spec, getattr(torch, self.config.dtype), self.device)
-        return ModelRunner(model, load_pooler(self.spec, model, self.device), self._create_backend(model), self.device)
+        pooler, backend = load_pooler(self.spec, model, self.device), self._create_backend(model)
+        runner = ModelRunner(model, pooler, backend, self.device)
+        runner.token_buckets = self.config.cpu_token_buckets if self.device.type == "cpu" else 0
+        return runner
 
     def _split_threads(self) -> tuple[int, int]:
         """(workers, intra-op threads each). CUDA: one launching thread. CPU: a forward's Python dispatch runs

@@ -16,6 +16,7 @@ from torch import nn
 from bouquet.batch import Batch
 from bouquet.engine.cuda_graphs import CudaGraphRunner
 from bouquet.engine.inputs import ModelInputs, prepare_inputs
+from bouquet.engine.memory import pad_to_bucket
 from bouquet.layers.attention import bind_backend
 from bouquet.layers.attention_backends import AttentionBackend
 from bouquet.layers.context import ForwardContext, forward_context
@@ -28,6 +29,7 @@ class ModelRunner:
         self.pooler = pooler
         self.device = device
         self.graphs: CudaGraphRunner | None = None  # set by the engine on CUDA when the backend can be captured
+        self.token_buckets = 0  # eager steps' token counts per doubling (engine/memory.py); 0: exact
         self.set_backend(backend)
 
     def set_backend(self, backend: AttentionBackend) -> None:
@@ -37,7 +39,9 @@ class ModelRunner:
     def execute(self, batch: Batch) -> torch.Tensor:  # [rows, dim] float32 on the device: one per sequence or span
         if self.graphs is not None and (rows := self.graphs.run(batch)) is not None:
             return rows
-        return self.forward(prepare_inputs(batch, self.device), self.backend.prepare, uniform_normalize(batch))
+        padded = pad_to_bucket(batch, self.token_buckets)
+        rows = self.forward(prepare_inputs(padded, self.device), self.backend.prepare, uniform_normalize(batch))
+        return rows[: batch.num_rows]  # the pad sequence's row, if any, dropped
 
     def forward(
         self,
