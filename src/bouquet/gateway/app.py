@@ -54,9 +54,11 @@ from bouquet.gateway.request_ids import RequestIds
 from bouquet.gateway.schemas import (
     EmbedJob,
     openai_response,
+    optional_field,
     parse_inputs,
     parse_openai,
     parse_tei,
+    refuse_unknown,
     with_response_id,
 )
 from bouquet.tls import channel_credentials
@@ -508,14 +510,16 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     body = await gateway.read_json(request)
     if "prompt" in body and "inputs" not in body:
         return await _openai_errors(_vllm_tokenize(gateway, body))
+    if not gateway.config.allow_unknown_fields:
+        refuse_unknown(body, text_tools.TEI_TOKENIZE_FIELDS)
     texts, token_ids = parse_inputs(body.get("inputs"), "inputs")
     if texts is None or token_ids is not None:
         raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
-    model = gateway.catalog.get(body.get("model"))
+    model = gateway.catalog.get(optional_field(body, "model", str))
     add_special = body.get("add_special_tokens", True)
     if not isinstance(add_special, bool):
         raise Unprocessable("'add_special_tokens' must be a boolean", "invalid_type", "add_special_tokens")
-    prompt = model.prompt(body.get("prompt_name"))
+    prompt = model.prompt(optional_field(body, "prompt_name", str))
     gateway.check_inputs(len(texts))  # the limits /embed has: a /tokenize reply is larger than its request
     tokens = await model.require_tokenizer().tokens(texts, prompt, add_special)
     gateway.check_tokens(sum(map(len, tokens)))

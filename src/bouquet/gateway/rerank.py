@@ -15,7 +15,7 @@ import numpy as np
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.schemas import optional_field
+from bouquet.gateway.schemas import optional_field, truncation_direction
 from bouquet.scoring import activate
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class RerankJob:
 def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
     """TEI's body, and whether to return each text."""
     _only(body, _TEI_FIELDS)
-    if str(body.get("truncation_direction") or "right").lower() != "right":
+    if truncation_direction(body) != "right":
         message = "truncation_direction 'left' is not supported for pairs: the longer part is cut from its end"
         raise InvalidRequest(message, "unsupported_parameter", "truncation_direction")
     query = _text(body, "query")

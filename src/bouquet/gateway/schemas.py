@@ -120,7 +120,7 @@ def refuse_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
 
 def _refuse_unless(body: dict[str, Any], name: str, accepted: Any, why: str) -> None:
     value = body.get(name, accepted)
-    if value is not None and value != accepted:
+    if value is not None and (value != accepted or type(value) is not type(accepted)):  # 1 == True, yet no bool
         raise InvalidRequest(f"'{name}' = {value!r} is not supported: {why}", "unsupported_parameter", name)
 
 

@@ -14,6 +14,7 @@ from bouquet.gateway.schemas import EmbedJob, optional_field, refuse_unknown, tr
 if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
 
+TEI_TOKENIZE_FIELDS = frozenset({"inputs", "add_special_tokens", "prompt_name", "model"})
 _VLLM_TOKENIZE_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
 _VLLM_DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 _DECODE_FIELDS = frozenset({"ids", "skip_special_tokens", "model"})
@@ -81,7 +82,7 @@ def parse_similarity(body: dict[str, Any]) -> EmbedJob:
         raise Unprocessable("'inputs' needs a string source_sentence and a list of sentences", "invalid_type", "inputs")
     if not sentences or not source or not all(isinstance(s, str) and s for s in sentences):
         raise InvalidRequest("'inputs.sentences' cannot be empty, nor hold an empty string", "empty_input", "inputs")
-    parameters = body.get("parameters") or {}
+    parameters = {} if body.get("parameters") is None else body["parameters"]  # false, 0 or "" are no object
     if not isinstance(parameters, dict):
         raise Unprocessable("'parameters' must be an object", "invalid_type", "parameters")
     refuse_unknown(parameters, _SIMILARITY_PARAMETERS)
