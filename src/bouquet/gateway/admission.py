@@ -62,6 +62,7 @@ class Admission:
             True: collections.deque(),
         }
         self.requests = 0
+        self.answered = 0  # requests answered (or refused after entering), ever
         self._metrics = metrics
         self._retry_after = str(retry_after_s)
 
@@ -82,6 +83,7 @@ class Admission:
             yield
         finally:
             self.requests -= 1
+            self.answered += 1
 
     @asynccontextmanager
     async def admit(self, tokens: int, short_tokens: int) -> AsyncIterator[Ticket]:

@@ -46,6 +46,7 @@ from bouquet.gateway.errors import (
     error_response,
     tei_error_response,
 )
+from bouquet.gateway.memory_trim import trim_when_idle
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
@@ -619,7 +620,11 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway.pool.start()
+        trimmer = asyncio.ensure_future(
+            trim_when_idle(lambda: gateway.admission.requests, lambda: gateway.admission.answered)
+        )
         yield
+        trimmer.cancel()
         await gateway.pool.close()
         gateway.executor.shutdown(wait=False)
 
