@@ -255,3 +255,25 @@ def test_the_connection_cap_follows_the_open_file_limit(monkeypatch: pytest.Monk
         monkeypatch.setattr(resource, "setrlimit", lambda _, value: set_to.append(value))
         assert connection_cap(limits).max_connections == cap
         assert set_to == [(min(hard, 10_000 + http_protocol._FD_RESERVE), hard)]  # the soft limit raised first
+
+
+def test_memory_is_trimmed_once_idle_after_work_and_never_during_it(monkeypatch):
+    from bouquet.gateway import memory_trim
+
+    trims: list[int] = []
+    monkeypatch.setattr(memory_trim, "_malloc_trim", lambda: lambda: trims.append(1))
+    monkeypatch.setattr(memory_trim, "_IDLE_CHECK_S", 0.01)
+    state = {"in_flight": 1, "answered": 0}
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(memory_trim.trim_when_idle(lambda: state["in_flight"], lambda: state["answered"]))
+        await asyncio.sleep(0.02)
+        state["answered"] = 3
+        await asyncio.sleep(0.05)
+        assert trims == []  # work in flight: never
+        state["in_flight"] = 0
+        await asyncio.sleep(0.05)
+        assert trims == [1]  # idle after work: once, not again while nothing new is answered
+        task.cancel()
+
+    asyncio.run(scenario())
