@@ -59,6 +59,20 @@ _TOKENIZE_REQUEST = {
     },
 }
 _TEXTS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+_INSTRUCTION = {"type": "string", "description": "a decoder reranker's (Qwen3-Reranker) instruction; default its own"}
+_SEQUENCE = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2}  # a text, or a pair
+_PREDICT_REQUEST = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "inputs": {"oneOf": [{"type": "string"}, _SEQUENCE, {"type": "array", "items": _SEQUENCE, "minItems": 1}]},
+        "model": {"type": "string"},
+        "raw_scores": {"type": "boolean", "default": False, "description": "the logits, no softmax or sigmoid"},
+        "truncate": {"type": "boolean", "default": True},
+        "truncation_direction": {"type": "string", "enum": ["right", "left"], "default": "right"},
+        "instruction": _INSTRUCTION,
+    },
+}
 _TEI_RERANK_REQUEST = {
     "type": "object",
     "required": ["query", "texts"],
@@ -69,6 +83,7 @@ _TEI_RERANK_REQUEST = {
         "raw_scores": {"type": "boolean", "default": False, "description": "the logits, no activation"},
         "return_text": {"type": "boolean", "default": False},
         "truncate": {"type": "boolean", "default": True},
+        "instruction": _INSTRUCTION,
     },
 }
 _RERANK_REQUEST = {
@@ -84,6 +99,7 @@ _RERANK_REQUEST = {
         "model": {"type": "string"},
         "top_n": {"type": "integer", "minimum": 1},
         "return_documents": {"type": "boolean", "default": True},
+        "instruction": _INSTRUCTION,
     },
 }
 _SCORE_REQUEST = {
@@ -94,6 +110,7 @@ _SCORE_REQUEST = {
         "text_1": {"oneOf": [{"type": "string"}, _TEXTS]},
         "text_2": {"oneOf": [{"type": "string"}, _TEXTS]},
         "truncate": {"type": "boolean", "default": True},
+        "instruction": _INSTRUCTION,
     },
 }
 _MODEL_PARAMETER = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -127,6 +144,7 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/models/{model}": {"get": {**_operation("OpenAI: one served model"), "parameters": [_MODEL_PARAMETER]}},
             "/v1/rerank": {"post": _operation("Cohere / Jina / vLLM: rerank documents", _RERANK_REQUEST)},
             "/rerank": {"post": _operation("TEI (texts) or Cohere / Jina (documents): rerank", _TEI_RERANK_REQUEST)},
+            "/predict": {"post": _operation("TEI: a classifier's labels for texts or pairs", _PREDICT_REQUEST)},
             "/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
             "/v1/score": {"post": _operation("vLLM: score pairs with a cross-encoder", _SCORE_REQUEST)},
             "/embed": {"post": _operation("TEI: embed text or token ids", _TEI_REQUEST)},
