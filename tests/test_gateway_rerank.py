@@ -1,16 +1,27 @@
-"""Reranking through `bouquet serve` (a cross-encoder saved by sentence-transformers, beside the bundled MiniLM):
-TEI's /rerank, Cohere's and Jina's /v1/rerank, vLLM's /score, each answered in its server's shape with the scores
-sentence-transformers' CrossEncoder gives; a route a model cannot serve is a 400 naming its task."""
+"""Reranking through `bouquet serve` (a cross-encoder saved by sentence-transformers, a three-label classifier, a
+Qwen3-Reranker, beside the bundled MiniLM): TEI's /rerank and /predict, Cohere's and Jina's /v1/rerank, vLLM's
+/score, each answered in its server's shape with the scores sentence-transformers' CrossEncoder (or, for the decoder
+reranker, transformers' causal LM on its model card's template) gives; a route a model cannot serve is refused
+naming its task (TEI's 424 on TEI's routes)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from test_cross_encoders import LIMIT, _tiny_classifier
-from test_gateway_api import post
+from test_gateway_api import get, post
+from test_qwen3_reranker import (
+    DEFAULT_INSTRUCTION,
+    reference_ids,
+    reference_scores,
+    save_qwen_tokenizer,
+    save_reranker,
+    yes_no_ids,
+)
 
 from bouquet.gateway.testing import Process, free_port, start_serve
 
@@ -42,10 +53,42 @@ def expected(cross_encoder_dir: Path) -> np.ndarray:
     return reference.predict([(QUERY, document) for document in DOCUMENTS], convert_to_numpy=True)
 
 
+LABELS = {"0": "entailment", "1": "neutral", "2": "contradiction"}
+
+
 @pytest.fixture(scope="module")
-def server(cross_encoder_dir: Path, minilm_path: Path) -> Iterator[str]:
+def classifier_dir(tmp_path_factory, minilm_path: Path) -> Path:
+    """Three labels with names of their own, for /predict (a plain Hugging Face directory)."""
+    return _tiny_classifier("bert", tmp_path_factory.mktemp("nli") / "tiny-nli", minilm_path, 3, id2label=LABELS)
+
+
+@pytest.fixture(scope="module")
+def qwen_reranker(tmp_path_factory):
+    """A tiny Qwen3-Reranker as sentence-transformers saves it (Transformer, then LogitScore), with the reference
+    scores for QUERY and DOCUMENTS: the default instruction's, and another's."""
+    from sentence_transformers import CrossEncoder
+
+    root = tmp_path_factory.mktemp("qwen3-reranker")
+    save_qwen_tokenizer(root / "tokenizer")
+    model = save_reranker(root / "hf", root / "tokenizer")
+    CrossEncoder(str(root / "hf"), device="cpu").save(str(root / "tiny-qwen3-reranker"))
+    pairs = [(QUERY, document) for document in DOCUMENTS]
+    yes, no = yes_no_ids(root / "tokenizer")
+    expected = {
+        instruction: reference_scores(model, reference_ids(root / "tokenizer", pairs, instruction), yes, no)
+        for instruction in (DEFAULT_INSTRUCTION, OTHER_INSTRUCTION)
+    }
+    return root / "tiny-qwen3-reranker", expected
+
+
+OTHER_INSTRUCTION = "Find the passage that answers the question"
+
+
+@pytest.fixture(scope="module")
+def server(cross_encoder_dir: Path, classifier_dir: Path, qwen_reranker, minilm_path: Path) -> Iterator[str]:
     port = free_port()
-    models = ("--model", str(cross_encoder_dir), "--model", str(minilm_path))
+    models = ("--model", str(cross_encoder_dir), "--model", str(minilm_path), "--model", str(classifier_dir))
+    models += ("--model", str(qwen_reranker[0]))
     process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "64", *models)
     try:
         process.wait_ready()
@@ -91,14 +134,13 @@ def test_vllm_score(server: str, expected: np.ndarray) -> None:
 
 
 BAD = {
-    # TEI's /rerank (a `texts` body): TEI's statuses and error body; a model of the wrong kind is its 424 backend
-    "an embedding model asked to rerank": ("/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 424),
-    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 422),
-    "texts not a list": ("/rerank", {"query": "q", "texts": "a", "model": "tiny-reranker"}, 422),
-    "left truncation of pairs": ("/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 422),
-    # Cohere's body on /rerank, and the other routes: OpenAI's error body
+    # Cohere's body on /rerank, and the other routes: OpenAI's error body (TEI's bodies: BAD_TEI below)
     "documents on /rerank, empty": ("/rerank", {"query": "q", "documents": [], "model": "tiny-reranker"}, 400),
     "a reranker asked for embeddings": ("/v1/embeddings", {"input": "a", "model": "tiny-reranker"}, 400),
+    "an embedding model asked to rerank, Cohere's body": (
+        "/v1/rerank", {"query": "q", "documents": ["a"], "model": "all-MiniLM-L6-v2"}, 400,
+    ),
+    "documents not a list": ("/v1/rerank", {"query": "q", "documents": "a", "model": "tiny-reranker"}, 422),
     "an empty document": ("/v1/rerank", {"query": "q", "documents": [""], "model": "tiny-reranker"}, 400),
     "top_n of 0": ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0, "model": "tiny-reranker"}, 400),
     "lists of other lengths": ("/score", {"text_1": ["a", "b"], "text_2": ["c"], "model": "tiny-reranker"}, 400),
@@ -108,17 +150,110 @@ BAD = {
         400,
     ),
     "vLLM's truncate_prompt_tokens": ("/score", {"text_1": "q", "text_2": ["a"], "truncate_prompt_tokens": 8}, 400),
-}
+    "an instruction to an encoder": (
+        "/score", {"text_1": "q", "text_2": ["a"], "instruction": "x", "model": "tiny-reranker"}, 400,
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_rerank_requests_get_their_4xx(server: str, case: str) -> None:
     route, body, status = BAD[case]
     got, answer = post(f"{server}{route}", body)
-    assert got == status, answer
-    if route == "/rerank" and "documents" not in body:
-        assert set(answer) == {"error", "error_type"} and answer["error"], answer  # TEI's body
-        return
-    assert "message" in answer["error"], answer
+    assert got == status and "message" in answer["error"], answer
     if answer["error"]["code"] == "unsupported_parameter":
-        assert answer["error"]["param"] in {"max_chunks_per_doc", "truncate_prompt_tokens", "truncation_direction"}
+        assert answer["error"]["param"] in {"max_chunks_per_doc", "truncate_prompt_tokens", "instruction"}
+
+
+# TEI's routes answer TEI's body, {"error", "error_type"}, with TEI's status for the kind of error.
+BAD_TEI = {
+    "an embedding model asked to rerank": (
+        "/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 424, "backend",
+    ),
+    "an embedding model asked to predict": ("/predict", {"inputs": "a", "model": "all-MiniLM-L6-v2"}, 424, "backend"),
+    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 422, "validation"),  # axum's missing field
+    "texts not a list": ("/rerank", {"query": "q", "texts": "a", "model": "tiny-reranker"}, 422, "validation"),
+    "left truncation of pairs": (
+        "/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 422, "validation",
+    ),
+    "no inputs": ("/predict", {"model": "tiny-reranker"}, 422, "validation"),
+    "an empty batch": ("/predict", {"inputs": [], "model": "tiny-reranker"}, 400, "empty"),
+    "three texts": ("/predict", {"inputs": ["a", "b", "c"], "model": "tiny-reranker"}, 422, "validation"),
+    "a batch of bare strings": ("/predict", {"inputs": [["a"], "b"], "model": "tiny-reranker"}, 422, "validation"),
+    "a pair truncated from the left": (
+        "/predict", {"inputs": ["a", "b"], "truncation_direction": "left", "model": "tiny-reranker"}, 422, "validation",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_TEI))
+def test_bad_tei_requests_get_teis_errors(server: str, case: str) -> None:
+    route, body, status, error_type = BAD_TEI[case]
+    got, answer = post(f"{server}{route}", body)
+    assert (got, answer["error_type"]) == (status, error_type) and isinstance(answer["error"], str), answer
+
+
+def _logits(model_dir: Path, inputs: list) -> np.ndarray:  # [N, labels]: transformers, one input at a time
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
+    with torch.no_grad():
+        return np.concatenate([model(**tokenizer(*item, return_tensors="pt")).logits.numpy() for item in inputs])
+
+
+def test_tei_predict_one_label(server: str, cross_encoder_dir: Path) -> None:
+    """A text, a pair, and a batch of both: a sigmoid of the one logit, labelled with transformers' name."""
+    inputs = [["what is packed attention"], [QUERY, DOCUMENTS[0]], ["one"], [QUERY, DOCUMENTS[1]]]
+    expected = 1 / (1 + np.exp(-_logits(cross_encoder_dir, inputs)[:, 0]))
+    status, answer = post(f"{server}/predict", {"inputs": inputs, "model": "tiny-reranker"})
+    assert status == 200 and [len(row) for row in answer] == [1] * 4
+    np.testing.assert_allclose([row[0]["score"] for row in answer], expected, atol=1e-4)
+    assert {row[0]["label"] for row in answer} == {"LABEL_0"}
+    status, single = post(f"{server}/predict", {"inputs": "what is packed attention", "model": "tiny-reranker"})
+    assert status == 200 and abs(single[0]["score"] - expected[0]) < 1e-4
+    status, pair = post(f"{server}/predict", {"inputs": [QUERY, DOCUMENTS[0]], "model": "tiny-reranker"})
+    assert status == 200 and abs(pair[0]["score"] - expected[1]) < 1e-4
+
+
+def test_tei_predict_labels(server: str, classifier_dir: Path) -> None:
+    """Several labels: a softmax over them (TEI's rule), every label by its id2label name, best first; /info
+    calls the model a classifier with those labels, as TEI does."""
+    status, info = get(f"{server}/info?model=tiny-nli")
+    assert json.loads(info)["model_type"]["classifier"]["id2label"] == LABELS
+    inputs = [[QUERY, DOCUMENTS[0]], ["a text alone"]]
+    logits = _logits(classifier_dir, inputs)
+    status, answer = post(f"{server}/predict", {"inputs": inputs, "model": "tiny-nli"})
+    assert status == 200
+    for row, expected in zip(answer, logits, strict=True):
+        probabilities = np.exp(expected) / np.exp(expected).sum()
+        assert [item["label"] for item in row] == [LABELS[str(i)] for i in np.argsort(-probabilities)]
+        np.testing.assert_allclose([item["score"] for item in row], np.sort(probabilities)[::-1], atol=1e-4)
+    status, raw = post(f"{server}/predict", {"inputs": inputs[1], "model": "tiny-nli", "raw_scores": True})
+    np.testing.assert_allclose(sorted(item["score"] for item in raw), np.sort(logits[1]), atol=1e-4)
+
+
+@pytest.mark.parametrize("instruction", [None, OTHER_INSTRUCTION])
+def test_qwen3_reranker_on_every_route(server: str, qwen_reranker, instruction: str | None) -> None:
+    """Each pair read through the model card's template (the gateway picks it from the replica's architecture), with
+    the default instruction or the request's."""
+    name, expected = "tiny-qwen3-reranker", qwen_reranker[1][instruction or DEFAULT_INSTRUCTION]
+    extra = {} if instruction is None else {"instruction": instruction}
+    status, tei = post(f"{server}/rerank", {"query": QUERY, "texts": DOCUMENTS, "model": name, **extra})
+    assert status == 200 and [item["index"] for item in tei] == np.argsort(-expected, kind="stable").tolist()
+    np.testing.assert_allclose([item["score"] for item in sorted(tei, key=lambda i: i["index"])], expected, atol=1e-4)
+    status, cohere = post(f"{server}/v1/rerank", {"query": QUERY, "documents": DOCUMENTS, "model": name, **extra})
+    assert status == 200
+    for result in cohere["results"]:
+        assert abs(result["relevance_score"] - expected[result["index"]]) < 1e-4
+    status, vllm = post(f"{server}/score", {"text_1": QUERY, "text_2": DOCUMENTS, "model": name, **extra})
+    np.testing.assert_allclose([item["score"] for item in vllm["data"]], expected, atol=1e-4)
+    batch = [[QUERY, document] for document in DOCUMENTS]
+    status, predicted = post(f"{server}/predict", {"inputs": batch, "model": name, **extra})
+    np.testing.assert_allclose([row[0]["score"] for row in predicted], expected, atol=1e-4)
+
+
+def test_qwen3_reranker_refuses_a_text_alone(server: str) -> None:
+    status, answer = post(f"{server}/predict", {"inputs": "just a text", "model": "tiny-qwen3-reranker"})
+    assert status == 413 and "pairs" in answer["error"], answer  # TEI's validation error

@@ -451,7 +451,6 @@ def test_tei_rerank_ranks(server, cross_encoder):
     assert abs(tied[0]["score"] - tied[1]["score"]) < 4e-3  # TEI's Score tolerance
 
 
-@_pending("TEI's /predict")
 def test_tei_predict(server, cross_encoder):
     # huggingface/text-embeddings-inference router/tests/test_http_predict.rs::test_predict (a sequence classifier:
     # the tiny reranker's one label here)

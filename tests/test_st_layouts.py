@@ -179,6 +179,13 @@ REFUSALS = {
         lambda m: _edit_json(m / "sentence_bert_config.json", lambda c: c.update(transformer_task="text-generation")),
         r"sentence_bert_config\.json: transformer_task 'text-generation'",
     ),
+    "a causal LM's logits pooled": (
+        lambda m: _edit_json(
+            m / "sentence_bert_config.json",
+            lambda c: c.update(transformer_task="text-generation", module_output_name="causal_logits"),
+        ),
+        r"modules\.json: module 1 .*Pooling.*expected LogitScore",
+    ),
     "an unknown pooling mode": (
         lambda m: _edit_json(m / "1_Pooling" / "config.json", lambda c: c.update(pooling_mode="splade")),
         r"1_Pooling/config\.json: unsupported pooling 'splade'",

@@ -1,7 +1,8 @@
 """Reads a local Hugging Face / sentence-transformers model directory into a `ModelSpec`.
 
-Only JSON and file listing happen here, never torch, so the gateway can use it to learn prompts and limits.
-`st_layout.py` reads the sentence-transformers modules; this file the rest (config, tokenizer, limits, prompts).
+Only JSON, file listing and a vocabulary lookup happen here, never torch, so the gateway can use it to learn prompts,
+limits and labels. `st_layout.py` reads the sentence-transformers modules; this file the rest (config, tokenizer,
+limits, prompts, a classifier's labels and activation, and whether a causal LM is served as a reranker).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from bouquet.scoring import SCORE_ACTIVATIONS
 from bouquet.st_layout import (
     DenseSpec,
+    LogitScoreSpec,
     PoolingMethod,
     PoolingSpec,
     find_weights,
@@ -22,7 +26,7 @@ from bouquet.st_layout import (
     require,
 )
 
-__all__ = ["DenseSpec", "ModelSpec", "PoolingMethod", "PoolingSpec", "read_model_dir"]
+__all__ = ["DenseSpec", "ModelSpec", "PoolingMethod", "PoolingSpec", "num_labels", "read_model_dir"]
 
 # transformers' "no limit" model_max_length (int(1e30)) and anything like it.
 _UNSET_MODEL_MAX_LENGTH = 10**12
@@ -50,6 +54,12 @@ class ModelSpec:
     @property
     def architecture(self) -> str:
         return self.hf_config["architectures"][0]
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A classifier's label names by index: config.json's `id2label`, else transformers' LABEL_i."""
+        names = {int(index): str(name) for index, name in (self.hf_config.get("id2label") or {}).items()}
+        return tuple(names.get(index, f"LABEL_{index}") for index in range(num_labels(self.hf_config)))
 
     @property
     def hidden_size(self) -> int:
@@ -88,6 +98,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         )
     st_config = read_optional_json(root / "config_sentence_transformers.json") or {}
     sbert_config = read_optional_json(transformer / "sentence_bert_config.json") or {}
+    hf_config = _as_reranker(hf_config, layout.logit_score, transformer)
     return ModelSpec(
         path=root,
         name=name or root.name,
@@ -107,12 +118,55 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
     )
 
 
+def num_labels(hf_config: dict[str, Any]) -> int:
+    """A classifier's label count by transformers' rule: `num_labels`, else as many as `id2label` names, else 2
+    (transformers 5 saves no `id2label` for its default two labels)."""
+    if hf_config.get("num_labels") is not None:
+        return int(hf_config["num_labels"])
+    return len(hf_config.get("id2label") or {0: "", 1: ""})
+
+
+def _as_reranker(hf_config: dict[str, Any], logit_score: LogitScoreSpec | None, folder: Path) -> dict[str, Any]:
+    """A causal LM that scores by its logits (Qwen3-Reranker: "yes" less "no" at the last token) is served as
+    its family's one-label sequence classifier whose weight is that row of the LM head, as vLLM does. Said by
+    sentence-transformers' LogitScore module, or by vLLM's override keys written into config.json."""
+    logit_score = logit_score or _vllm_logit_score(hf_config, folder)
+    if logit_score is None:
+        return hf_config
+    architecture = hf_config["architectures"][0]
+    family = architecture.removesuffix("ForCausalLM").removesuffix("ForSequenceClassification")
+    if family == architecture:
+        raise ValueError(f"{folder / 'config.json'}: a score read from LM logits needs a causal LM, not {architecture}")
+    token_ids = [logit_score.true_token_id, logit_score.false_token_id]
+    return {**hf_config, "architectures": [f"{family}ForSequenceClassification"], "num_labels": 1,
+            "id2label": {"0": "LABEL_0"}, "score_token_ids": token_ids}  # fmt: skip
+
+
+def _vllm_logit_score(hf_config: dict[str, Any], folder: Path) -> LogitScoreSpec | None:
+    """vLLM's `classifier_from_token`: one token (its logit is the score), or two, [false, true], with
+    `is_original_qwen3_reranker` (or `method: from_2_way_softmax`): logit[true] - logit[false]."""
+    tokens = hf_config.get("classifier_from_token")
+    if not tokens:
+        return None
+    two_way = bool(hf_config.get("is_original_qwen3_reranker")) or hf_config.get("method") == "from_2_way_softmax"
+    if len(tokens) != (2 if two_way else 1):
+        raise ValueError(
+            f"{folder / 'config.json'}: classifier_from_token {tokens!r} is not supported: give one token, or two "
+            "([false, true]) with is_original_qwen3_reranker"
+        )
+    vocabulary = Tokenizer.from_file(str(require(folder / "tokenizer.json")))
+    ids = [vocabulary.token_to_id(token) for token in tokens]
+    if None in ids:
+        raise ValueError(f"{folder / 'config.json'}: classifier_from_token {tokens[ids.index(None)]!r} is no token")
+    return LogitScoreSpec(ids[-1], ids[0] if two_way else None)
+
+
 def _score_activation(st_config: dict[str, Any], hf_config: dict[str, Any]) -> str:
     """CrossEncoder's rule: its saved `activation_fn` (sentence-transformers 4+; before,
     `sbert_ce_default_activation_function` in config.json), else a sigmoid for one label and none for several."""
     path = st_config.get("activation_fn") or hf_config.get("sbert_ce_default_activation_function")
     if path is None:
-        return "Sigmoid" if int(hf_config.get("num_labels", len(hf_config.get("id2label") or [0]))) == 1 else "Identity"
+        return "Sigmoid" if num_labels(hf_config) == 1 else "Identity"
     name = str(path).rsplit(".", 1)[-1]
     if name not in SCORE_ACTIVATIONS:
         raise ValueError(f"score activation {path!r} is not supported; supported: {', '.join(SCORE_ACTIVATIONS)}")

@@ -3,8 +3,9 @@ sentence-transformers 2.x to 6.x reads them. No torch, so the gateway may use it
 
 Modules are known by their class name whatever the module path a version wrote (`sentence_transformers.models.
 Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
-is Transformer, Pooling, Dense*, Normalize?; any other module, or these in another order, is refused at start-up
-with the file and the module named, because skipping one would serve different embeddings without a word.
+is Transformer, Pooling, Dense*, Normalize? (a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
+LogitScore); any other module, or these in another order, is refused at start-up with the file and the module
+named, because skipping one would serve different embeddings without a word.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ class StLayout:
     dense: tuple[DenseSpec, ...]
     normalize: bool | None  # None: no modules.json, so nothing says; True when it has a Normalize module
     task: str | None = None  # "embed", "score" (a CrossEncoder's classifier); None: no modules.json says
+    logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
+
+
+@dataclass(frozen=True)
+class LogitScoreSpec:
+    """sentence-transformers' LogitScore after a causal LM: the last token's logit[true] - logit[false] (or
+    logit[true] alone) is the score, e.g. "yes" and "no" for Qwen3-Reranker."""
+
+    true_token_id: int
+    false_token_id: int | None
 
 
 # torch.nn activations a Dense module may name (layers/pooling.py computes each).
@@ -137,6 +148,7 @@ class _ModuleParser:
         self.dense: list[DenseSpec] = []
         self.normalize = False
         self.task = "embed"
+        self.logit_score: LogitScoreSpec | None = None
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -145,7 +157,7 @@ class _ModuleParser:
         if kind in _IDENTITY_MODULES and self.stage != "start":
             return
         if self.task == "score":
-            self._refuse(index, module, "a CrossEncoder's Transformer (sequence-classification) runs alone")
+            self._refuse(index, module, "nothing may follow a CrossEncoder's scores")
         if kind not in expected:
             self._refuse(
                 index, module, f"expected {' or '.join(expected)} here" if expected else "nothing may follow Normalize"
@@ -154,6 +166,10 @@ class _ModuleParser:
         if kind == "Transformer":
             self.transformer_dir = folder
             self.task = _transformer_task(folder)
+            self.stage = "CausalTransformer" if self.task == "causal-lm" else kind
+        elif kind == "LogitScore":
+            self.logit_score = read_logit_score(require(folder / "config.json"))
+            self.task = "score"
         elif kind == "Pooling":
             self.pooling = read_pooling(require(folder / "config.json"))
         elif kind == "Dense":
@@ -165,19 +181,25 @@ class _ModuleParser:
     def _refuse(self, index: int, module: dict[str, Any], why: str) -> None:
         raise ValueError(
             f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
-            f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order"
+            f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order "
+            "(a CrossEncoder: Transformer alone, or with LogitScore)"
         )
 
     def layout(self) -> StLayout:
         if self.transformer_dir is None:
             raise ValueError(f"{self.modules_file}: no Transformer module")
-        return StLayout(self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task)
+        if self.task == "causal-lm":
+            raise ValueError(f"{self.modules_file}: a text-generation Transformer needs a LogitScore module after it")
+        return StLayout(
+            self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score
+        )
 
 
 # Which module may follow which: the pipeline bouquet can run.
 _NEXT_MODULES = {
     "start": ("Transformer",),
     "Transformer": ("Pooling",),
+    "CausalTransformer": ("LogitScore",),  # a causal LM's logits, read by LogitScore (a CrossEncoder)
     "Pooling": ("Dense", "Normalize"),
     "Dense": ("Dense", "Normalize"),
     "Normalize": (),
@@ -188,6 +210,7 @@ _NEXT_MODULES = {
 _TRANSFORMER_TASKS = {
     ("feature-extraction", "token_embeddings"): "embed",
     ("sequence-classification", "scores"): "score",
+    ("text-generation", "causal_logits"): "causal-lm",
 }
 
 
@@ -199,9 +222,18 @@ def _transformer_task(folder: Path) -> str:
     if (task, output) not in _TRANSFORMER_TASKS:
         raise ValueError(
             f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet runs "
-            "'feature-extraction' (token_embeddings, pooled) and 'sequence-classification' (scores)"
+            "'feature-extraction' (token_embeddings, pooled), 'sequence-classification' (scores) and "
+            "'text-generation' (causal_logits, read by LogitScore)"
         )
     return _TRANSFORMER_TASKS[task, output]
+
+
+def read_logit_score(config_file: Path) -> LogitScoreSpec:
+    config = read_json(config_file)
+    if config.get("module_input_name", "causal_logits") != "causal_logits":
+        raise ValueError(f"{config_file}: a LogitScore over {config['module_input_name']!r} is not supported")
+    false_id = config.get("false_token_id")
+    return LogitScoreSpec(int(config["true_token_id"]), None if false_id is None else int(false_id))
 
 
 def _check_normalize(folder: Path) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, normalizers
 
+from bouquet.pair_templates import PairTemplate
+
 TRUNCATION_DIRECTIONS = ("right", "left")
 
 
@@ -88,3 +90,28 @@ class TextTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
+
+
+class TemplatePairTokenizer:
+    """(query, document) pairs read through a decoder reranker's prompt template (pair_templates.py), as its model
+    card tokenizes them: the prefix's ids, the body's (the tokenizer's own special tokens, if any, included), cut
+    from its end to fit the model's limit, then the suffix's."""
+
+    def __init__(self, tokenizer: TokenizerSource, template: PairTemplate, max_length: int):
+        base = load_tokenizer(tokenizer)
+        base.no_padding()
+        base.no_truncation()
+        self.template = template
+        self.prefix = base.encode(template.prefix, add_special_tokens=False).ids
+        self.suffix = base.encode(template.suffix, add_special_tokens=False).ids
+        room = max_length - len(self.prefix) - len(self.suffix)
+        if room < 1:
+            raise ValueError(f"a limit of {max_length} tokens leaves no room inside the model's pair template")
+        self._body = TextTokenizer(base, room)
+
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool = True, instruction: str | None = None
+    ) -> list[list[int]]:
+        """Token ids per pair; `instruction` None: the template's default."""
+        bodies = self._body.encode([self.template.format(q, d, instruction) for q, d in pairs], truncate=truncate)
+        return [self.prefix + body + self.suffix for body in bodies]

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
-from bouquet.gateway import contextual, long_inputs, request_ids, rerank, text_tools
+from bouquet.gateway import contextual, long_inputs, predict, request_ids, rerank, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -485,6 +485,12 @@ async def _detokenize(gateway: Gateway, request: Request) -> Response:
     return _json(await text_tools.vllm_detokenize(gateway, await gateway.read_json(request)))
 
 
+async def _predict(gateway: Gateway, request: Request) -> Response:
+    job = predict.parse_predict(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    model, scores, _ = await _unless_disconnected(request, predict.predict(gateway, job))
+    return _json(predict.predict_response(scores, job, model))
+
+
 async def _unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
     """Runs `work`, cancelling it if the client goes away first: its gRPC calls are cancelled with it, so the
     replicas drop the chunks still queued instead of computing rows nobody will read."""
@@ -573,9 +579,11 @@ async def _info(gateway: Gateway, request: Request) -> Response:
 
 
 def _model_type(model: ServedModel) -> dict[str, Any]:
-    """TEI's /info `model_type`: an embedding model's pooling, or a reranker."""
+    """TEI's /info `model_type`: an embedding model's pooling, a reranker (one label) or a classifier, with labels."""
     if model.task == "score":
-        return {"reranker": {"activation": model.score_activation}}
+        id2label = {str(index): name for index, name in enumerate(model.labels)}
+        labels = {"id2label": id2label, "label2id": {name: int(index) for index, name in id2label.items()}}
+        return {"reranker" if model.dimension == 1 else "classifier": {**labels, "activation": model.score_activation}}
     return {"embedding": {"pooling": model.pooling}}
 
 
@@ -643,6 +651,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/embed_all", _endpoint("/embed_all", _tei_embed_all, work=True, tei=True), methods=["POST"]),
         Route("/similarity", _endpoint("/similarity", _similarity, work=True, tei=True), methods=["POST"]),
         Route("/rerank", _endpoint("/rerank", _rerank, work=True, tei=True), methods=["POST"]),
+        Route("/predict", _endpoint("/predict", _predict, work=True, tei=True), methods=["POST"]),
         Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True, tei=True), methods=["POST"]),
         Route("/decode", _endpoint("/decode", _decode, work=True, tei=True), methods=["POST"]),
         Route("/info", _endpoint("/info", _info, tei=True), methods=["GET"]),

@@ -12,6 +12,7 @@ from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
+from bouquet.pair_templates import PairTemplate, pair_template
 from bouquet.proto import embedding_pb2
 from bouquet.tokenizer import tokenizer_json
 
@@ -39,6 +40,12 @@ class ServedModel:
     prompts: dict[str, str]
     default_prompt_name: str | None
     tokenizer: ModelTokenizer | None  # None: the replica sent none and no local directory has it; token ids only
+    labels: tuple[str, ...] = ()  # a score model's label names by index (TEI's /predict)
+
+    @property
+    def pair_template(self) -> PairTemplate | None:
+        """A decoder reranker's prompt template for pairs (pair_templates.py); None: its tokenizer pairs them."""
+        return pair_template(self.architecture, self.task)
 
     @property
     def id(self) -> str:
@@ -129,7 +136,8 @@ class ModelCatalog:
         source = info.tokenizer_json
         if spec is not None:
             source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
-        tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor) if source else None
+        template = pair_template(info.architecture, info.task or "embed")
+        tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
         return ServedModel(
             name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
@@ -138,4 +146,15 @@ class ModelCatalog:
             score_activation=info.score_activation or "Identity", normalize=info.normalize, dtype=info.dtype,
             max_batch_tokens=info.max_batch_tokens,
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
+            labels=_labels(spec, info),
         )  # fmt: skip
+
+
+def _labels(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> tuple[str, ...]:
+    """A score model's label names: from its local directory's config.json, else transformers' default names (Info
+    carries no labels)."""
+    if info.task != "score":
+        return ()
+    if spec is not None and len(spec.labels) == info.dimension:
+        return spec.labels
+    return tuple(f"LABEL_{index}" for index in range(info.dimension))

@@ -2,7 +2,8 @@
 Jina's and vLLM's `/v1/rerank` (`query`, `documents`, `top_n`, `return_documents`; also `/rerank` with
 `documents`), and vLLM's `/score` (`text_1`, `text_2`). A cross-encoder scores each (query, document) pair on
 the replicas, chunked and balanced like an embedding batch; the model's activation (CrossEncoder's) is applied
-here unless the client asks for raw scores."""
+here unless the client asks for raw scores. A decoder reranker (Qwen3-Reranker) reads each pair through its prompt
+template, with the model's default instruction or the request's `instruction` (every route takes it)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ if TYPE_CHECKING:
 
 
 # What each route honours; anything else a client sends is refused by name rather than silently ignored.
-_TEI_FIELDS = {"query", "texts", "model", "raw_scores", "return_text", "truncate", "truncation_direction"}
+_TEI_FIELDS = {
+    "query", "texts", "model", "raw_scores", "return_text", "truncate", "truncation_direction", "instruction"
+}  # fmt: skip
 _ACTIVATION_FIELDS = {"activation", "use_activation"}  # vLLM's: false for the raw logits (TEI's raw_scores)
-_RERANK_FIELDS = {"query", "documents", "model", "top_n", "return_documents", *_ACTIVATION_FIELDS}
-_SCORE_FIELDS = {"text_1", "text_2", "model", "truncate", *_ACTIVATION_FIELDS}
+_RERANK_FIELDS = {"query", "documents", "model", "top_n", "return_documents", "instruction", *_ACTIVATION_FIELDS}
+_SCORE_FIELDS = {"text_1", "text_2", "model", "truncate", "instruction", *_ACTIVATION_FIELDS}
 # vLLM's newer names for /score's two sides, each taken for text_1 or text_2
 _SCORE_ALIASES = {"queries": "text_1", "data_1": "text_1", "documents": "text_2", "items": "text_2", "data_2": "text_2"}
 
@@ -38,6 +41,7 @@ class RerankJob:
     pairs: list[tuple[str, str]]  # (query, document), in the client's document order
     truncate: bool = True
     raw_scores: bool = False
+    instruction: str | None = None  # a decoder reranker's, in its pair template; None: the model's default
 
 
 def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
@@ -54,6 +58,7 @@ def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
         pairs=[(query, text) for text in texts],
         truncate=True if truncate is None else truncate,
         raw_scores=bool(optional_field(body, "raw_scores", bool)),
+        instruction=optional_field(body, "instruction", str),
     )
     return job, bool(optional_field(body, "return_text", bool))
 
@@ -71,6 +76,7 @@ def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bo
         model=optional_field(body, "model", str),
         pairs=[(query, text) for text in documents],
         raw_scores=_raw_scores(body),
+        instruction=optional_field(body, "instruction", str),
     )
     return job, top_n, True if return_documents is None else return_documents
 
@@ -93,6 +99,7 @@ def parse_score(body: dict[str, Any]) -> RerankJob:
         list(zip(queries, documents, strict=True)),
         truncate is not False,
         raw_scores=_raw_scores(body),
+        instruction=optional_field(body, "instruction", str),
     )
 
 
@@ -117,27 +124,50 @@ def _raw_scores(body: dict[str, Any]) -> bool:
 
 async def score(gateway: Gateway, job: RerankJob) -> tuple[ServedModel, np.ndarray, int]:
     """One score per pair ([N] float32), and the tokens computed."""
-    model = gateway.catalog.get(job.model)
+    model = score_model(gateway, job.model)
+    gateway.check_inputs(len(job.pairs))
+    instruction = pair_instruction(model, job.instruction)
+
+    async def batch() -> Batch:
+        ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate, instruction)
+        return Batch.pack(ids, RowOptions(normalize=False), types)
+
+    logits, tokens = await gateway.compute(model, estimate_pairs(job.pairs, job.truncate, model, instruction), batch)
+    scores = logits if job.raw_scores else activate(logits, model.score_activation)
+    return model, scores[:, 0].astype(np.float32), tokens
+
+
+def score_model(gateway: Gateway, name: str | None) -> ServedModel:
+    """The model a scoring request names; an embedding model is refused (TEI's 424 on its routes)."""
+    model = gateway.catalog.get(name)
     if model.task != "score":
         raise InvalidRequest(
             f"the model {model.id!r} is an embedding model (task 'embed'); rerank with a cross-encoder", "wrong_task",
             "model",
         )  # fmt: skip
-    gateway.check_inputs(len(job.pairs))
-
-    async def batch() -> Batch:
-        ids, types = await model.require_tokenizer().encode_pairs(job.pairs, job.truncate)
-        return Batch.pack(ids, RowOptions(normalize=False), types)
-
-    logits, tokens = await gateway.compute(model, _estimate(job, model), batch)
-    scores = logits if job.raw_scores else activate(logits, model.score_activation)
-    return model, scores[:, 0].astype(np.float32), tokens
+    return model
 
 
-def _estimate(job: RerankJob, model: ServedModel) -> int:
+def pair_instruction(model: ServedModel, instruction: str | None) -> str | None:
+    """A decoder reranker's instruction: the request's, else the model's default prompt (sentence-transformers'
+    CrossEncoder prompts are its instructions), else None (the template's own default)."""
+    if model.pair_template is None:
+        if instruction is not None:
+            message = f"the model {model.id!r} has no instruction template: it pairs texts with its tokenizer"
+            raise InvalidRequest(message, "unsupported_parameter", "instruction")
+        return None
+    return instruction if instruction is not None else model.prompt(None) or None
+
+
+def estimate_pairs(pairs: list[tuple[str, str]], truncate: bool, model: ServedModel, instruction: str | None) -> int:
     """At least the tokens the pairs will take (a token is at least a byte), known before tokenizing."""
-    sizes = (len(query.encode()) + len(document.encode()) + 4 for query, document in job.pairs)
-    return sum(min(size, model.max_seq_length) for size in sizes) if job.truncate else sum(sizes)
+    template = model.pair_template
+    if template is None:
+        sizes = (len(query.encode()) + len(document.encode()) + 4 for query, document in pairs)
+    else:
+        fixed = len(template.prefix.encode()) + len(template.suffix.encode()) + 4
+        sizes = (len(template.format(query, document, instruction).encode()) + fixed for query, document in pairs)
+    return sum(min(size, model.max_seq_length) for size in sizes) if truncate else sum(sizes)
 
 
 def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:

@@ -8,8 +8,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from bouquet.gateway.errors import TooLarge
+from bouquet.pair_templates import PairTemplate
 from bouquet.tokenizer import (
     TRUNCATION_DIRECTIONS,
+    TemplatePairTokenizer,
     TextTokenizer,
     TokenizerSource,
     load_tokenizer,
@@ -28,7 +30,9 @@ _SHORTER_KEPT = 16  # tokenizers kept for requests' own shorter limits (truncate
 class ModelTokenizer:
     """Truncates to the model's limit from either side, or rejects an over-long input when told not to."""
 
-    def __init__(self, tokenizer: TokenizerSource, max_length: int, executor: Executor):
+    def __init__(
+        self, tokenizer: TokenizerSource, max_length: int, executor: Executor, pair_template: PairTemplate | None = None
+    ):
         self.max_length = max_length
         self.max_chars = CHARS_PER_TOKEN * max_length
         self._executor = executor
@@ -36,6 +40,10 @@ class ModelTokenizer:
         self._by_direction = {d: TextTokenizer(self._plain, max_length, d) for d in TRUNCATION_DIRECTIONS}
         self._plain.no_padding()
         self._plain.no_truncation()
+        # A decoder reranker's pairs go through its prompt template; an encoder's through the tokenizer's own.
+        self._templated: TemplatePairTokenizer | None = None
+        if pair_template is not None:
+            self._templated = TemplatePairTokenizer(self._plain, pair_template, max_length)
         self._prompt_tokens: dict[str, int] = {}
         self._shorter_tokenizers: dict[tuple[int, str], TextTokenizer] = {}
         self._frames: dict[str, tuple[list[int], list[int]]] = {}
@@ -75,17 +83,23 @@ class ModelTokenizer:
         return sequences
 
     async def encode_pairs(
-        self, pairs: list[tuple[str, str]], truncate: bool
-    ) -> tuple[list[list[int]], list[list[int]]]:
-        """(ids, token types) per (query, passage) pair, for a cross-encoder."""
+        self, pairs: list[tuple[str, str]], truncate: bool, instruction: str | None = None
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
+        """(ids, token types or None where the model has none) per (query, passage) pair, for a cross-encoder;
+        `instruction` only for a model with a pair template (None: the template's default)."""
         queries = self._capped([query for query, _ in pairs], truncate, from_left=False)
         passages = self._capped([passage for _, passage in pairs], truncate, from_left=False)
         pairs = list(zip(queries, passages, strict=True))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._encode_pairs, pairs, truncate)
+        return await loop.run_in_executor(self._executor, self._encode_pairs, pairs, truncate, instruction)
 
-    def _encode_pairs(self, pairs: list[tuple[str, str]], truncate: bool) -> tuple[list[list[int]], list[list[int]]]:
-        ids, types = self._by_direction["right"].encode_pairs(pairs, truncate=truncate)
+    def _encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool, instruction: str | None
+    ) -> tuple[list[list[int]], list[list[int]] | None]:
+        if self._templated is not None:
+            ids, types = self._templated.encode_pairs(pairs, truncate, instruction), None
+        else:
+            ids, types = self._by_direction["right"].encode_pairs(pairs, truncate=truncate)
         if not truncate:
             self._check_lengths(ids)
         return ids, types

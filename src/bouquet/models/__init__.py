@@ -10,11 +10,11 @@ from bouquet.models.bert import BertForSequenceClassification, BertModel
 from bouquet.models.gemma3 import Gemma3Model
 from bouquet.models.gte import GteModel
 from bouquet.models.mistral import MistralModel
-from bouquet.models.modernbert import ModernBertModel
+from bouquet.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from bouquet.models.mpnet import MPNetModel
 from bouquet.models.nomic_bert import NomicBertModel
 from bouquet.models.qwen2 import Qwen2Model
-from bouquet.models.qwen3 import Qwen3Model
+from bouquet.models.qwen3 import Qwen3ForSequenceClassification, Qwen3Model
 from bouquet.models.xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 _ARCHITECTURES: dict[str, type[nn.Module]] = {
@@ -25,6 +25,7 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": Qwen2Model,
     "Qwen3Model": Qwen3Model,
     "Qwen3ForCausalLM": Qwen3Model,
+    "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
     "XLMRobertaModel": XLMRobertaModel,
     "XLMRobertaForMaskedLM": XLMRobertaModel,
     "RobertaModel": XLMRobertaModel,
@@ -40,6 +41,7 @@ _ARCHITECTURES: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralModel,
     "ModernBertModel": ModernBertModel,
     "ModernBertForMaskedLM": ModernBertModel,
+    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
     "Gemma3TextModel": Gemma3Model,
     "Gemma3ForCausalLM": Gemma3Model,
 }

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from bouquet.layers.attention import Attention
-from bouquet.layers.heads import ClassifierHead, num_labels, take_head_weights
+from bouquet.layers.heads import ClassifierHead, take_head_weights
 from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
-from bouquet.model_dir import PoolingMethod
+from bouquet.model_dir import PoolingMethod, num_labels
 
 # The classification pooler and the position-id buffer are in most checkpoints; embeddings never use them.
 _IGNORED = re.compile(r"pooler\..*|embeddings\.position_ids|cls\..*")

@@ -18,11 +18,12 @@ from torch import nn
 
 from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
+from bouquet.layers.heads import NormedClassifierHead, take_head_weights
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.rotary import RotaryEmbedding, rope_theta
 from bouquet.layers.weights import drop_ignored, strip_prefixes
-from bouquet.model_dir import PoolingMethod
+from bouquet.model_dir import PoolingMethod, num_labels
 
 # ModernBertForMaskedLM's prediction head and decoder; embeddings never use them.
 _IGNORED = re.compile(r"head\..*|decoder\..*")
@@ -191,3 +192,46 @@ class ModernBertModel(nn.Module):
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # `model.` wraps the encoder in ModernBertForMaskedLM (ModernBERT-base as released).
         return drop_ignored(strip_prefixes(state, ("model.",)), _IGNORED)
+
+
+# `classifier_pooling` to the rows the head reads: the first token, or the mean of the sequence's tokens.
+_CLASSIFIER_POOLING = {"cls": PoolingMethod.CLS, "mean": PoolingMethod.MEAN}
+# The classification head's tensors, by their checkpoint names, to the module's; biases only where configured.
+_CLASSIFIER_WEIGHTS = {
+    "head.dense.weight": "score_head.dense.weight",
+    "head.dense.bias": "score_head.dense.bias",
+    "head.norm.weight": "score_head.norm.weight",
+    "head.norm.bias": "score_head.norm.bias",
+    "classifier.weight": "score_head.out.weight",
+    "classifier.bias": "score_head.out.bias",
+}
+
+
+class ModernBertForSequenceClassification(ModernBertModel):
+    """A cross-encoder (gte-reranker-modernbert): the encoder, its first token or mean (`classifier_pooling`),
+    then dense, activation and norm (`head`) and the classifier."""
+
+    task = "score"
+
+    def __init__(self, config: ModernBertConfig, head: NormedClassifierHead, pooling: PoolingMethod):
+        super().__init__(config)
+        self.score_head = head
+        self.score_pooling = pooling
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> ModernBertForSequenceClassification:
+        config = ModernBertConfig.from_hf(hf_config)
+        pooling = hf_config.get("classifier_pooling", "cls")
+        if pooling not in _CLASSIFIER_POOLING:
+            raise ValueError(f"unsupported classifier_pooling {pooling!r}; supported: {', '.join(_CLASSIFIER_POOLING)}")
+        head = NormedClassifierHead(
+            config.hidden_size, num_labels(hf_config), hf_config.get("classifier_activation", "gelu"), config.norm_eps,
+            dense_bias=hf_config.get("classifier_bias", False), norm_bias=config.norm_bias,
+        )  # fmt: skip
+        return cls(config, head, _CLASSIFIER_POOLING[pooling])
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        present = {name: module for name, module in _CLASSIFIER_WEIGHTS.items() if not name.endswith(".bias")}
+        present |= {name: module for name, module in _CLASSIFIER_WEIGHTS.items() if name in state}
+        head = take_head_weights(state, present)
+        return {**super().convert_checkpoint(state), **head}

@@ -1,5 +1,5 @@
-"""Qwen3-family decoders used as embedders (Qwen3-Embedding, pplx-embed): RMSNorm, RoPE, grouped-query
-attention with per-head q/k norms, SwiGLU; causal, or bidirectional when the config sets
+"""Qwen3-family decoders used as embedders (Qwen3-Embedding, pplx-embed) and rerankers (Qwen3-Reranker): RMSNorm,
+RoPE, grouped-query attention with per-head q/k norms, SwiGLU; causal, or bidirectional when the config sets
 `use_bidirectional_attention`.
 
 Parameter names follow the Hugging Face checkpoint, with q/k/v fused into `qkv_proj` and gate/up into
@@ -16,12 +16,13 @@ import torch
 from torch import nn
 
 from bouquet.layers.attention import Attention
+from bouquet.layers.heads import LinearHead, lm_head_rows, take_head_weights
 from bouquet.layers.linear import Linear
 from bouquet.layers.mlp import GatedMLP
 from bouquet.layers.norms import RMSNorm
 from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
-from bouquet.model_dir import PoolingMethod
+from bouquet.model_dir import PoolingMethod, num_labels
 
 _IGNORED = re.compile(r"lm_head\..*")
 
@@ -140,3 +141,37 @@ class Qwen3Model(nn.Module):
                 fuse(state, f"{attn}.qkv_proj.{kind}", [f"{attn}.{p}_proj.{kind}" for p in "qkv"])
             fuse(state, f"{mlp}.gate_up_proj.weight", [f"{mlp}.gate_proj.weight", f"{mlp}.up_proj.weight"])
         return state
+
+
+class Qwen3ForSequenceClassification(Qwen3Model):
+    """A decoder reranker: the last token's state through a bias-free `score` projection. Two checkpoints: a
+    converted one (Qwen3-Reranker-seq-cls) with its `score.weight`, and the original Qwen3-Reranker, a causal LM
+    whose score is logit("yes") - logit("no") at the last token. For the latter model_dir.py names the tokens
+    (`score_token_ids`, from sentence-transformers' LogitScore or vLLM's `classifier_from_token`) and the
+    projection is that one row of the LM head, so no vocabulary-wide product is ever computed."""
+
+    task = "score"
+    score_pooling = PoolingMethod.LAST
+
+    def __init__(self, config: Qwen3Config, labels: int, score_token_ids: tuple[int, int | None] | None, tied: bool):
+        super().__init__(config)
+        self.score_head = LinearHead(config.hidden_size, labels)
+        self.score_token_ids = score_token_ids
+        # The LM head's checkpoint name: tied embeddings (Qwen3-Reranker-0.6B) save no lm_head of their own.
+        self.lm_head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> Qwen3ForSequenceClassification:
+        token_ids = hf_config.get("score_token_ids")
+        labels = 1 if token_ids else num_labels(hf_config)
+        tied = bool(hf_config.get("tie_word_embeddings", False))
+        return cls(Qwen3Config.from_hf(hf_config), labels, tuple(token_ids) if token_ids else None, tied)
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.score_token_ids is None:
+            head = take_head_weights(state, {"score.weight": "score"})["score"]
+        elif self.lm_head_name not in state:
+            raise ValueError(f"missing weight: {self.lm_head_name}")
+        else:  # one row made of LM-head rows; the LM head is dropped as ignored, or stays as the tied embeddings
+            head = lm_head_rows(state[self.lm_head_name], *self.score_token_ids)
+        return {**super().convert_checkpoint(state), "score_head.out.weight": head}

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from bouquet.layers.heads import ClassifierHead, num_labels, take_head_weights
+from bouquet.layers.heads import ClassifierHead, take_head_weights
 from bouquet.layers.weights import drop_ignored, strip_prefixes
-from bouquet.model_dir import PoolingMethod
+from bouquet.model_dir import PoolingMethod, num_labels
 from bouquet.models.bert import BertConfig, BertModel
 
 # The masked-LM head of `...ForMaskedLM` checkpoints; embeddings never use it.
