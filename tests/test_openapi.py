@@ -32,7 +32,7 @@ from bouquet.config import GatewayConfig
 from bouquet.gateway import contextual, errors, openapi, rerank, schemas, text_tools
 from bouquet.gateway.app import create_app
 from bouquet.gateway.openapi import openapi_spec
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
 
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -95,7 +95,8 @@ def _properties(name: str, *inner: str) -> set[str]:
         ("DecodeRequest", (), text_tools._DECODE_FIELDS),
         ("TEIRerankRequest", (), rerank._TEI_FIELDS),
         ("CohereRerankRequest", (), rerank._RERANK_FIELDS),
-        ("ScoreRequest", (), rerank._SCORE_FIELDS),
+        ("ScoreRequest", (), rerank._SCORE_FIELDS | set(rerank._SCORE_ALIASES)),  # vLLM's names for the sides
+        ("DetokenizeRequest", (), text_tools._VLLM_DETOKENIZE_FIELDS),
     ],
 )
 def test_request_fields_are_the_parsers(schema_name: str, inner: tuple[str, ...], fields: frozenset[str]) -> None:
@@ -156,6 +157,7 @@ def server(reranker_dir: Path, minilm_path: Path) -> Iterator[str]:
     )  # fmt: skip
     try:
         process.wait_ready()
+        wait_models(f"http://127.0.0.1:{port}", 2, API_KEY)  # both registered
         yield f"http://127.0.0.1:{port}"
     finally:
         assert process.stop() == 0
@@ -243,6 +245,15 @@ _EXPLICIT = [
      {"body": {"query": "a", "documents": ["b", {"text": "c"}], "top_n": 1, "return_documents": False,
                "model": RERANKER}}, 200),
     ("/score", "POST", {"body": {"text_1": ["a", "b"], "text_2": ["c", "d"], "model": RERANKER}}, 200),
+    # vLLM's: the sides' newer names and the activation switch, /detokenize, /tokenize's errors in OpenAI's shape
+    ("/v1/score", "POST",
+     {"body": {"queries": "a", "items": ["c", "d"], "use_activation": False, "model": RERANKER}}, 200),
+    ("/score", "POST", {"body": {"text_1": "a", "data_1": "b", "text_2": ["c"], "model": RERANKER}}, 400),
+    ("/v1/rerank", "POST", {"body": {"query": "a", "documents": ["b"], "activation": False, "model": RERANKER}}, 200),
+    ("/v1/embeddings", "POST", {"body": {"input": "a", "use_activation": False, "model": EMBEDDER}}, 200),
+    ("/detokenize", "POST", {"body": {"tokens": [101, 1037, 102], "model": EMBEDDER}}, 200),
+    ("/detokenize", "POST", {"body": {"tokens": [10**9], "model": EMBEDDER}}, 400),
+    ("/tokenize", "POST", {"body": {"prompt": "a", "unknown": 1, "model": EMBEDDER}}, 400),
 ]  # fmt: skip
 
 

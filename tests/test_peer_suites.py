@@ -25,7 +25,7 @@ import pytest
 from conftest import row_cosines
 from test_cross_encoders import LIMIT, _tiny_classifier
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
 
 MODEL = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
@@ -76,6 +76,7 @@ def server(request, minilm_path: Path, cross_encoder_dir: Path) -> Iterator[str]
         request.getfixturevalue("sentence_transformer")
         request.getfixturevalue("cross_encoder")
         process.wait_ready()
+        wait_models(f"http://127.0.0.1:{port}", 2, API_KEY)  # both registered
         yield f"http://127.0.0.1:{port}"
     finally:
         assert process.stop() == 0

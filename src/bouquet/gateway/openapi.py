@@ -154,13 +154,15 @@ OPENAI_EMBEDDINGS_FIELDS: dict[str, Schema] = {
             "type": "integer",
             "minimum": -1,
             "not": {"enum": [0]},
-            "description": "vLLM's: keep the last k tokens; -1: the model's limit",
+            "description": "vLLM's: keep the last k tokens; -1: the model's limit; over the limit: 400",
         }
     ),
     "add_special_tokens": nullable({**BOOLEAN, "enum": [True], "description": "vLLM's; only true is done here"}),
     "embed_dtype": UNREAD,  # vLLM's
     "endianness": UNREAD,  # vLLM's
-    "use_activation": nullable({**BOOLEAN, "enum": [], "description": "vLLM's; only null is taken"}),
+    "use_activation": nullable(
+        {**BOOLEAN, "description": "vLLM's newer name for normalize; given both, they must agree (else 400)"}
+    ),
     "priority": nullable({**INTEGER, "description": "vLLM's hint; requests are served first come here"}),
     "request_id": nullable(STRING),
     "modality": nullable({"type": "string", "enum": ["text"], "description": "Infinity's"}),
@@ -204,6 +206,10 @@ TEI_TOKENIZE_FIELDS: dict[str, Schema] = {
     "prompt_name": PROMPT_NAME,
     "model": MODEL,
 }
+VLLM_DETOKENIZE_FIELDS: dict[str, Schema] = {
+    "tokens": _array(INTEGER, description="token ids; one outside the vocabulary is a 400"),
+    "model": MODEL,
+}
 VLLM_TOKENIZE_FIELDS: dict[str, Schema] = {
     "prompt": TEXT,
     "model": MODEL,
@@ -226,19 +232,33 @@ TEI_RERANK_FIELDS: dict[str, Schema] = {
         {**_any_case(("right",), empty=True), "description": "right only: a pair's longer part is cut from its end"}
     ),
 }
+# vLLM's `activation` (older) and `use_activation`: false for the logits (TEI's raw_scores); given both, they agree
+ACTIVATION_FIELDS: dict[str, Schema] = {
+    name: nullable({**BOOLEAN, "default": True, "description": "vLLM's: false for the logits, no activation"})
+    for name in ("activation", "use_activation")
+}
 COHERE_RERANK_FIELDS: dict[str, Schema] = {
     "query": TEXT,
     "documents": _array({"anyOf": [TEXT, _object({"text": TEXT}, ("text",), closed=False)]}, 1),
     "model": MODEL,
     "top_n": nullable({"type": "integer", "minimum": 1, "description": "default: every document"}),
     "return_documents": nullable({**BOOLEAN, "default": True}),
+    **ACTIVATION_FIELDS,
 }
 SCORE_FIELDS: dict[str, Schema] = {
     "text_1": {**TEXTS, "description": "one text scored against each text_2, or as many as text_2, pair by pair"},
     "text_2": TEXTS,
     "model": MODEL,
     "truncate": nullable({**BOOLEAN, "default": True}),
+    **ACTIVATION_FIELDS,
 }
+# vLLM's newer names for /score's two sides: each side is given by exactly one of its names (else 400)
+SCORE_SIDES: dict[str, tuple[str, ...]] = {
+    "text_1": ("text_1", "queries", "data_1"),
+    "text_2": ("text_2", "documents", "items", "data_2"),
+}
+for _side, _names in SCORE_SIDES.items():
+    SCORE_FIELDS.update({alias: {**SCORE_FIELDS[_side], "description": f"vLLM's: {_side}"} for alias in _names[1:]})
 
 _STRICT = (
     "Other fields are refused by name (400 unsupported_parameter; 422 on TEI's routes) unless the server runs with "
@@ -247,9 +267,13 @@ _STRICT = (
 
 
 def _request(
-    fields: dict[str, Schema], required: tuple[str, ...], closed: bool = True, description: str | None = None
+    fields: dict[str, Schema],
+    required: tuple[str, ...],
+    closed: bool = True,
+    description: str | None = None,
+    **more: Any,
 ) -> Schema:
-    return _object(fields, required, closed, **({"description": description} if description else {}))
+    return _object(fields, required, closed, **({"description": description} if description else {}), **more)
 
 
 OPENAI_EMBEDDINGS_REQUEST = _named(
@@ -267,20 +291,25 @@ CONTEXTUAL_REQUEST = _named(
     "ContextualizedEmbeddingsRequest", _request(CONTEXTUAL_FIELDS, ("input",), description=_STRICT)
 )
 TOKENIZE_REQUEST: Schema = {
-    "description": "TEI's body (`inputs`), or vLLM's (`prompt` and no `inputs`)",
+    "description": "TEI's body (`inputs`; TEI's errors), or vLLM's (`prompt` and no `inputs`; OpenAI's errors)",
     "anyOf": [
         _named("TEITokenizeRequest", _request(TEI_TOKENIZE_FIELDS, ("inputs",), description=_STRICT)),
         _named("VLLMTokenizeRequest", _request(VLLM_TOKENIZE_FIELDS, ("prompt",))),
     ],
 }
 DECODE_REQUEST = _named("DecodeRequest", _request(DECODE_FIELDS, ("ids",)))
+DETOKENIZE_REQUEST = _named("DetokenizeRequest", _request(VLLM_DETOKENIZE_FIELDS, ("tokens",)))
 TEI_RERANK_REQUEST = _named("TEIRerankRequest", _request(TEI_RERANK_FIELDS, ("query", "texts")))
 COHERE_RERANK_REQUEST = _named("CohereRerankRequest", _request(COHERE_RERANK_FIELDS, ("query", "documents")))
 RERANK_REQUEST: Schema = {
     "description": "TEI's body (`texts`; TEI's answer and errors), or Cohere's and Jina's (`documents`; theirs)",
     "oneOf": [TEI_RERANK_REQUEST, COHERE_RERANK_REQUEST],
 }
-SCORE_REQUEST = _named("ScoreRequest", _request(SCORE_FIELDS, ("text_1", "text_2")))
+SCORE_REQUEST = _named("ScoreRequest", _request(
+    SCORE_FIELDS, (), description="each side by exactly one of its names: text_1, queries or data_1; text_2, "
+    "documents, items or data_2",
+    allOf=[{"oneOf": [{"required": [name]} for name in names]} for names in SCORE_SIDES.values()],
+))  # fmt: skip
 
 # Response bodies: what the handlers in app.py, rerank.py, text_tools.py and contextual.py answer
 
@@ -293,8 +322,11 @@ def _embeddings(formats: tuple[str, ...]) -> Schema:
 
 
 OPENAI_EMBEDDINGS = _named("EmbeddingList", _response({
+    "id": {**STRING, "description": "vLLM's and Infinity's: embd-..."}, "created": {**COUNT, "description": "unix"},
     "object": {"type": "string", "enum": ["list"]}, "data": _embeddings(ENCODING_FORMATS), "model": STRING,
-    "usage": USAGE,
+    "usage": _named("EmbeddingUsage", _response(
+        {"prompt_tokens": COUNT, "total_tokens": COUNT, "completion_tokens": {"type": "integer", "enum": [0]}}
+    )),
 }))  # fmt: skip
 CONTEXTUAL = _named("ContextualizedEmbeddingList", _response({
     "object": {"type": "string", "enum": ["list"]},
@@ -324,9 +356,12 @@ TEI_TOKENS = _named("TEITokens", _array(
 ))  # fmt: skip
 VLLM_TOKENS = _named("VLLMTokens", _response({
     "count": COUNT, "max_model_len": COUNT, "tokens": _array(COUNT),
-    "token_strs": nullable({**_array(STRING), "description": "null unless return_token_strs"}),
+    "token_strs": nullable(
+        {**_array(nullable(STRING)), "description": "the vocabulary's token strings; null unless return_token_strs"}
+    ),
 }))  # fmt: skip
 DECODED = _named("Decoded", _array(STRING))
+DETOKENIZED = _named("Detokenized", _response({"prompt": STRING}))
 TEI_RANKING = _named(
     "TEIRanking",
     _array(
@@ -341,7 +376,7 @@ COHERE_RANKING = _named("CohereRanking", _response({
         _object({"index": COUNT, "relevance_score": NUMBER, "document": _response({"text": STRING})},
                 ("index", "relevance_score"))
     ),
-    "usage": _response({"total_tokens": COUNT}),
+    "usage": USAGE,
 }))  # fmt: skip
 SCORES = _named("Scores", _response({
     "id": STRING, "object": {"type": "string", "enum": ["list"]}, "created": COUNT, "model": STRING,
@@ -353,6 +388,7 @@ MODEL_CARD = _named("Model", _response({
     "family": STRING, "task": {"type": "string", "enum": ["embed", "score"]}, "architecture": STRING,
     "pooling": STRING, "normalize": BOOLEAN, "dimension": COUNT, "max_input_length": COUNT, "dtype": STRING,
     "replicas": {**COUNT, "description": "healthy replicas serving it"},
+    "stats": _response({"healthy_replicas": COUNT, "max_batch_tokens": COUNT}, description="Infinity's"),
 }))  # fmt: skip
 MODELS = _named("ModelList", _response({"object": {"type": "string", "enum": ["list"]}, "data": _array(MODEL_CARD)}))
 INFO = _named("Info", _response({
@@ -367,7 +403,9 @@ INFO = _named("Info", _response({
     "max_batch_requests": ALWAYS_NULL, "auto_truncate": BOOLEAN, "tokenization_workers": COUNT,
     "sha": ALWAYS_NULL, "docker_label": ALWAYS_NULL,
 }))  # fmt: skip
-HEALTH = _named("Health", _response({"status": {"type": "string", "enum": ["ok"]}}))
+HEALTH = _named("Health", _response({
+    "status": {"type": "string", "enum": ["ok"]}, "unix": {**NUMBER, "description": "Infinity's: the server's clock"}
+}))  # fmt: skip
 
 # Errors
 
@@ -450,7 +488,7 @@ class Operation:
     ok: dict[str, Schema]  # media type -> the 200 body
     request: Schema | None = None
     statuses: frozenset[int] = frozenset()  # besides CONNECTION, and 401 where the key applies
-    errors: str = "openai"  # "openai", "tei", or "both" (/rerank: by the body)
+    errors: str = "openai"  # "openai", "tei", or "both" (/rerank and /tokenize: by the body)
     public: bool = False  # no API key asked (TEI keeps these open)
     parameters: tuple[Schema, ...] = ()
 
@@ -492,7 +530,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("/rerank", "post", "TEI (texts) or Cohere / Jina (documents): rerank with a cross-encoder", "Rerank",
               _json({"oneOf": [TEI_RANKING, COHERE_RANKING]}), RERANK_REQUEST, TEI_COMPUTE, "both"),
     Operation("/tokenize", "post", "TEI (inputs) or vLLM (prompt): tokens", "TEI",
-              _json({"oneOf": [TEI_TOKENS, VLLM_TOKENS]}), TOKENIZE_REQUEST, COMPUTE, "tei"),
+              _json({"oneOf": [TEI_TOKENS, VLLM_TOKENS]}), TOKENIZE_REQUEST, COMPUTE, "both"),
     Operation("/decode", "post", "TEI: token ids back to text", "TEI", _json(DECODED), DECODE_REQUEST, COMPUTE, "tei"),
     Operation("/info", "get", "TEI: the model, its limits and pooling", "TEI", _json(INFO), statuses=MODEL_LOOKUP,
               errors="tei", parameters=(_MODEL_QUERY,)),
@@ -506,6 +544,8 @@ OPERATIONS: tuple[Operation, ...] = (
                   COMPUTE)
         for path in ("/score", "/v1/score")
     ),
+    Operation("/detokenize", "post", "vLLM: token ids back to text", "vLLM", _json(DETOKENIZED),
+              DETOKENIZE_REQUEST, COMPUTE),
     # Perplexity's
     Operation("/v1/contextualizedembeddings", "post", "Perplexity: late-chunked chunk embeddings per document",
               "Perplexity", _json(CONTEXTUAL), CONTEXTUAL_REQUEST, COMPUTE),
@@ -531,7 +571,8 @@ def _header(name: str, required: bool = False) -> Schema:
 
 def _error(operation: Operation, status: int) -> Schema:
     """The status's answer: TEI's shape where a TEI route answers it itself, OpenAI's where an OpenAI route does or
-    the connection does (http_protocol.py answers before any route); /rerank answers either, by its body."""
+    the connection does (http_protocol.py answers before any route); /rerank and /tokenize answer either, by the
+    body: OpenAI's to Cohere's body (`documents`) and to vLLM's (`prompt`), once the body is read."""
     own = operation.statuses | (set() if operation.public else {401})
     shapes = []
     if operation.errors != "openai" and status in own:
@@ -581,11 +622,12 @@ def openapi_spec() -> dict[str, Any]:
             "version": "0.1.0",
             "description": "OpenAI-, vLLM-, Infinity-, TEI-, Cohere- and Perplexity-compatible embeddings and "
             "reranking. Errors are OpenAI's `{error: {message, type, param, code}}`, on TEI's routes TEI's "
-            "`{error, error_type}`; the connection's own answers (408, 431, 503 at the connection cap) are "
-            "OpenAI's on every route. A body is read as JSON whatever its Content-Type, and may be gzip-compressed "
+            "`{error, error_type}` (OpenAI's again once a Cohere-shaped /rerank or a vLLM-shaped /tokenize body is "
+            "read); the connection's own answers (408, 431, 503 at the connection cap) are OpenAI's on every route. "
+            "A body is read as JSON whatever its Content-Type, and may be gzip-compressed "
             "(Content-Encoding: gzip; another encoding is a 415).",
         },
-        "tags": [{"name": name} for name in ("OpenAI", "TEI", "Rerank", "Perplexity", "Operations")],
+        "tags": [{"name": name} for name in ("OpenAI", "TEI", "Rerank", "vLLM", "Perplexity", "Operations")],
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "--api-key"}},
             "headers": _HEADERS,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -101,3 +102,21 @@ def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{base_url}/health did not answer 200 in {timeout} s")
+
+
+def wait_models(base_url: str, count: int, api_key: str | None = None, timeout: float = 60.0) -> None:
+    """Until GET /v1/models lists `count` models: `bouquet serve` is ready once its replicas serve, and its gateway
+    registers each model when it first hears from that replica, a moment later."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(f"{base_url}/v1/models", headers=headers), timeout=2
+            ) as r:
+                if len(json.loads(r.read())["data"]) >= count:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{base_url}/v1/models did not list {count} models in {timeout} s")
