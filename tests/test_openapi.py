@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
-from bouquet.gateway import contextual, errors, openapi, rerank, schemas, text_tools
+from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, text_tools
 from bouquet.gateway.app import create_app
 from bouquet.gateway.openapi import openapi_spec
 from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
@@ -37,7 +37,7 @@ from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
-RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score"}
+RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict"}
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -95,6 +95,7 @@ def _properties(name: str, *inner: str) -> set[str]:
         ("DecodeRequest", (), text_tools._DECODE_FIELDS),
         ("TEIRerankRequest", (), rerank._TEI_FIELDS),
         ("CohereRerankRequest", (), rerank._RERANK_FIELDS),
+        ("PredictRequest", (), predict._FIELDS),
         ("ScoreRequest", (), rerank._SCORE_FIELDS | set(rerank._SCORE_ALIASES)),  # vLLM's names for the sides
         ("DetokenizeRequest", (), text_tools._VLLM_DETOKENIZE_FIELDS),
     ],

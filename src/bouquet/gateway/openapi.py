@@ -232,6 +232,8 @@ TEI_RERANK_FIELDS: dict[str, Schema] = {
         {**_any_case(("right",), empty=True), "description": "right only: a pair's longer part is cut from its end"}
     ),
 }
+INSTRUCTION = nullable({**TEXT, "description": "a decoder reranker's instruction (Qwen3-Reranker); refused by others"})
+TEI_RERANK_FIELDS["instruction"] = INSTRUCTION
 # vLLM's `activation` (older) and `use_activation`: false for the logits (TEI's raw_scores); given both, they agree
 ACTIVATION_FIELDS: dict[str, Schema] = {
     name: nullable({**BOOLEAN, "default": True, "description": "vLLM's: false for the logits, no activation"})
@@ -243,6 +245,7 @@ COHERE_RERANK_FIELDS: dict[str, Schema] = {
     "model": MODEL,
     "top_n": nullable({"type": "integer", "minimum": 1, "description": "default: every document"}),
     "return_documents": nullable({**BOOLEAN, "default": True}),
+    "instruction": INSTRUCTION,
     **ACTIVATION_FIELDS,
 }
 SCORE_FIELDS: dict[str, Schema] = {
@@ -250,8 +253,20 @@ SCORE_FIELDS: dict[str, Schema] = {
     "text_2": TEXTS,
     "model": MODEL,
     "truncate": nullable({**BOOLEAN, "default": True}),
+    "instruction": INSTRUCTION,
     **ACTIVATION_FIELDS,
 }
+_PAIR = _array(TEXT, 1, maxItems=2)
+_PREDICT_INPUT = {"anyOf": [TEXT, _PAIR]}
+PREDICT_FIELDS: dict[str, Schema] = {
+    "inputs": {"anyOf": [_PREDICT_INPUT, _array(_PAIR, 1)],
+               "description": "a text, [text], [first, second] (a pair), or a batch of [text] / [first, second]"},
+    "truncate": nullable({**BOOLEAN, "default": True}),
+    "truncation_direction": nullable({**_any_case(("right", "left"), empty=True), "description": "left: texts only"}),
+    "raw_scores": nullable({**BOOLEAN, "default": False, "description": "the logits, no activation"}),
+    "model": MODEL,
+    "instruction": INSTRUCTION,
+}  # fmt: skip
 # vLLM's newer names for /score's two sides: each side is given by exactly one of its names (else 400)
 SCORE_SIDES: dict[str, tuple[str, ...]] = {
     "text_1": ("text_1", "queries", "data_1"),
@@ -298,6 +313,7 @@ TOKENIZE_REQUEST: Schema = {
     ],
 }
 DECODE_REQUEST = _named("DecodeRequest", _request(DECODE_FIELDS, ("ids",)))
+PREDICT_REQUEST = _named("PredictRequest", _request(PREDICT_FIELDS, ("inputs",)))
 DETOKENIZE_REQUEST = _named("DetokenizeRequest", _request(VLLM_DETOKENIZE_FIELDS, ("tokens",)))
 TEI_RERANK_REQUEST = _named("TEIRerankRequest", _request(TEI_RERANK_FIELDS, ("query", "texts")))
 COHERE_RERANK_REQUEST = _named("CohereRerankRequest", _request(COHERE_RERANK_FIELDS, ("query", "documents")))
@@ -361,6 +377,10 @@ VLLM_TOKENS = _named("VLLMTokens", _response({
     ),
 }))  # fmt: skip
 DECODED = _named("Decoded", _array(STRING))
+_PREDICTIONS = _array(_object({"score": NUMBER, "label": STRING}, ("score", "label")), 1)
+PREDICTIONS = _named(
+    "Predictions", {"anyOf": [_PREDICTIONS, _array(_PREDICTIONS)], "description": "every label, best first"}
+)
 DETOKENIZED = _named("Detokenized", _response({"prompt": STRING}))
 TEI_RANKING = _named(
     "TEIRanking",
@@ -391,10 +411,17 @@ MODEL_CARD = _named("Model", _response({
     "stats": _response({"healthy_replicas": COUNT, "max_batch_tokens": COUNT}, description="Infinity's"),
 }))  # fmt: skip
 MODELS = _named("ModelList", _response({"object": {"type": "string", "enum": ["list"]}, "data": _array(MODEL_CARD)}))
+_CLASSIFIER = _response(
+    {
+        "id2label": {"type": "object", "additionalProperties": STRING},
+        "label2id": {"type": "object", "additionalProperties": COUNT},
+        "activation": STRING,
+    }
+)  # TEI's: a reranker has one label, a classifier several
 INFO = _named("Info", _response({
     "model_id": STRING, "model_dtype": STRING,
     "model_type": {"oneOf": [_response({"embedding": _response({"pooling": STRING})}),
-                             _response({"reranker": _response({"activation": STRING})})]},
+                             _response({"reranker": _CLASSIFIER}), _response({"classifier": _CLASSIFIER})]},
     "task": {"type": "string", "enum": ["embed", "score"]}, "family": STRING, "architecture": STRING,
     "normalize": BOOLEAN, "dimension": COUNT, "max_input_length": COUNT, "max_batch_tokens": COUNT,
     "max_client_batch_size": COUNT, "prompts": {"type": "object", "additionalProperties": STRING},
@@ -532,6 +559,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("/tokenize", "post", "TEI (inputs) or vLLM (prompt): tokens", "TEI",
               _json({"oneOf": [TEI_TOKENS, VLLM_TOKENS]}), TOKENIZE_REQUEST, COMPUTE, "both"),
     Operation("/decode", "post", "TEI: token ids back to text", "TEI", _json(DECODED), DECODE_REQUEST, COMPUTE, "tei"),
+    Operation("/predict", "post", "TEI: a classifier's or cross-encoder's labels for texts or pairs", "Rerank",
+              _json(PREDICTIONS), PREDICT_REQUEST, TEI_COMPUTE, "tei"),
     Operation("/info", "get", "TEI: the model, its limits and pooling", "TEI", _json(INFO), statuses=MODEL_LOOKUP,
               errors="tei", parameters=(_MODEL_QUERY,)),
     Operation("/health", "get", "200 while a replica is healthy, else 503", "Operations", _json(HEALTH),
