@@ -403,6 +403,7 @@ def test_gateway_probes_hit_its_routes(rendered: dict[str, list[Doc]], name: str
     key_file = tmp_path / "api-key"
     key_file.write_text(_secret_file(docs, container, args.api_key_file))
     args.api_key_file = key_file
+    asyncio.set_event_loop(asyncio.new_event_loop())  # grpc.aio channels need one; an earlier asyncio.run cleared it
     app = create_app(cli.gateway_config(args))  # not started (no lifespan): no replica is reached
     client = TestClient(app)
     readiness, liveness = container["readinessProbe"]["httpGet"], container["livenessProbe"]["httpGet"]

@@ -6,6 +6,7 @@ the document calls invalid that the server takes."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import copy
 import json
@@ -63,6 +64,7 @@ def test_document_is_valid_openapi() -> None:
 
 
 def test_every_route_is_documented_and_only_those() -> None:
+    asyncio.set_event_loop(asyncio.new_event_loop())  # grpc.aio channels need one; an earlier asyncio.run cleared it
     app = create_app(GatewayConfig(replicas=("127.0.0.1:1",)))
     registered = set()
     for route in app.routes:
