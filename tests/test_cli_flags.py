@@ -13,6 +13,7 @@ import pytest
 
 from bouquet.cli import (
     build_parser,
+    embed_config,
     engine_config,
     gateway_config,
     main,
@@ -25,6 +26,7 @@ from bouquet.config import (
     EmbedConfig,
     EngineConfig,
     GatewayConfig,
+    RayConfig,
     ReplicaConfig,
     SchedulerConfig,
     ServeConfig,
@@ -66,6 +68,7 @@ def test_every_config_field_has_a_flag_or_is_internal():
         assert unflagged(config, "replica") == set(), config.__name__
     assert unflagged(EngineConfig, "embed") == set()
     assert unflagged(EmbedConfig, "embed") == set()
+    assert unflagged(RayConfig, "embed", {**FIELD_OF, "ray": "address"}) == set()  # --ray ADDRESS
     assert unflagged(GatewayConfig, "gateway", GATEWAY_FIELD_OF) == set()
     assert unflagged(ServeConfig, "serve") == set()
     assert {field.name for field in fields(CudaGraphConfig)} - INTERNAL == {"enabled"}  # set by --cuda-graphs
@@ -129,6 +132,15 @@ def test_gateway_flags_land_in_its_config_and_its_workers_arguments(tmp_path: Pa
     )  # fmt: skip
 
 
+def test_ray_flags_land_in_the_embed_config():
+    assert embed_config(parse("embed", "in.jsonl", "-o", "out.npy")).ray is None
+    assert embed_config(parse("embed", "in.jsonl", "-o", "out.npy", "--ray")).ray == RayConfig()
+    argv = ["corpus", "-o", "out", "--ray", "10.0.0.1:6379", "--actors", "3", "--cpus-per-actor", "2",
+            "--gpus-per-actor", "0.5", "--batch-rows", "256"]  # fmt: skip
+    assert embed_config(parse("embed", *argv)).ray == RayConfig("10.0.0.1:6379", 3, 2.0, 0.5, 256)
+    assert embed_config(parse("embed", "--ray=auto", "in.parquet", "-o", "out")).ray == RayConfig("auto")
+
+
 def test_serve_passes_on_only_what_it_was_given_and_what_it_resolved(tmp_path: Path):
     config = serve_config(parse("--log-level", "INFO", "serve", "--model", str(tmp_path), "--ready-timeout", "60"))
     assert config.ready_timeout == 60.0
@@ -152,6 +164,10 @@ def test_serve_passes_on_only_what_it_was_given_and_what_it_resolved(tmp_path: P
         (["gateway", "--replica", "h:1", "--idle-timeout", "0"], "idle_timeout must be positive"),
         (["serve", "--ready-timeout", "0"], "ready_timeout must be positive"),
         (["serve", "--replicas", "0"], "replicas and workers must be positive"),
+        (["embed", "in.jsonl", "-o", "o.npy", "--ray", "--actors", "0"], "actors must be positive"),
+        (["embed", "in.jsonl", "-o", "o.npy", "--ray", "--batch-rows", "0"], "batch_rows must be positive"),
+        (["embed", "in.jsonl", "-o", "o.npy", "--batch-rows", "8"], "--batch-rows is for --ray only"),
+        (["embed", "in.parquet", "-o", "o.npy"], "input must be .jsonl or .txt, got in.parquet"),
     ],
 )
 def test_bad_values_are_refused_before_anything_starts(argv: list[str], message: str, capsys):

@@ -5,6 +5,7 @@ that takes it; the configs are built from the parsed options here, in one place;
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from bouquet.config import (
     EmbedConfig,
     EngineConfig,
     GatewayConfig,
+    RayConfig,
     ReplicaConfig,
     SchedulerConfig,
     ServeConfig,
@@ -270,10 +272,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# `bouquet embed --ray`'s: the job on a Ray cluster (docs/ray.md); --ray's value is RayConfig.address.
+_RAY = _option(
+    "--ray",
+    "run on a Ray cluster through Ray Data, one engine per actor: ADDRESS as ray.init takes it ('local': a new local "
+    "cluster; 'auto': the running one); none: ray.init's default ($RAY_ADDRESS, else the cluster `ray start` started "
+    "here, else a new local one). Put it after INPUT, or write --ray=ADDRESS",
+    nargs="?",
+    const="",
+    metavar="ADDRESS",
+)
+_RAY_FIELDS = (
+    _option(
+        "--actors", "engines at once, one per actor (default: as many as the cluster's CPUs or GPUs hold)", type=int
+    ),
+    _option("--cpus-per-actor", f"each engine's threads (default {RayConfig.cpus_per_actor:g})", type=float),
+    _option("--gpus-per-actor", f"default {RayConfig.gpus_per_actor:g}", type=float),
+    _option(
+        "--batch-rows",
+        f"texts a batch, the work a dead actor's retry redoes (default {RayConfig.batch_rows})",
+        type=int,
+    ),
+)
+
+
 def _add_embed_parser(commands: argparse._SubParsersAction) -> None:
     embed = commands.add_parser("embed", help="embed a .jsonl or .txt file into a float32 .npy")
-    embed.add_argument("input", type=Path, help='.jsonl with a "text" field per line, or .txt with a text per line')
-    embed.add_argument("-o", "--output", type=Path, required=True, help="output .npy, [N, dim] float32")
+    embed.add_argument(
+        "input",
+        type=Path,
+        help='.jsonl with a "text" field per line, or .txt with a text per line; with --ray also .parquet (or a '
+        'directory of them) with "id" and "text" columns',
+    )
+    embed.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        help="output .npy, [N, dim] float32; with --ray also a new directory for parquet shards of id and embedding",
+    )
     embed.add_argument(
         "--normalize",
         action=argparse.BooleanOptionalAction,
@@ -282,13 +319,38 @@ def _add_embed_parser(commands: argparse._SubParsersAction) -> None:
     embed.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
     embed.add_argument("--prompt-name", help="one of the model's sentence-transformers prompts")
     _add(embed, [*ENGINE_OPTIONS, _LOG_LEVEL])
+    _add(embed.add_argument_group("on a Ray cluster"), [_RAY, *_RAY_FIELDS])
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine flags given, as `create_engine_config`'s (and `bouquet.ray.Embedder`'s) keyword arguments."""
     given = _given(args, ENGINE_OPTIONS)
     if "cuda_graphs" in given:  # the flag turns graphs on or off; their buckets are not set per run
         given["cuda_graphs"] = CudaGraphConfig(enabled=given["cuda_graphs"])
-    return create_engine_config(**given)
+    return given
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return create_engine_config(**engine_options(args))
+
+
+def embed_config(args: argparse.Namespace) -> EmbedConfig:
+    return EmbedConfig(
+        input_path=args.input,
+        output_path=args.output,
+        normalize=args.normalize,
+        batch_tokens=args.batch_tokens,
+        ray=ray_config(args),
+    )
+
+
+def ray_config(args: argparse.Namespace) -> RayConfig | None:
+    given = _given(args, _RAY_FIELDS)
+    if args.ray is None:
+        if given:
+            raise ValueError(f"--{next(iter(given)).replace('_', '-')} is for --ray only")
+        return None
+    return RayConfig(address=args.ray or None, **given)
 
 
 def scheduler_config(args: argparse.Namespace, device: str) -> SchedulerConfig:
@@ -367,26 +429,39 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 
 def _run_embed(args: argparse.Namespace) -> int:
+    config = embed_config(args)
+    if config.ray is not None:
+        return _run_embed_on_ray(args, config)
     # Imported here so `bouquet --help` and the gateway never pay for torch.
     from bouquet.engine.engine import Engine
     from bouquet.offline.embed import embed_file
     from bouquet.tokenizer import TextTokenizer, tokenizer_json
 
-    embed_config = EmbedConfig(
-        input_path=args.input,
-        output_path=args.output,
-        normalize=args.normalize,
-        batch_tokens=args.batch_tokens,
-    )
     engine = Engine(engine_config(args))
     try:
         prompt = engine.spec.prompt(args.prompt_name)
         spec = engine.spec
         tokenizer = TextTokenizer(tokenizer_json(spec.tokenizer_file, spec.do_lower_case), engine.max_seq_length)
-        count = embed_file(engine, tokenizer, embed_config, prompt)
+        count = embed_file(engine, tokenizer, config, prompt)
     finally:
         engine.close()
     print(f"wrote {count} embeddings of dimension {engine.dimension} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _run_embed_on_ray(args: argparse.Namespace, config: EmbedConfig) -> int:
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--ray needs Ray Data: pip install 'ray[data]'")
+    from bouquet.model_dir import read_model_dir
+    from bouquet.offline.ray_job import embed_on_ray
+
+    options = engine_options(args)
+    if "model" in options:  # the actors' working directory is not this one
+        options["model"] = str(Path(options["model"]).resolve())
+    read_model_dir(Path(options.get("model") or default_model_path())).prompt(args.prompt_name)  # fails here, once
+    embedder = {"normalize": args.normalize, "batch_tokens": args.batch_tokens, "prompt_name": args.prompt_name}
+    count = embed_on_ray(config, {**options, **embedder})
+    print(f"wrote {count} embeddings to {args.output}", file=sys.stderr)
     return 0
 
 

@@ -76,8 +76,38 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """`bouquet embed --ray`: the same job on a Ray cluster through Ray Data, one engine per actor (bouquet/ray.py)."""
+
+    # ray.init's: None, its default ($RAY_ADDRESS, else the cluster `ray start` started on this machine, else a new
+    # local one); "local", always a new local one; "auto", the running one; or a cluster's HOST:PORT.
+    address: str | None = None
+    actors: int | None = None  # None: as many as the cluster's CPUs (GPUs, with gpus_per_actor) hold
+    cpus_per_actor: float = 1.0  # each actor's engine gets this many intra-op threads unless --num-threads says
+    gpus_per_actor: float = 0.0
+    batch_rows: int = 256  # texts in each map_batches batch: the unit of work a dead actor's retry recomputes
+
+    def __post_init__(self) -> None:
+        if self.actors is not None and self.actors < 1:
+            raise ValueError(f"actors must be positive, got {self.actors}")
+        if self.cpus_per_actor <= 0 or self.gpus_per_actor < 0:
+            raise ValueError(
+                f"cpus_per_actor must be positive and gpus_per_actor >= 0, got {self.cpus_per_actor} and "
+                f"{self.gpus_per_actor}"
+            )
+        if self.batch_rows < 1:
+            raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
+
+
+# Inputs `bouquet embed` reads; with --ray also parquet, a file or (no suffix) a directory of them.
+EMBED_INPUTS = (".jsonl", ".txt")
+RAY_EMBED_INPUTS = (*EMBED_INPUTS, ".parquet", "")
+
+
+@dataclass(frozen=True)
 class EmbedConfig:
-    """`bouquet embed`: stream a file of texts through the engine into one .npy."""
+    """`bouquet embed`: stream a file of texts through the engine into one .npy; with `ray`, into a .npy or a
+    directory of parquet shards."""
 
     input_path: Path
     output_path: Path
@@ -85,10 +115,13 @@ class EmbedConfig:
     batch_tokens: int = 4096
     # Internal, no flag: texts read ahead and sorted by length, so each batch holds similar lengths.
     sort_window: int = 4096
+    ray: RayConfig | None = None  # None: in this process
 
     def __post_init__(self) -> None:
-        if self.input_path.suffix not in (".jsonl", ".txt"):
-            raise ValueError(f"input must be .jsonl or .txt, got {self.input_path}")
+        inputs = EMBED_INPUTS if self.ray is None else RAY_EMBED_INPUTS
+        if self.input_path.suffix not in inputs:
+            kinds = ".jsonl or .txt" if self.ray is None else ".jsonl, .txt, .parquet or a directory of parquet files"
+            raise ValueError(f"input must be {kinds}, got {self.input_path}")
         if self.batch_tokens < 1 or self.sort_window < 1:
             raise ValueError("batch_tokens and sort_window must be positive")
 

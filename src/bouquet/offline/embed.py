@@ -3,7 +3,8 @@
 The replica's scheduler drives the engine here too, on an event loop in this process: each window of texts,
 sorted by length, is queued as one request; the scheduler cuts token-budget steps from the queue, keeps two in
 flight and hands the rows back. A thread reads and tokenizes the next window meanwhile, so the queue never runs
-dry while the engine computes.
+dry while the engine computes. `embed_texts` is that pipeline on any texts in memory: `bouquet.ray`'s actors run it
+on each batch of a Ray Dataset, so both paths tokenize, sort and batch alike.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import asyncio
 import os
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
@@ -43,14 +44,22 @@ def embed_file(
 ) -> int:
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
-    if config.normalize is None:
-        config = replace(config, normalize=engine.spec.normalize)
     partial = config.output_path.with_name(config.output_path.name + ".partial")
     output = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(num_texts, engine.dimension))
     try:
         bar = tqdm(total=num_texts, unit="text", desc="embed", dynamic_ncols=True, disable=not progress_bar)
         with bar as progress:
-            event_loop.run(_embed_windows(engine, _windows(tokenizer, config, prompt), config, output, progress.update))
+            embed_texts(
+                engine,
+                tokenizer,
+                read_texts(config.input_path),
+                output,
+                normalize=config.normalize,
+                batch_tokens=config.batch_tokens,
+                sort_window=config.sort_window,
+                prompt=prompt,
+                on_rows=progress.update,
+            )
         output.flush()
         del output
         os.replace(partial, config.output_path)
@@ -59,10 +68,30 @@ def embed_file(
     return num_texts
 
 
-def _scheduler_config(config: EmbedConfig) -> SchedulerConfig:
+def embed_texts(
+    engine: StepEngine,
+    tokenizer: TextTokenizer,
+    texts: Iterable[str],
+    output: np.ndarray,  # [N, dim] float32: row i gets text i
+    *,
+    normalize: bool | None = None,  # None: as the model's Normalize module says
+    batch_tokens: int = EmbedConfig.batch_tokens,
+    sort_window: int = EmbedConfig.sort_window,
+    prompt: str = "",
+    on_rows: Callable[[int], None] | None = None,
+) -> None:
+    """The texts' rows into `output` in their order: windows of `sort_window` texts, sorted by length, through the
+    scheduler in steps of `batch_tokens`, on an event loop of the caller's thread."""
+    normalize = engine.spec.normalize if normalize is None else normalize
+    options = RowOptions(normalize=normalize, prompt_tokens=tokenizer.prompt_tokens(prompt))
+    windows = _windows(tokenizer, iter(texts), options, sort_window, prompt)
+    event_loop.run(_embed_windows(engine, windows, _scheduler_config(batch_tokens), output, on_rows))
+
+
+def _scheduler_config(batch_tokens: int) -> SchedulerConfig:
     return SchedulerConfig(
-        max_batch_tokens=config.batch_tokens,
-        max_batch_seqs=config.batch_tokens,  # every sequence holds a token: the token budget is the only cap
+        max_batch_tokens=batch_tokens,
+        max_batch_seqs=batch_tokens,  # every sequence holds a token: the token budget is the only cap
         max_queue_tokens=sys.maxsize,  # bounded by _WINDOWS_QUEUED instead: a window may hold any number
     )
 
@@ -70,11 +99,11 @@ def _scheduler_config(config: EmbedConfig) -> SchedulerConfig:
 async def _embed_windows(
     engine: StepEngine,
     windows: Iterator[_Window],
-    config: EmbedConfig,
+    config: SchedulerConfig,
     output: np.ndarray,  # [N, dim] float32
-    on_rows: Callable[[int], None],
+    on_rows: Callable[[int], None] | None,
 ) -> None:
-    scheduler = Scheduler(engine, _scheduler_config(config))
+    scheduler = Scheduler(engine, config)
     loop = asyncio.get_running_loop()
     queued: deque[tuple[_Window, asyncio.Future[np.ndarray]]] = deque()
     with ThreadPoolExecutor(1, thread_name_prefix="bouquet-tokenize") as tokenizer_thread:
@@ -94,12 +123,11 @@ async def _write(window: _Window, rows: asyncio.Future[np.ndarray], output: np.n
     output[window.rows] = await rows
 
 
-def _windows(tokenizer: TextTokenizer, config: EmbedConfig, prompt: str) -> Iterator[_Window]:
-    texts = read_texts(config.input_path)
-    assert config.normalize is not None, "resolved by embed_file"
-    options = RowOptions(normalize=config.normalize, prompt_tokens=tokenizer.prompt_tokens(prompt))
+def _windows(
+    tokenizer: TextTokenizer, texts: Iterator[str], options: RowOptions, sort_window: int, prompt: str
+) -> Iterator[_Window]:
     first_row = 0
-    while window := list(islice(texts, config.sort_window)):
+    while window := list(islice(texts, sort_window)):
         ids = tokenizer.encode([prompt + text for text in window] if prompt else window)
         # Sorted by length, the steps cut from a window hold similar lengths: less padding where attention pads.
         order = np.argsort(np.fromiter(map(len, ids), np.int32, len(ids)), kind="stable")
