@@ -16,7 +16,7 @@ import numpy as np
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.schemas import optional_field, truncation_direction
+from bouquet.gateway.schemas import optional_field, refuse_unknown, truncation_direction
 from bouquet.scoring import activate
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class RerankJob:
 
 def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
     """TEI's body, and whether to return each text."""
-    _only(body, _TEI_FIELDS)
+    refuse_unknown(body, _TEI_FIELDS)
     if truncation_direction(body) != "right":
         message = "truncation_direction 'left' is not supported for pairs: the longer part is cut from its end"
         raise InvalidRequest(message, "unsupported_parameter", "truncation_direction")
@@ -65,7 +65,7 @@ def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
 
 def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bool]:
     """Cohere's, Jina's and vLLM's body (documents as strings or {"text": ...}), its top_n and return_documents."""
-    _only(body, _RERANK_FIELDS)
+    refuse_unknown(body, _RERANK_FIELDS)
     query = _text(body, "query")
     documents = [_document_text(document, index) for index, document in enumerate(_list(body, "documents"))]
     top_n = optional_field(body, "top_n", int)
@@ -84,7 +84,7 @@ def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bo
 def parse_score(body: dict[str, Any]) -> RerankJob:
     """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
     body = _score_aliases(body)
-    _only(body, _SCORE_FIELDS)
+    refuse_unknown(body, _SCORE_FIELDS)
     first, second = body.get("text_1"), body.get("text_2")
     queries = [_text(body, "text_1")] if isinstance(first, str) else _texts(first, "text_1")
     documents = [_text(body, "text_2")] if isinstance(second, str) else _texts(second, "text_2")
@@ -206,16 +206,6 @@ def score_response(scores: np.ndarray, model: ServedModel, tokens: int) -> dict[
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.id,
             "data": data, "usage": usage}  # fmt: skip
-
-
-def _only(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidRequest(
-            f"'{unknown[0]}' is not supported on this route; it takes {', '.join(sorted(allowed))}",
-            "unsupported_parameter",
-            unknown[0],
-        )
 
 
 def _text(body: dict[str, Any], name: str) -> str:

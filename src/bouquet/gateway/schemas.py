@@ -108,7 +108,7 @@ def _normalize(body: dict[str, Any]) -> bool | None:
     return normalize if normalize is not None else use_activation
 
 
-def refuse_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
+def refuse_unknown(body: dict[str, Any], allowed: frozenset[str] | set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequest(
