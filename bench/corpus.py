@@ -166,6 +166,12 @@ def documents(limit: int | None = None, min_chars: int = 200) -> list[str]:
     return [doc for doc in _docstrings() if len(doc) >= min_chars][:limit]
 
 
+def paragraphs(min_chars: int = 40) -> list[str]:
+    """The docstrings' paragraphs, each once: a few thousand passages of a sentence or more, for retrieval."""
+    found = (paragraph.strip() for doc in _docstrings() for paragraph in doc.split("\n\n"))
+    return list(dict.fromkeys(paragraph for paragraph in found if len(paragraph) >= min_chars))
+
+
 def queries(limit: int | None = None) -> list[str]:
     """First lines of the docstrings: short, query-like text."""
     return [doc.splitlines()[0] for doc in _docstrings()[:limit]]

@@ -5,13 +5,15 @@ Documents: standard-library docstrings, --per-request (16) texts a request, --co
 each on its own keep-alive connection; real tokens (after truncation to the model's limit, no padding) per
 second end to end, the load generator included, and request latency percentiles. Queries: one short text a
 request, one request at a time; latency percentiles. Responses are asked for in base64, as the openai client
-does. sentence-transformers runs the same texts in this process in the same dtype: documents in batches of
---per-request, queries one at a time. With --infinity (after `make peers`), Infinity serves the same model in
-the same dtype on its defaults and gets the same requests; its embeddings are checked against bouquet's.
-Runs interleave (bouquet, reference, Infinity, bouquet, ...); medians are reported.
+does; --encodings measures other encoding_format values too (e.g. base64,float,int8,base64_binary: each one
+its own entry, interleaved with the others, with the mean size of its answers). sentence-transformers runs the
+same texts in this process in the same dtype: documents in batches of --per-request, queries one at a time.
+With --infinity (after `make peers`), Infinity serves the same model in the same dtype on its defaults and gets
+the same requests (in base64); its embeddings are checked against bouquet's. Runs interleave (bouquet,
+reference, Infinity, bouquet, ...); medians are reported.
 
     .venv/bin/python bench/serve.py [--dtype float32|bfloat16] [--docs 512] [--queries 300] [--repeats 2]
-                                    [--infinity [PYTHON]]
+                                    [--encodings base64,int8,binary] [--infinity [PYTHON]]
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Client:
-    """One keep-alive HTTP connection that posts /v1/embeddings and times each request."""
+    """One keep-alive HTTP connection that posts /v1/embeddings in one encoding_format and times each request."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, encoding_format: str = "base64"):
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
+        self.encoding_format = encoding_format
+        self.answer_bytes: list[int] = []
 
     def embed(self, texts: list[str]) -> float:
         start = time.perf_counter()
-        self._post(texts)
+        self.answer_bytes.append(len(self._post(texts)))
         return time.perf_counter() - start
 
     def vectors(self, texts: list[str]) -> np.ndarray:
@@ -55,7 +59,7 @@ class Client:
         return np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
 
     def _post(self, texts: list[str]) -> bytes:
-        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": "base64"})
+        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": self.encoding_format})
         self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
         reply = self.connection.getresponse()
         data = reply.read()
@@ -63,20 +67,29 @@ class Client:
         return data
 
 
-def serve_documents(port: int, requests: list[list[str]], concurrency: int) -> tuple[float, list[float]]:
-    """Wall seconds for all requests with `concurrency` clients, and each request's latency."""
+def serve_documents(
+    port: int,
+    requests: list[list[str]],
+    concurrency: int,
+    encoding_format: str = "base64",
+    sizes: list[int] | None = None,
+) -> tuple[float, list[float]]:
+    """Wall seconds for all requests with `concurrency` clients, and each request's latency; each answer's size
+    in bytes goes to `sizes`."""
     pending = iter(requests)
     lock = threading.Lock()
     latencies: list[float] = []
 
     def run() -> None:
-        client = Client(port)
+        client = Client(port, encoding_format)
         while True:
             with lock:
                 texts = next(pending, None)
             if texts is None:
-                return
+                break
             latencies.append(client.embed(texts))
+        if sizes is not None:
+            sizes.extend(client.answer_bytes)
 
     threads = [threading.Thread(target=run) for _ in range(concurrency)]
     start = time.perf_counter()
@@ -87,8 +100,8 @@ def serve_documents(port: int, requests: list[list[str]], concurrency: int) -> t
     return time.perf_counter() - start, latencies
 
 
-def serve_queries(port: int, queries: list[str]) -> list[float]:
-    client = Client(port)
+def serve_queries(port: int, queries: list[str], encoding_format: str = "base64") -> list[float]:
+    client = Client(port, encoding_format)
     for query in queries[:20]:  # warm the connection and the replica's shapes
         client.embed([query])
     return [client.embed([query]) for query in queries]
@@ -118,10 +131,12 @@ def percentiles(values: list[float]) -> str:
 
 @dataclass
 class Served:
-    """One HTTP server under test and what was measured of it."""
+    """One HTTP server under test, asked in one encoding_format, and what was measured of it."""
 
     name: str
     port: int
+    encoding_format: str = "base64"
+    answer_bytes: list[int] = field(default_factory=list)  # of the document requests' answers
     document_seconds: list[float] = field(default_factory=list)
     request_latency: list[float] = field(default_factory=list)
     query_latency: list[float] = field(default_factory=list)
@@ -135,6 +150,7 @@ def main() -> None:
     parser.add_argument("--per-request", type=int, default=16)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--encodings", default="base64", help="encoding_format values for bouquet, comma-separated")
     parser.add_argument("--replicas", type=int, help="default: bouquet serve's own (1)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--attention-backend", default="auto", help="the replicas' (auto: cpu_varlen on the CPU)")
@@ -157,7 +173,9 @@ def main() -> None:
     model = SentenceTransformer(str(path), device="cpu", model_kwargs={"torch_dtype": DTYPES[args.dtype]})
     model.encode(docs[:32], batch_size=16)
 
-    processes, servers = [], [Served("bouquet serve", free_port())]
+    port = free_port()
+    encodings = args.encodings.split(",")
+    processes, servers = [], [Served(f"bouquet serve [{name}]", port, name) for name in encodings]
     replicas = ["--replicas", str(args.replicas)] if args.replicas else []
     try:
         processes.append(start_serve(
@@ -167,9 +185,9 @@ def main() -> None:
         processes[0].wait_ready()
         if args.infinity:
             servers.append(Served("infinity", free_port()))
-            processes.append(peers.start_infinity(args.infinity, path, servers[1].port, args.dtype))
+            processes.append(peers.start_infinity(args.infinity, path, servers[-1].port, args.dtype))
         reference, reference_latency = measure(servers, model, requests, queries, args)
-        agreement = [agree(servers[0], other, docs[: args.per_request]) for other in servers[1:]]
+        agreement = [agree(servers[0], other, docs[: args.per_request]) for other in servers[len(encodings) :]]
     finally:
         for process in processes:
             process.stop()
@@ -182,18 +200,20 @@ def measure(
     """Documents then queries, each round every server then the in-process reference; returns the reference's
     document seconds and query latencies (the servers' go into their Served)."""
     for server in servers:
-        serve_documents(server.port, requests[:8], args.concurrency)  # warm-up
+        serve_documents(server.port, requests[:8], args.concurrency, server.encoding_format)  # warm-up
     reference: list[float] = []
     for _ in range(args.repeats):
         for server in servers:
-            seconds, latency = serve_documents(server.port, requests, args.concurrency)
+            seconds, latency = serve_documents(
+                server.port, requests, args.concurrency, server.encoding_format, server.answer_bytes
+            )
             server.document_seconds.append(seconds)
             server.request_latency += latency
         reference.append(reference_documents(model, requests))
     reference_latency: list[float] = []
     for _ in range(args.repeats):
         for server in servers:
-            server.query_latency += serve_queries(server.port, queries)
+            server.query_latency += serve_queries(server.port, queries, server.encoding_format)
         reference_latency += reference_queries(model, queries)
     return reference, reference_latency
 
@@ -213,33 +233,41 @@ def report(
     doc_count: int,
     args: argparse.Namespace,
 ) -> None:
-    ours, reference_tps = servers[0], doc_tokens / statistics.median(reference)
-    ours_tps = doc_tokens / statistics.median(ours.document_seconds)
-    peer_names = ", ".join(["sentence-transformers (in-process)", *(server.name for server in servers[1:])])
+    """`servers`: bouquet in each of --encodings first (the first one is "bouquet serve" in the ratios), then
+    the peers."""
+    count = len(args.encodings.split(","))
+    ours, peers_measured = servers[:count], servers[count:]
+    reference_tps = doc_tokens / statistics.median(reference)
+    ours_tps = [doc_tokens / statistics.median(server.document_seconds) for server in ours]
+    peer_names = ", ".join(["sentence-transformers (in-process)", *(server.name for server in peers_measured)])
     print(f"bouquet serve ({args.attention_backend} attention) vs {peer_names}, {args.dtype}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    for peer, cosine in zip(servers[1:], agreement, strict=True):
+    for peer, cosine in zip(peers_measured, agreement, strict=True):
         print(f"  {peer.name} embeddings against bouquet's: min cosine {cosine:.7f}")
     print(f"documents: {doc_count} texts, {doc_tokens} real tokens, {args.per_request} a request, "
           f"{args.concurrency} concurrent")  # fmt: skip
     for server in servers:
         tps = doc_tokens / statistics.median(server.document_seconds)
-        print(f"  {server.name:22} {tps:9,.0f} tokens/s   request {percentiles(server.request_latency)}")
-    print(f"  sentence-transformers  {reference_tps:9,.0f} tokens/s   (in-process, batches of {args.per_request})")
-    print(f"  ratio                  {ours_tps / reference_tps:9.2f}x sentence-transformers")
-    for peer in servers[1:]:
+        size = f"   answer {statistics.mean(server.answer_bytes) / 1024:7.1f} KiB" if server.answer_bytes else ""
+        print(f"  {server.name:30} {tps:9,.0f} tokens/s   request {percentiles(server.request_latency)}{size}")
+    batches = f"(in-process, batches of {args.per_request})"
+    print(f"  {'sentence-transformers':30} {reference_tps:9,.0f} tokens/s   {batches}")
+    for server, tps in zip(ours, ours_tps, strict=True):
+        print(f"  {'ratio':30} {tps / reference_tps:9.2f}x sentence-transformers ({server.name})")
+    for server, tps in zip(ours[1:], ours_tps[1:], strict=True):
+        print(f"  {'ratio':30} {tps / ours_tps[0]:9.2f}x {ours[0].name} ({server.name})")
+    for peer in peers_measured:
         peer_tps = doc_tokens / statistics.median(peer.document_seconds)
-        print(f"  ratio                  {ours_tps / peer_tps:9.2f}x {peer.name}")
+        print(f"  {'ratio':30} {ours_tps[0] / peer_tps:9.2f}x {peer.name}")
     print(f"queries: one text a request ({query_tokens:.1f} tokens on average), one at a time, "
-          f"{len(ours.query_latency) // args.repeats} x {args.repeats}")  # fmt: skip
+          f"{len(ours[0].query_latency) // args.repeats} x {args.repeats}")  # fmt: skip
     for server in servers:
-        print(f"  {server.name:22} {percentiles(server.query_latency)}")
-    print(f"  sentence-transformers  {percentiles(reference_latency)}   (in-process)")
-    for peer_name, peer_latency in [("sentence-transformers", reference_latency)] + [
-        (peer.name, peer.query_latency) for peer in servers[1:]
-    ]:
-        ratio = statistics.median(peer_latency) / statistics.median(ours.query_latency)
-        print(f"  p50 ratio ({peer_name} / bouquet serve) {ratio:.2f}x")
+        print(f"  {server.name:30} {percentiles(server.query_latency)}")
+    print(f"  {'sentence-transformers':30} {percentiles(reference_latency)}   (in-process)")
+    ours_p50 = statistics.median(ours[0].query_latency)
+    others = [("sentence-transformers", reference_latency)] + [(s.name, s.query_latency) for s in servers[1:]]
+    for name, latency in others:
+        print(f"  p50 ratio ({name} / {ours[0].name}) {statistics.median(latency) / ours_p50:.2f}x")
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ BAD_INPUTS = [
     ("/v1/embeddings", {"input": [101, -1, 102]}, 400, "invalid_token_id"),
     ("/v1/embeddings", {"input": "a", "dimensions": 0}, 400, "invalid_value"),
     ("/v1/embeddings", {"input": "a", "dimensions": 385}, 400, "invalid_value"),
-    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 400, "invalid_value"),
+    ("/v1/embeddings", {"input": "a", "encoding_format": "int4"}, 400, "invalid_value"),
     ("/v1/embeddings", {"input": "a", "model": "text-embedding-3-small"}, 404, "model_not_found"),
     ("/embed", {"inputs": "a", "prompt_name": "query"}, 413, "validation"),
     ("/v1/embeddings", {"input": "a" * (MAX_PAYLOAD + 1)}, 413, "payload_too_large"),

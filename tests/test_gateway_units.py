@@ -10,6 +10,7 @@ import pytest
 
 from bouquet.batch import Batch
 from bouquet.config import GatewayConfig
+from bouquet.encodings import FORMATS
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
@@ -122,11 +123,11 @@ def test_inputs_of_every_form():
 def test_request_defaults():
     job = parse_openai({"input": "a", "model": "m", "user": "u"})
     # normalize None: the model's Normalize module decides (the gateway learns it from Info)
-    assert (job.model, job.normalize, job.truncate, job.encoding_format, job.dimensions) == (
+    assert (job.model, job.normalize, job.truncate, job.response_format, job.dimensions) == (
         "m",
         None,
         True,
-        "float",
+        FORMATS["float"],
         None,
     )
     tei = parse_tei({"inputs": ["a"], "normalize": False, "truncate": False, "truncation_direction": "Left"})

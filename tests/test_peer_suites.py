@@ -6,7 +6,7 @@ model computed, this compares with sentence-transformers (or its CrossEncoder) o
 bundled all-MiniLM-L6-v2 in float32, beside a tiny random-weight cross-encoder for the rerank and score routes.
 
 What is not replayed, and why (a peer-only extension, a model difference, a deliberate or conflicting behaviour),
-is listed in docs/peer-api-suites.md; the few checks marked xfail wait for a feature another branch adds."""
+is listed in docs/peer-api-suites.md."""
 
 from __future__ import annotations
 
@@ -38,10 +38,6 @@ VLLM_TEXT = "The best thing about vLLM is that it supports many different models
 VLLM_TRUNCATION_TEXT = "Como o Brasil pode fomentar o desenvolvimento de modelos de IA?"
 QUERY = "What is the capital of France?"
 DOCUMENTS = ["The capital of Brazil is Brasilia.", "The capital of France is Paris.", "Cross-encoder models are neat"]
-
-
-def _pending(feature: str):
-    return pytest.mark.xfail(strict=False, reason=f"pending: {feature}")
 
 
 # -- the server and the references ---------------------------------------------------------------------------------
@@ -223,7 +219,6 @@ def _decode(text: str, embed_dtype: str, endianness: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=f"{order}{'f4' if embed_dtype == 'float32' else 'f2'}").astype(np.float32)
 
 
-@_pending("vLLM's embed_dtype/endianness on /v1/embeddings")
 def test_vllm_base64_embed_dtype_and_endianness(server):
     # vllm-project/vllm tests/entrypoints/pooling/embed/test_online.py::test_base64_embed_dtype_and_endianness
     texts = [VLLM_TEXT] * 3
@@ -240,8 +235,8 @@ def test_vllm_base64_embed_dtype_and_endianness(server):
 
 @pytest.mark.parametrize(
     "param",
-    ["encoding_format", pytest.param("embed_dtype", marks=_pending("vLLM's embed_dtype/endianness on /v1/embeddings")),
-     pytest.param("endianness", marks=_pending("vLLM's embed_dtype/endianness on /v1/embeddings"))],
+    ["encoding_format", "embed_dtype",
+     "endianness"],
 )  # fmt: skip
 def test_vllm_params_not_supported(server, param):
     # vllm-project/vllm tests/entrypoints/pooling/embed/test_online.py::test_params_not_supported

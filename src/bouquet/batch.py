@@ -10,6 +10,8 @@ from itertools import chain
 
 import numpy as np
 
+from bouquet.encodings import Encoding
+
 
 @dataclass(frozen=True)
 class RowOptions:
@@ -19,6 +21,7 @@ class RowOptions:
     normalize: bool = True
     prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
     raw_spans: bool = False  # span rows are token states as the model outputs them: no Dense modules
+    encoding: Encoding = Encoding.FLOAT32  # how the finished rows travel back (bouquet/encodings.py)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ class Batch:
     """Packed, padding-free sequences: sequence i is input_ids[cu_seqlens[i]:cu_seqlens[i + 1]].
 
     `dimensions[i]` truncates row i (0 keeps all; Matryoshka models), `normalize[i]` L2-normalises it,
-    `prompt_lens[i]` counts sequence i's leading prompt tokens (pooled or not as the model's Pooling says).
+    `prompt_lens[i]` counts sequence i's leading prompt tokens (pooled or not as the model's Pooling says),
+    `encodings[i]` is how row i travels back (an `Encoding`; the replica encodes, the engine never reads it).
     The arrays may be views of another batch's, or of a message's bytes: nothing writes to them.
 
     Spans (optional) pool several rows from one sequence: sequence i's spans are span_bounds[cu_spans[i]:
@@ -40,6 +44,7 @@ class Batch:
     dimensions: np.ndarray  # [B] int32
     normalize: np.ndarray  # [B] bool
     prompt_lens: np.ndarray  # [B] int32
+    encodings: np.ndarray  # [B] uint8
     token_type_ids: np.ndarray | None = None  # [T] int32, BERT only; zeros when absent
     cu_spans: np.ndarray | None = None  # [B + 1] int32; None: no sequence has spans
     span_bounds: np.ndarray | None = None  # [S, 2] int32 (start, end) within the sequence; set with cu_spans
@@ -92,6 +97,7 @@ class Batch:
             dimensions=np.full(num_seqs, options.dimensions, dtype=np.int32),
             normalize=np.full(num_seqs, options.normalize, dtype=bool),
             prompt_lens=np.full(num_seqs, options.prompt_tokens, dtype=np.int32),
+            encodings=np.full(num_seqs, options.encoding, dtype=np.uint8),
             token_type_ids=None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int32),
         )
 
@@ -121,11 +127,13 @@ class Batch:
     def options(self) -> RowOptions:
         """The options all its sequences share; a batch mixing several has none to send as one request."""
         raw = self.raw_spans is not None and bool(self.raw_spans[0])
-        options = RowOptions(int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]), raw_spans=raw)
+        first = (int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
+        options = RowOptions(*first, raw_spans=raw, encoding=Encoding(self.encodings[0]))
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
         mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
+        mixed = mixed or (self.encodings != options.encoding).any()
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
-            raise ValueError("the batch's sequences differ in dimensions, normalize, prompt_lens or raw_spans")
+            raise ValueError("the sequences differ in dimensions, normalize, prompt_lens, raw_spans or encodings")
         return options
 
     def width(self, full: int) -> int:
@@ -143,6 +151,7 @@ class Batch:
             dimensions=self.dimensions[start:stop],
             normalize=self.normalize[start:stop],
             prompt_lens=self.prompt_lens[start:stop],
+            encodings=self.encodings[start:stop],
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
             **self._span_slice(start, stop),
         )
@@ -173,6 +182,7 @@ class Batch:
             dimensions=np.concatenate([batch.dimensions for batch in batches]),
             normalize=np.concatenate([batch.normalize for batch in batches]),
             prompt_lens=np.concatenate([batch.prompt_lens for batch in batches]),
+            encodings=np.concatenate([batch.encodings for batch in batches]),
             token_type_ids=token_type_ids,
             **_concat_spans(batches),
         )

@@ -76,6 +76,7 @@ def pad_batch(batch: Batch, bucket: Bucket) -> Batch:
         dimensions=np.pad(batch.dimensions, (0, pad_seqs)),
         normalize=np.pad(batch.normalize, (0, pad_seqs)),
         prompt_lens=np.pad(batch.prompt_lens, (0, pad_seqs)),
+        encodings=np.pad(batch.encodings, (0, pad_seqs)),
         token_type_ids=token_type_ids,
     )
 

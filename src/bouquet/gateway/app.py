@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
+from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import contextual, long_inputs, predict, request_ids, rerank, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
@@ -152,7 +153,7 @@ class Gateway:
             raise ClientClosed("the client closed the connection before its body ended", "client_closed") from None
 
     async def embed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
-        """Rows [N, width] float32 for the job, and the number of tokens they took."""
+        """Rows [N, elements] for the job, in its response format's encoding, and the tokens they took."""
         if job.text_positions is not None:
             return await self._embed_mixed(job)
         model = self.catalog.get(job.model)
@@ -204,12 +205,15 @@ class Gateway:
                 self._check_vocabulary(job.token_ids, model)
                 contents, prefix, suffix = job.token_ids, [], []  # ids as sent, their own special tokens
             cut.append(long_inputs.cut(contents, prefix, suffix, model.max_seq_length))
-            return Batch.pack(cut[0].sequences, replace(options, dimensions=0, normalize=False))
+            # the windows' rows come back as float32, averaged, then finished and encoded here
+            window_options = replace(options, dimensions=0, normalize=False, encoding=Encoding.FLOAT32)
+            return Batch.pack(cut[0].sequences, window_options)
 
         sizes = [len(text.encode()) for text in job.texts] if job.texts is not None else map(len, job.token_ids or ())
         estimate = sum(size + _SPECIAL_TOKENS * (1 + size // model.max_seq_length) for size in sizes)
         rows, tokens = await self.compute(model, estimate, batch)
-        return long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize), tokens
+        combined = long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize)
+        return encode_rows(combined, options.encoding), tokens
 
     async def compute(
         self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]]
@@ -262,6 +266,7 @@ class Gateway:
             dimensions=self._check_dimensions(job.dimensions, model),
             normalize=model.normalize if job.normalize is None else job.normalize,
             prompt_tokens=model.require_tokenizer().prompt_tokens(prompt) if prompt else 0,
+            encoding=job.response_format.encoding,
         )
 
     def _check_dimensions(self, dimensions: int | None, model: ServedModel) -> int:
@@ -392,7 +397,7 @@ def _json(value: Any, status: int = 200) -> Response:
 async def _openai_embeddings(gateway: Gateway, request: Request) -> Response:
     job = parse_openai(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     model, rows, tokens = await _unless_disconnected(request, gateway.embed(job))
-    return _json(with_response_id(openai_response(rows, job.model or model.id, tokens, job.encoding_format)))
+    return _json(with_response_id(openai_response(rows, job.model or model.id, tokens, job.response_format)))
 
 
 async def _tei_embed(gateway: Gateway, request: Request) -> Response:
@@ -402,7 +407,7 @@ async def _tei_embed(gateway: Gateway, request: Request) -> Response:
 async def _tei_embed_body(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
     job = parse_tei(body, strict=not gateway.config.allow_unknown_fields)
     _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
-    return _json(rows)
+    return _json(job.response_format.answer(rows))  # a list of numbers a row, or a base64 string
 
 
 async def _tei_root(gateway: Gateway, request: Request) -> Response:
@@ -433,7 +438,7 @@ async def _decode(gateway: Gateway, request: Request) -> Response:
 async def _contextual_embeddings(gateway: Gateway, request: Request) -> Response:
     job = contextual.parse_contextual(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     model, documents, tokens = await _unless_disconnected(request, contextual.contextual_embeddings(gateway, job))
-    return _json(contextual.contextual_response(documents, job.model or model.id, tokens, job.encoding_format))
+    return _json(contextual.contextual_response(documents, job.model or model.id, tokens, job.response_format))
 
 
 async def _tei_embed_all(gateway: Gateway, request: Request) -> Response:

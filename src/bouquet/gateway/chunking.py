@@ -21,7 +21,7 @@ def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
 
 async def embed_chunked(
     pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
-) -> np.ndarray:  # [B, dim]
+) -> np.ndarray:  # [B, elements] in the batch's encoding
     spans = chunk_spans(batch, chunk_tokens)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)

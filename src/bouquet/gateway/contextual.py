@@ -10,7 +10,6 @@ longer than the model's limit is read in overlapping windows, and each chunk is 
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -18,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
+from bouquet.encodings import FORMATS, ResponseFormat, encode_rows
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.gateway.schemas import (
-    ENCODING_FORMATS,
     EmbedJob,
     optional_field,
     parse_inputs,
+    parse_response_format,
     refuse_unknown,
     truncation_direction,
 )
@@ -42,7 +42,7 @@ class ContextualJob:
     model: str | None
     documents: list[list[str]]  # each document's chunks, in order
     dimensions: int | None = None
-    encoding_format: str = "float"
+    response_format: ResponseFormat = FORMATS["float"]
 
     @property
     def num_chunks(self) -> int:
@@ -68,12 +68,11 @@ def parse_contextual(body: dict[str, Any], strict: bool = True) -> ContextualJob
                 raise Unprocessable(f"'input[{index}][{number}]' must be a string", "invalid_type", "input")
             if not chunk:
                 raise InvalidRequest(f"'input[{index}][{number}]' is an empty string", "empty_input", "input")
-    encoding_format = optional_field(body, "encoding_format", str) or "float"
-    if encoding_format not in ENCODING_FORMATS:
-        message = f"encoding_format must be one of {ENCODING_FORMATS}, got {encoding_format!r}"
-        raise InvalidRequest(message, "invalid_value", "encoding_format")
     return ContextualJob(
-        optional_field(body, "model", str), documents, optional_field(body, "dimensions", int), encoding_format
+        optional_field(body, "model", str),
+        documents,
+        optional_field(body, "dimensions", int),
+        parse_response_format(body),  # Perplexity's base64_int8 and base64_binary too; encoded here, on the host
     )
 
 
@@ -190,15 +189,17 @@ def _estimate(job: ContextualJob, model: ServedModel) -> int:
     return total
 
 
-def contextual_response(documents: list[np.ndarray], model: str, tokens: int, encoding_format: str) -> dict[str, Any]:
-    """Perplexity's answer: per document, its chunks' embeddings in order."""
+def contextual_response(
+    documents: list[np.ndarray], model: str, tokens: int, response_format: ResponseFormat
+) -> dict[str, Any]:
+    """Perplexity's answer: per document, its chunks' embeddings in order, in the asked encoding."""
 
-    def encoded(row: np.ndarray) -> Any:
-        return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") if encoding_format == "base64" else row
+    def encoded(rows: np.ndarray) -> Any:
+        return response_format.answer(encode_rows(rows, response_format.encoding))
 
     data = [
         {"object": "list", "index": index,
-         "data": [{"object": "embedding", "index": i, "embedding": encoded(row)} for i, row in enumerate(rows)]}
+         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(encoded(rows))]}
         for index, rows in enumerate(documents)
     ]  # fmt: skip
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -20,6 +20,7 @@ from typing import Any
 
 from swagger_ui_bundle import swagger_ui_path
 
+from bouquet.encodings import EMBED_DTYPES, ENDIANNESS
 from bouquet.gateway import errors
 from bouquet.gateway.schemas import ENCODING_FORMATS, LONG_INPUTS
 from bouquet.tokenizer import TRUNCATION_DIRECTIONS
@@ -97,7 +98,6 @@ INTEGER: Schema = {"type": "integer"}
 NUMBER: Schema = {"type": "number"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 ALWAYS_NULL: Schema = nullable({"type": "string", "enum": [], "description": "TEI's field; always null here"})
-UNREAD: Schema = {"description": "accepted and not read yet: any value, the answer is as without it"}
 FLOATS: Schema = _array(NUMBER)
 TOKEN_IDS: Schema = _array(INTEGER, 1)
 INPUT: Schema = {
@@ -109,14 +109,26 @@ TEXTS: Schema = {"anyOf": [TEXT, _array(TEXT, 1)]}
 MODEL: Schema = nullable({**STRING, "description": "a served model's id (GET /v1/models); default: the first found"})
 
 # How one embedding row is answered for each `encoding_format` the parser takes (schemas.ENCODING_FORMATS): one
-# entry a format. tests/test_openapi.py checks that every accepted format has one.
+# entry a format (docs/encodings.md defines them). tests/test_openapi.py checks that every accepted format has one.
+_BASE64: Schema = {"type": "string", "format": "byte"}
+_BITS = "bits packed 8 a byte, the first value in the most significant bit (sentence-transformers' quantize_embeddings)"
 ROW_ENCODINGS: dict[str, Schema] = {
     "float": FLOATS,
-    "base64": {"type": "string", "format": "byte", "description": "base64 of the row's little-endian float32 bytes"},
+    "base64": {**_BASE64, "description": "base64 of the row's float32 bytes (embed_dtype, endianness: little)"},
+    "int8": _array({"type": "integer", "minimum": -127, "maximum": 127}, description="round(127 x / |x|)"),
+    "uint8": _array({"type": "integer", "minimum": 1, "maximum": 255}, description="int8 + 128"),
+    "binary": _array({"type": "integer", "minimum": -128, "maximum": 127}, description=f"{_BITS}, less 128"),
+    "ubinary": _array({"type": "integer", "minimum": 0, "maximum": 255}, description=_BITS),
+    "base64_int8": {**_BASE64, "description": "base64 of the int8 row's bytes"},
+    "base64_binary": {**_BASE64, "description": "base64 of the row's bits, the first value in the least significant"},
 }
-# The formats TEI's /embed (and POST /) reads; none yet: its `encoding_format` is taken and not read, the rows are
-# floats. Once parse_tei reads it, this names the formats and the document follows.
-TEI_ENCODING_FORMATS: tuple[str, ...] = ()
+TEI_ENCODING_FORMATS: tuple[str, ...] = ENCODING_FORMATS  # the same formats on TEI's /embed and POST /
+EMBED_DTYPE: Schema = nullable(
+    {"type": "string", "enum": [*EMBED_DTYPES, ""], "default": "float32", "description": "vLLM's; base64 only"}
+)
+ENDIANNESS_FIELD: Schema = nullable(
+    {"type": "string", "enum": [*ENDIANNESS, ""], "default": "native", "description": "vLLM's; base64 only"}
+)
 
 
 def _encoding_format(formats: tuple[str, ...]) -> Schema:
@@ -126,7 +138,7 @@ def _encoding_format(formats: tuple[str, ...]) -> Schema:
 
 def _row(formats: tuple[str, ...]) -> Schema:
     shapes = [ROW_ENCODINGS[name] for name in formats]
-    return shapes[0] if len(shapes) == 1 else {"oneOf": shapes}
+    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}  # an int8 row is also a list of numbers
 
 
 TRUNCATION_DIRECTION: Schema = nullable(
@@ -158,8 +170,8 @@ OPENAI_EMBEDDINGS_FIELDS: dict[str, Schema] = {
         }
     ),
     "add_special_tokens": nullable({**BOOLEAN, "enum": [True], "description": "vLLM's; only true is done here"}),
-    "embed_dtype": UNREAD,  # vLLM's
-    "endianness": UNREAD,  # vLLM's
+    "embed_dtype": EMBED_DTYPE,
+    "endianness": ENDIANNESS_FIELD,
     "use_activation": nullable(
         {**BOOLEAN, "description": "vLLM's newer name for normalize; given both, they must agree (else 400)"}
     ),
@@ -176,7 +188,9 @@ TEI_EMBED_FIELDS: dict[str, Schema] = {
     "prompt_name": PROMPT_NAME,
     "dimensions": DIMENSIONS,
     "model": MODEL,
-    "encoding_format": _encoding_format(TEI_ENCODING_FORMATS) if TEI_ENCODING_FORMATS else UNREAD,
+    "encoding_format": _encoding_format(TEI_ENCODING_FORMATS),
+    "embed_dtype": EMBED_DTYPE,
+    "endianness": ENDIANNESS_FIELD,
     "long_input": LONG_INPUT,
 }
 EMBED_ALL_FIELDS: dict[str, Schema] = {
@@ -352,9 +366,7 @@ CONTEXTUAL = _named("ContextualizedEmbeddingList", _response({
     "model": STRING,
     "usage": USAGE,
 }))  # fmt: skip
-TEI_ROWS = _named(
-    "TEIEmbeddings", _array(_row(TEI_ENCODING_FORMATS or ("float",)), description="one row per input, in order")
-)
+TEI_ROWS = _named("TEIEmbeddings", _array(_row(TEI_ENCODING_FORMATS), description="one row per input, in order"))
 SIMILARITIES = _named(
     "Similarities", _array(NUMBER, description="the cosine of source_sentence with each sentence, in order")
 )

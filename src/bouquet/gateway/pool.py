@@ -31,6 +31,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 
 from bouquet.batch import Batch
+from bouquet.encodings import Encoding
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog
@@ -160,8 +161,9 @@ class ReplicaPool:
         known = [rate for rate in rates if rate is not None]
         return sum(known) * len(rates) / len(known) if known else None
 
-    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray:  # [B, width] float32
-        """The rows of `batch`; `priority` orders chunks waiting for a replica (lower first, then by arrival)."""
+    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray:  # [B, elements]
+        """The rows of `batch`, in its encoding; `priority` orders chunks waiting for a replica (lower first, then
+        by arrival)."""
         request = embed_request(batch)
         tokens = batch.num_tokens
         tried: set[Replica] = set()
@@ -234,7 +236,7 @@ class ReplicaPool:
         replica.succeeded()
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
         self._metrics.replica_tokens.labels(replica.address).inc(tokens)
-        return response_rows(reply)
+        return response_rows(reply, Encoding(request.encoding))
 
     async def _acquire(
         self, model: str, tokens: int, priority: int, tried: set[Replica], deadline: float

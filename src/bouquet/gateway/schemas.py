@@ -3,7 +3,6 @@ path), into one `EmbedJob`; and the response bodies. Each error names the offend
 
 from __future__ import annotations
 
-import base64
 import time
 import uuid
 from dataclasses import dataclass
@@ -11,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from bouquet.encodings import EMBED_DTYPES, ENDIANNESS, FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.tokenizer import TRUNCATION_DIRECTIONS
 
-ENCODING_FORMATS = ("float", "base64")
+ENCODING_FORMATS = tuple(FORMATS)  # encoding_format's values, in the documented order
 # What each route reads; anything else is refused by name (400 unsupported_parameter) unless the server runs with
 # --allow-unknown-fields, so a client never gets other vectors than it asked for without being told.
 OPENAI_FIELDS = frozenset(
@@ -35,6 +35,8 @@ TEI_FIELDS = frozenset(
         "dimensions",
         "model",
         "encoding_format",
+        "embed_dtype",
+        "endianness",
         "long_input",
     }
 )
@@ -52,7 +54,7 @@ class EmbedJob:
     truncate: bool = True
     truncation_direction: str = "right"
     prompt_name: str | None = None
-    encoding_format: str = "float"
+    response_format: ResponseFormat = FORMATS["float"]  # encoding_format, embed_dtype and endianness
     truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the last this many tokens
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
@@ -67,13 +69,7 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
     if strict:
         refuse_unknown(body, OPENAI_FIELDS)
     optional_field(body, "user", str)
-    encoding_format = optional_field(body, "encoding_format", str) or "float"
-    if encoding_format not in ENCODING_FORMATS:
-        raise InvalidRequest(
-            f"encoding_format must be one of {ENCODING_FORMATS}, got {encoding_format!r}",
-            "invalid_value",
-            "encoding_format",
-        )
+    response_format = parse_response_format(body)
     if "input" not in body:
         raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
     _refuse_unless(body, "add_special_tokens", True, "special tokens are always added, as the model was trained")
@@ -88,7 +84,7 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         token_ids=token_ids,
         dimensions=_dimensions(body),
         normalize=_normalize(body),
-        encoding_format=encoding_format,
+        response_format=response_format,
         truncate_tokens=_truncate_prompt_tokens(body),
         text_positions=positions,
         long_input=long_input(body),
@@ -154,6 +150,7 @@ def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         truncate=True if truncate is None else truncate,
         truncation_direction=truncation_direction(body),
         prompt_name=optional_field(body, "prompt_name", str),
+        response_format=parse_response_format(body),
         text_positions=positions,
         # truncate=false stays an error for an over-long input, as on TEI, unless the request asks to chunk it
         long_input=long_input(body) or ("truncate" if truncate is False else None),
@@ -168,6 +165,35 @@ def long_input(body: dict[str, Any]) -> str | None:
     if value is not None and value not in LONG_INPUTS:
         raise InvalidRequest(f"'long_input' must be one of {LONG_INPUTS}, got {value!r}", "invalid_value", "long_input")
     return value
+
+
+def parse_response_format(body: dict[str, Any]) -> ResponseFormat:
+    """`encoding_format` (bouquet/encodings.py FORMATS), and for base64 vLLM's `embed_dtype` and `endianness`.
+    Those two change only base64's bytes: with another format, a value other than their default is refused
+    rather than ignored."""
+    name = optional_field(body, "encoding_format", str) or "float"
+    if name not in FORMATS:
+        raise InvalidRequest(
+            f"encoding_format must be one of {', '.join(FORMATS)}; got {name!r}", "invalid_value", "encoding_format"
+        )
+    embed_dtype = _choice(body, "embed_dtype", EMBED_DTYPES, "float32", name)
+    big_endian = _choice(body, "endianness", ENDIANNESS, "native", name)
+    if name != "base64":
+        return FORMATS[name]
+    return ResponseFormat(embed_dtype, base64=True, big_endian=big_endian)
+
+
+def _choice(body: dict[str, Any], field: str, choices: dict[str, Any], default: str, encoding_format: str) -> Any:
+    value = optional_field(body, field, str) or default
+    if value not in choices:
+        raise InvalidRequest(f"{field} must be one of {', '.join(choices)}; got {value!r}", "invalid_value", field)
+    if value != default and encoding_format != "base64":
+        raise InvalidRequest(
+            f"{field} applies to encoding_format 'base64' only, not {encoding_format!r}",
+            "unsupported_parameter",
+            field,
+        )
+    return choices[value]
 
 
 def truncation_direction(body: dict[str, Any]) -> str:
@@ -260,13 +286,12 @@ def optional_field(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def openai_response(rows: np.ndarray, model: str, prompt_tokens: int, encoding_format: str) -> dict[str, Any]:
-    """rows: [N, dim] float32. base64 is the rows' little-endian float32 bytes, as OpenAI's clients decode."""
-    if encoding_format == "base64":
-        little = rows.astype("<f4", copy=False)
-        embeddings: Any = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
-    else:
-        embeddings = rows  # orjson writes numpy rows itself
+def openai_response(
+    rows: np.ndarray, model: str, prompt_tokens: int, response_format: ResponseFormat
+) -> dict[str, Any]:
+    """rows: [N, elements] in the format's encoding, each answered as a list of numbers (orjson writes numpy rows
+    itself) or as base64 of its bytes: little-endian float32 for plain base64, as OpenAI's clients decode."""
+    embeddings = response_format.answer(rows)
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(embeddings)],

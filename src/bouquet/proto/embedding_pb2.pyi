@@ -1,21 +1,42 @@
 # ruff: noqa
 # fmt: off
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLOAT32: _ClassVar[Encoding]
+    FLOAT16: _ClassVar[Encoding]
+    BFLOAT16: _ClassVar[Encoding]
+    INT8: _ClassVar[Encoding]
+    UINT8: _ClassVar[Encoding]
+    BINARY: _ClassVar[Encoding]
+    UBINARY: _ClassVar[Encoding]
+    UBINARY_LSB: _ClassVar[Encoding]
+FLOAT32: Encoding
+FLOAT16: Encoding
+BFLOAT16: Encoding
+INT8: Encoding
+UINT8: Encoding
+BINARY: Encoding
+UBINARY: Encoding
+UBINARY_LSB: Encoding
+
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "cu_spans", "span_bounds", "raw_spans")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "cu_spans", "span_bounds", "raw_spans")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
     CU_SPANS_FIELD_NUMBER: _ClassVar[int]
     SPAN_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     RAW_SPANS_FIELD_NUMBER: _ClassVar[int]
@@ -25,20 +46,23 @@ class EmbedRequest(_message.Message):
     dimensions: int
     normalize: bool
     prompt_tokens: int
+    encoding: Encoding
     cu_spans: bytes
     span_bounds: bytes
     raw_spans: bool
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ...) -> None: ...
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "num_seqs", "dimension")
+    __slots__ = ("embeddings", "num_seqs", "dimension", "encoding")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
     embeddings: bytes
     num_seqs: int
     dimension: int
-    def __init__(self, embeddings: _Optional[bytes] = ..., num_seqs: _Optional[int] = ..., dimension: _Optional[int] = ...) -> None: ...
+    encoding: Encoding
+    def __init__(self, embeddings: _Optional[bytes] = ..., num_seqs: _Optional[int] = ..., dimension: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ("include_tokenizer",)

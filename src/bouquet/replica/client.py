@@ -1,10 +1,12 @@
-"""The caller's end of the wire format: a packed batch out as bytes, float32 rows back. No torch."""
+"""The caller's end of the wire format: a packed batch out as bytes, its rows back in the encoding it asked for.
+No torch."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from bouquet.batch import Batch
+from bouquet.encodings import Encoding, rows_from_bytes
 from bouquet.proto import embedding_pb2
 
 
@@ -18,6 +20,7 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         dimensions=options.dimensions,
         normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
         prompt_tokens=options.prompt_tokens,
+        encoding=options.encoding,
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
         raw_spans=options.raw_spans,
@@ -28,6 +31,11 @@ def _int32_bytes(values: np.ndarray) -> bytes:
     return values.astype("<i4", copy=False).tobytes()
 
 
-def response_rows(response: embedding_pb2.EmbedResponse) -> np.ndarray:  # [rows, dimension] float32
-    rows = np.frombuffer(response.embeddings, dtype="<f4")
-    return rows.reshape(response.num_seqs, response.dimension).astype(np.float32, copy=False)
+def response_rows(
+    response: embedding_pb2.EmbedResponse, encoding: Encoding = Encoding.FLOAT32
+) -> np.ndarray:  # [rows, elements] in `encoding`, read in place from the bytes
+    """The rows of a reply to a request for `encoding`; ValueError when the replica answered in another (one that
+    predates the field answers float32) or its bytes do not fit."""
+    if response.encoding != encoding:
+        raise ValueError(f"asked for {encoding.name} rows, the replica answered {Encoding(response.encoding).name}")
+    return rows_from_bytes(response.embeddings, encoding, response.num_seqs, response.dimension)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
+from bouquet.encodings import Encoding
 from bouquet.proto import embedding_pb2
 
 if TYPE_CHECKING:
@@ -68,7 +69,13 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
-    options = RowOptions(message.dimensions, message.normalize, message.prompt_tokens, raw_spans=message.raw_spans)
+    options = RowOptions(
+        message.dimensions,
+        message.normalize,
+        message.prompt_tokens,
+        raw_spans=message.raw_spans,
+        encoding=_encoding(message.encoding),
+    )
     _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans)
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
     if not message.cu_spans:
@@ -79,6 +86,14 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     span_bounds = _int32s("span_bounds", message.span_bounds)
     _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans)
     return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans)
+
+
+def _encoding(number: int) -> Encoding:
+    try:
+        return Encoding(number)
+    except ValueError:
+        known = ", ".join(f"{encoding.name} ({encoding.value})" for encoding in Encoding)
+        raise InvalidInput(f"encoding {number} is not one this replica knows: {known}") from None
 
 
 def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, read-only

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
+from bouquet.encodings import Encoding, encode_rows
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
@@ -116,10 +117,12 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         batch = decode_request(request, scheduler.limits)
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-        rows = await scheduler.embed(batch, deadline)
+        rows = await scheduler.embed(batch, deadline)  # [B, D] float32
+        encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
         return embedding_pb2.EmbedResponse(
-            embeddings=rows.astype("<f4", copy=False).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1]
-        )
+            embeddings=encode_rows(rows, encoding).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1],
+            encoding=encoding,
+        )  # fmt: skip
 
     @_mapped
     async def Info(
