@@ -22,6 +22,7 @@ class RowOptions:
     prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
     raw_spans: bool = False  # span rows are token states as the model outputs them: no Dense modules
     encoding: Encoding = Encoding.FLOAT32  # how the finished rows travel back (bouquet/encodings.py)
+    sparse: bool = False  # each sequence's row is the model's sparse row (vocabulary wide), not its embedding
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Batch:
     cu_spans: np.ndarray | None = None  # [B + 1] int32; None: no sequence has spans
     span_bounds: np.ndarray | None = None  # [S, 2] int32 (start, end) within the sequence; set with cu_spans
     raw_spans: np.ndarray | None = None  # [B] bool; set with cu_spans
+    sparse: np.ndarray | None = None  # [B] bool; None: no sequence asks for its sparse row
 
     @classmethod
     def pack(
@@ -99,6 +101,7 @@ class Batch:
             prompt_lens=np.full(num_seqs, options.prompt_tokens, dtype=np.int32),
             encodings=np.full(num_seqs, options.encoding, dtype=np.uint8),
             token_type_ids=None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int32),
+            sparse=np.ones(num_seqs, dtype=bool) if options.sparse else None,
         )
 
     @property
@@ -127,14 +130,20 @@ class Batch:
     def options(self) -> RowOptions:
         """The options all its sequences share; a batch mixing several has none to send as one request."""
         raw = self.raw_spans is not None and bool(self.raw_spans[0])
+        sparse = self.sparse is not None and bool(self.sparse[0])
         first = (int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
-        options = RowOptions(*first, raw_spans=raw, encoding=Encoding(self.encodings[0]))
+        options = RowOptions(*first, raw_spans=raw, encoding=Encoding(self.encodings[0]), sparse=sparse)
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
         mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
         mixed = mixed or (self.encodings != options.encoding).any()
+        mixed = mixed or (self.sparse is not None and (self.sparse != sparse).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
-            raise ValueError("the sequences differ in dimensions, normalize, prompt_lens, raw_spans or encodings")
+            raise ValueError("the sequences differ in dimensions, normalize, prompt_lens, raw_spans, encodings or sparse")
         return options
+
+    @property
+    def any_sparse(self) -> bool:
+        return self.sparse is not None and bool(self.sparse.any())
 
     def width(self, full: int) -> int:
         """The widest of its rows, where dimensions 0 means the model's `full` width."""
@@ -153,6 +162,7 @@ class Batch:
             prompt_lens=self.prompt_lens[start:stop],
             encodings=self.encodings[start:stop],
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
+            sparse=None if self.sparse is None else self.sparse[start:stop],
             **self._span_slice(start, stop),
         )
 
@@ -184,6 +194,7 @@ class Batch:
             prompt_lens=np.concatenate([batch.prompt_lens for batch in batches]),
             encodings=np.concatenate([batch.encodings for batch in batches]),
             token_type_ids=token_type_ids,
+            sparse=_concat_sparse(batches),
             **_concat_spans(batches),
         )
 
@@ -194,6 +205,13 @@ def _flatten(sequences: Sequence[Sequence[int]], count: int) -> np.ndarray:  # [
 
 def _token_types(batch: Batch) -> np.ndarray:  # [T] int32
     return np.zeros(batch.num_tokens, np.int32) if batch.token_type_ids is None else batch.token_type_ids
+
+
+def _concat_sparse(batches: Sequence[Batch]) -> np.ndarray | None:
+    """The batches' sparse flags end to end; a batch without them adds sequences that do not ask."""
+    if all(batch.sparse is None for batch in batches):
+        return None
+    return np.concatenate([np.zeros(b.num_seqs, bool) if b.sparse is None else b.sparse for b in batches])
 
 
 def _concat_spans(batches: Sequence[Batch]) -> dict[str, np.ndarray]:

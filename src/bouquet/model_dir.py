@@ -2,7 +2,13 @@
 
 Only JSON, file listing and a vocabulary lookup happen here, never torch, so the gateway can use it to learn prompts,
 limits and labels. `st_layout.py` reads the sentence-transformers modules; this file the rest (config, tokenizer,
-limits, prompts, a classifier's labels and activation, and whether a causal LM is served as a reranker).
+limits, prompts, a classifier's labels and activation, whether a causal LM is served as a reranker, and a sparse
+head beside the model).
+
+Sparse rows (a weight per vocabulary entry) come from one of two heads. A SPLADE model (a SparseEncoder: a masked
+LM, then SpladePooling) gives nothing else: its task is "sparse". bge-m3 keeps FlagEmbedding's sparse head in
+`sparse_linear.pt` at the root of its directory, beside the dense model: its task stays "embed" (the dense rows are
+the default) and sparse rows are an extra output a request asks for. Its `colbert_linear.pt` is not read.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from bouquet.st_layout import (
     LogitScoreSpec,
     PoolingMethod,
     PoolingSpec,
+    SpladeSpec,
     find_weights,
     read_json,
     read_optional_json,
@@ -26,10 +33,26 @@ from bouquet.st_layout import (
     require,
 )
 
-__all__ = ["DenseSpec", "ModelSpec", "PoolingMethod", "PoolingSpec", "num_labels", "read_model_dir"]
+__all__ = [
+    "DenseSpec", "ModelSpec", "PoolingMethod", "PoolingSpec", "SpladeSpec", "TokenWeightSpec", "num_labels",
+    "read_model_dir",
+]  # fmt: skip
 
 # transformers' "no limit" model_max_length (int(1e30)) and anything like it.
 _UNSET_MODEL_MAX_LENGTH = 10**12
+TOKEN_WEIGHTS_FILE = "sparse_linear.pt"
+# The special tokens FlagEmbedding leaves out of bge-m3's sparse rows, by their tokenizer_config.json keys.
+_UNWEIGHTED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
+
+
+@dataclass(frozen=True)
+class TokenWeightSpec:
+    """bge-m3's sparse head (FlagEmbedding's `sparse_linear`, Linear(hidden, 1)): a token's weight is
+    relu(linear(its state)); a sequence's row holds, at each token id in it, the largest weight of that id's
+    tokens, and zero at the special tokens' ids."""
+
+    weight_file: Path
+    skip_token_ids: tuple[int, ...]  # cls, eos, pad, unk: never weighted
 
 
 @dataclass(frozen=True)
@@ -48,8 +71,9 @@ class ModelSpec:
     default_prompt_name: str | None = None
     dense: tuple[DenseSpec, ...] = ()
     do_lower_case: bool = False  # sentence_bert_config.json: lower-case text before tokenizing
-    task: str | None = None  # "embed" or "score" as sentence-transformers' files say; None: the model class decides
+    task: str | None = None  # "embed", "score" or "sparse" as sentence-transformers' files say; None: the model class
     score_activation: str = "Identity"  # a score model's: what sentence-transformers' CrossEncoder applies
+    sparse: SpladeSpec | TokenWeightSpec | None = None  # how it gives sparse rows (vocab_size wide); None: it does not
 
     @property
     def architecture(self) -> str:
@@ -115,6 +139,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         do_lower_case=bool(sbert_config.get("do_lower_case", False)),
         task=layout.task,
         score_activation=_score_activation(st_config, hf_config),
+        sparse=layout.splade or _token_weights(root, transformer, layout.task),
     )
 
 
@@ -159,6 +184,30 @@ def _vllm_logit_score(hf_config: dict[str, Any], folder: Path) -> LogitScoreSpec
     if None in ids:
         raise ValueError(f"{folder / 'config.json'}: classifier_from_token {tokens[ids.index(None)]!r} is no token")
     return LogitScoreSpec(ids[-1], ids[0] if two_way else None)
+
+
+def _token_weights(root: Path, transformer: Path, task: str | None) -> TokenWeightSpec | None:
+    """bge-m3's sparse head, when `sparse_linear.pt` lies at the directory's root beside an embedding model."""
+    weight_file = root / TOKEN_WEIGHTS_FILE
+    if not weight_file.is_file() or task not in (None, "embed"):
+        return None
+    return TokenWeightSpec(weight_file, _special_token_ids(transformer, _UNWEIGHTED_TOKENS))
+
+
+def _special_token_ids(folder: Path, keys: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of the special tokens the tokenizer's files name under `keys` (tokenizer_config.json, else
+    special_tokens_map.json); a key neither names, or a token not in the vocabulary, is left out."""
+    named = {**(read_optional_json(folder / "special_tokens_map.json") or {}),
+             **(read_optional_json(folder / "tokenizer_config.json") or {})}  # fmt: skip
+    vocabulary = Tokenizer.from_file(str(require(folder / "tokenizer.json")))
+    ids = set()
+    for key in keys:
+        token = named.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        token_id = vocabulary.token_to_id(token) if isinstance(token, str) else None
+        if token_id is not None:
+            ids.add(token_id)
+    return tuple(sorted(ids))
 
 
 def _score_activation(st_config: dict[str, Any], hf_config: dict[str, Any]) -> str:

@@ -4,8 +4,9 @@ sentence-transformers 2.x to 6.x reads them. No torch, so the gateway may use it
 Modules are known by their class name whatever the module path a version wrote (`sentence_transformers.models.
 Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
 is Transformer, Pooling, Dense*, Normalize? (a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
-LogitScore); any other module, or these in another order, is refused at start-up with the file and the module
-named, because skipping one would serve different embeddings without a word.
+LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling); any other module,
+or these in another order, is refused at start-up with the file and the module named, because skipping one would
+serve different embeddings without a word.
 """
 
 from __future__ import annotations
@@ -66,6 +67,19 @@ class DenseSpec:
 
 
 @dataclass(frozen=True)
+class SpladeSpec:
+    """sentence-transformers' SpladePooling after a masked LM: per sequence and vocabulary entry, the max (or sum)
+    over its tokens of log(1 + relu(logit)); `log1p_relu` takes log1p once more (OpenSearch's models)."""
+
+    pooling: str  # "max" or "sum"
+    activation: str  # "relu" or "log1p_relu"
+
+
+SPLADE_POOLINGS = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+
+
+@dataclass(frozen=True)
 class StLayout:
     """What `modules.json` says: where the Transformer lives and what runs after it."""
 
@@ -73,8 +87,9 @@ class StLayout:
     pooling: PoolingSpec | None  # None: no Pooling module; the model family's default applies
     dense: tuple[DenseSpec, ...]
     normalize: bool | None  # None: no modules.json, so nothing says; True when it has a Normalize module
-    task: str | None = None  # "embed", "score" (a CrossEncoder's classifier); None: no modules.json says
+    task: str | None = None  # "embed", "score" (a CrossEncoder's), "sparse" (SPLADE); None: no modules.json says
     logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
+    splade: SpladeSpec | None = None  # a SparseEncoder's pooling of its masked LM's logits
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,7 @@ class _ModuleParser:
         self.normalize = False
         self.task = "embed"
         self.logit_score: LogitScoreSpec | None = None
+        self.splade: SpladeSpec | None = None
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -160,13 +176,16 @@ class _ModuleParser:
             self._refuse(index, module, "nothing may follow a CrossEncoder's scores")
         if kind not in expected:
             self._refuse(
-                index, module, f"expected {' or '.join(expected)} here" if expected else "nothing may follow Normalize"
+                index, module, f"expected {' or '.join(expected)} here" if expected else f"nothing may follow {kind}"
             )
         self.stage = kind
-        if kind == "Transformer":
+        if kind in _TRANSFORMERS:
             self.transformer_dir = folder
-            self.task = _transformer_task(folder)
-            self.stage = "CausalTransformer" if self.task == "causal-lm" else kind
+            self.task = _transformer_task(folder, _TRANSFORMERS[kind])
+            self.stage = _TASK_STAGES.get(self.task, "Transformer")
+        elif kind == "SpladePooling":
+            self.splade = read_splade(require(folder / "config.json"))
+            self.task = "sparse"
         elif kind == "LogitScore":
             self.logit_score = read_logit_score(require(folder / "config.json"))
             self.task = "score"
@@ -182,50 +201,76 @@ class _ModuleParser:
         raise ValueError(
             f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
             f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order "
-            "(a CrossEncoder: Transformer alone, or with LogitScore)"
+            "(a CrossEncoder: Transformer alone, or with LogitScore; a SparseEncoder: a fill-mask Transformer, or "
+            "MLMTransformer, then SpladePooling)"
         )
 
     def layout(self) -> StLayout:
         if self.transformer_dir is None:
             raise ValueError(f"{self.modules_file}: no Transformer module")
-        if self.task == "causal-lm":
-            raise ValueError(f"{self.modules_file}: a text-generation Transformer needs a LogitScore module after it")
+        if self.task in _TASK_STAGES:
+            task = "text-generation" if self.task == "causal-lm" else "fill-mask"
+            following = _NEXT_MODULES[_TASK_STAGES[self.task]][0]
+            raise ValueError(f"{self.modules_file}: a {task} Transformer needs a {following} module after it")
         return StLayout(
-            self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score
-        )
+            self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score,
+            self.splade,
+        )  # fmt: skip
 
+
+# The Transformer modules by class name, with the transformer_task each defaults to: sentence-transformers 5.0-5.3
+# saved a SparseEncoder's masked LM as MLMTransformer, whose config may not name its task.
+_TRANSFORMERS = {"Transformer": "feature-extraction", "MLMTransformer": "fill-mask"}
 
 # Which module may follow which: the pipeline bouquet can run.
 _NEXT_MODULES = {
-    "start": ("Transformer",),
+    "start": tuple(_TRANSFORMERS),
     "Transformer": ("Pooling",),
     "CausalTransformer": ("LogitScore",),  # a causal LM's logits, read by LogitScore (a CrossEncoder)
+    "MaskedLMTransformer": ("SpladePooling",),  # a masked LM's logits, pooled by SpladePooling (a SparseEncoder)
     "Pooling": ("Dense", "Normalize"),
     "Dense": ("Dense", "Normalize"),
     "Normalize": (),
+    "SpladePooling": (),
 }
+# A Transformer whose output only a particular module may read, and the stage that expects it.
+_TASK_STAGES = {"causal-lm": "CausalTransformer", "masked-lm": "MaskedLMTransformer"}
 
 
-# sentence-transformers 6 records what the Transformer computes: token states to pool, or a classifier's scores.
+# sentence-transformers 6 records what the Transformer computes: token states to pool, a classifier's scores, or
+# an LM's logits.
 _TRANSFORMER_TASKS = {
     ("feature-extraction", "token_embeddings"): "embed",
     ("sequence-classification", "scores"): "score",
     ("text-generation", "causal_logits"): "causal-lm",
+    ("fill-mask", "token_embeddings"): "masked-lm",  # what SpladePooling reads as its "token_embeddings"
 }
 
 
-def _transformer_task(folder: Path) -> str:
+def _transformer_task(folder: Path, default_task: str) -> str:
     config_file = folder / "sentence_bert_config.json"
     config = read_optional_json(config_file) or {}
-    task = config.get("transformer_task", "feature-extraction")
+    task = config.get("transformer_task", default_task)
     output = config.get("module_output_name", "scores" if task == "sequence-classification" else "token_embeddings")
     if (task, output) not in _TRANSFORMER_TASKS:
         raise ValueError(
             f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet runs "
-            "'feature-extraction' (token_embeddings, pooled), 'sequence-classification' (scores) and "
-            "'text-generation' (causal_logits, read by LogitScore)"
+            "'feature-extraction' (token_embeddings, pooled), 'sequence-classification' (scores), "
+            "'text-generation' (causal_logits, read by LogitScore) and 'fill-mask' (read by SpladePooling)"
         )
     return _TRANSFORMER_TASKS[task, output]
+
+
+def read_splade(config_file: Path) -> SpladeSpec:
+    config = read_json(config_file)
+    pooling = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if pooling not in SPLADE_POOLINGS or activation not in SPLADE_ACTIVATIONS:
+        raise ValueError(
+            f"{config_file}: SpladePooling with pooling_strategy {pooling!r} and activation_function {activation!r} "
+            f"is not supported; supported: {' or '.join(SPLADE_POOLINGS)}, {' or '.join(SPLADE_ACTIVATIONS)}"
+        )
+    return SpladeSpec(pooling, activation)
 
 
 def read_logit_score(config_file: Path) -> LogitScoreSpec:

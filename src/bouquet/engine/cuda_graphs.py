@@ -225,7 +225,7 @@ ForwardFn = Callable[[ModelInputs, Callable[[ForwardContext], Any]], torch.Tenso
 
 class CudaGraphRunner:
     """Pads a batch to its bucket and runs it through the lazy graphs; None above the top bucket, or for a batch
-    with spans (both run eagerly)."""
+    with spans or sparse rows (all run eagerly)."""
 
     def __init__(
         self,
@@ -243,7 +243,7 @@ class CudaGraphRunner:
         self.forward = forward
 
     def run(self, batch: Batch) -> torch.Tensor | None:  # [B, dim] float32 on the device
-        if batch.cu_spans is not None:  # span rows' shapes follow the spans: eager (layers/pooling.py)
+        if batch.cu_spans is not None or batch.any_sparse:  # their rows' shapes follow the batch: eager
             return None
         bucket = self.buckets.bucket_for(batch.num_tokens, batch.num_seqs)
         if bucket is None:

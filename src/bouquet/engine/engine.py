@@ -24,7 +24,8 @@ from bouquet.layers.attention_backends import AttentionBackend, create_attention
 from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.layers.pooling import Pooler
-from bouquet.model_dir import ModelSpec, PoolingSpec, read_model_dir
+from bouquet.layers.sparse import SpladeHead, TokenWeightHead
+from bouquet.model_dir import ModelSpec, PoolingSpec, SpladeSpec, read_model_dir
 from bouquet.models import create_model
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """Builds the model for `spec` and loads its checkpoint; matrix weights take `dtype`, the rest float32."""
     try:
-        model = create_model(spec.architecture, spec.hf_config)
+        model = create_model(spec.architecture, spec.hf_config, spec.task)
     except ValueError as exc:  # an architecture or an option of its config that no family file runs
         raise ValueError(f"{spec.weight_files[0].parent / 'config.json'}: {exc}") from exc
     load_checked(model, model.convert_checkpoint(read_checkpoint(spec.weight_files)))
@@ -49,8 +50,9 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
 
 
 def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pooler:
-    """The model's Pooling (its family's default where the directory has none) and its Dense modules; for a
-    score model (a cross-encoder), its classifier on the pooling its family declares."""
+    """The model's Pooling (its family's default where the directory has none), its Dense modules and its sparse
+    head if it has one; for a score model (a cross-encoder), its classifier on the pooling its family declares;
+    for a SPLADE model, its sparse head alone."""
     task = getattr(model, "task", "embed")
     if spec.task is not None and spec.task != task:
         raise ValueError(
@@ -59,14 +61,31 @@ def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pool
         )
     if task == "score":
         return Pooler(PoolingSpec((model.score_pooling,)), spec.hidden_size, score_head=model.score_head).to(device)
+    sparse_head = load_sparse_head(spec, model)
+    if task == "sparse":
+        return Pooler(PoolingSpec(()), spec.hidden_size, sparse_head=sparse_head).to(device).eval()
     pooling = spec.pooling or PoolingSpec((model.default_pooling,))
-    pooler = Pooler(pooling, spec.hidden_size, spec.dense)
+    pooler = Pooler(pooling, spec.hidden_size, spec.dense, sparse_head=sparse_head)
     for layer, dense in zip(pooler.dense, spec.dense, strict=True):
         try:
             load_checked(layer, read_checkpoint(dense.weight_files))
         except ValueError as exc:
             raise ValueError(f"Dense module {dense.weight_files[0].parent}: {exc}") from exc
     return pooler.to(device).eval()
+
+
+def load_sparse_head(spec: ModelSpec, model: nn.Module) -> nn.Module | None:
+    """SPLADE's pooling over the model's masked-LM head, or bge-m3's token weights read from sparse_linear.pt."""
+    if spec.sparse is None:
+        return None
+    if isinstance(spec.sparse, SpladeSpec):
+        return SpladeHead(model.lm_head, spec.sparse.pooling, spec.sparse.activation)
+    head = TokenWeightHead(spec.hidden_size, spec.vocab_size, spec.sparse.skip_token_ids)
+    try:
+        load_checked(head.linear, torch.load(spec.sparse.weight_file, map_location="cpu", weights_only=True))
+    except ValueError as exc:
+        raise ValueError(f"{spec.sparse.weight_file}: {exc}") from exc
+    return head
 
 
 class Engine:
@@ -89,7 +108,7 @@ class Engine:
         self._cuda = _CudaRuntime(self.runner, config.cuda_graphs) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
-            self.spec.name, self.spec.architecture, self.pooler.spec.name,
+            self.spec.name, self.spec.architecture, self.pooler.name,
             config.device, config.dtype, self.attn_backend.name, self.workers, self.threads_per_worker,
             "" if self._step_threads is None else f", a lone step of <= {config.cpu_lone_step_tokens} tokens on all",
         )  # fmt: skip
@@ -101,8 +120,14 @@ class Engine:
 
     @property
     def task(self) -> str:
-        """ "embed" (rows are embeddings) or "score" (rows are a cross-encoder's raw logits)."""
+        """ "embed" (rows are embeddings), "score" (a cross-encoder's raw logits) or "sparse" (a SPLADE model's
+        vocabulary-wide rows, whatever a batch asks)."""
         return self.pooler.task
+
+    @property
+    def sparse_dimension(self) -> int:
+        """The width of a sparse row (the vocabulary's size); 0 when the model gives none (Batch.sparse)."""
+        return self.pooler.sparse_dimension
 
     @property
     def family(self) -> str:
@@ -228,7 +253,9 @@ class _CudaRuntime:
         self.stream = torch.cuda.Stream(runner.device)
         self.waiter = EventWaiter()
         backend = runner.backend
-        if config.enabled and backend.supports_cuda_graphs:
+        if runner.pooler.task == "sparse":  # every batch runs the sparse head, which is eager only
+            logger.info("CUDA graphs off: a sparse model's rows are pooled eagerly")
+        elif config.enabled and backend.supports_cuda_graphs:
             capturer = CudaCapturer(self.stream)
             runner.graphs = CudaGraphRunner(config, runner.device, backend, runner.forward, capturer)
         elif config.enabled:

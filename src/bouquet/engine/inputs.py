@@ -12,6 +12,7 @@ import torch
 from bouquet.batch import Batch
 from bouquet.layers.context import ForwardContext
 from bouquet.layers.pooling import SpanInputs
+from bouquet.layers.sparse import SparseInputs
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ModelInputs:
     seq_lens: list[int]  # host copy
     max_seqlen: int
     spans: SpanInputs | None = None  # eager batches only
+    sparse: SparseInputs | None = None  # eager batches only
 
     def context(self) -> ForwardContext:
         return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens)
@@ -41,8 +43,8 @@ def padded_positions(batch: Batch, num_real_tokens: int) -> np.ndarray:  # [T] i
     return positions
 
 
-def prepare_inputs(batch: Batch, device: torch.device) -> ModelInputs:
-    """The eager path's inputs: the batch as it is, no buckets."""
+def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | None = None) -> ModelInputs:
+    """The eager path's inputs: the batch as it is, no buckets; `sparse` from `prepare_sparse`."""
     seq_lens = np.diff(batch.cu_seqlens)
     hosts = [batch.input_ids, padded_positions(batch, batch.num_tokens), batch.cu_seqlens]
     hosts += [batch.dimensions, batch.normalize, batch.prompt_lens]
@@ -60,6 +62,7 @@ def prepare_inputs(batch: Batch, device: torch.device) -> ModelInputs:
         seq_lens.tolist(),
         int(seq_lens.max(initial=0)),
         prepare_spans(batch, device),
+        sparse,
     )
 
 
@@ -87,6 +90,26 @@ def prepare_spans(batch: Batch, device: torch.device) -> SpanInputs | None:
         token_index_t, span_index_t, lengths_t.float(), dimensions.int(), normalize.bool(), raw_t.bool(), order_t,
         any_raw=bool(raw.any()), all_raw=bool(raw.all()),
     )  # fmt: skip
+
+
+def prepare_sparse(batch: Batch, device: torch.device, every_seq: bool = False) -> SparseInputs | None:
+    """The tokens of the sequences whose rows are sparse (those that ask, or all of them with `every_seq`) and
+    where their rows go; None when none is. Built from the batch before any padding: pad tokens, which only ever
+    follow the real ones, never reach the sparse head."""
+    wanted = np.ones(batch.num_seqs, bool) if every_seq else batch.sparse
+    if wanted is None or not wanted.any():
+        return None
+    if batch.cu_spans is not None and np.diff(batch.cu_spans)[wanted].any():
+        raise ValueError("a sequence asks for both a sparse row and pooling spans")
+    seqs = np.flatnonzero(wanted)
+    lengths = batch.seq_lens[seqs]
+    cu_lengths = np.cumsum(lengths) - lengths  # [S] where each sequence's tokens start in token_index
+    token_index = np.arange(int(lengths.sum())) + np.repeat(batch.cu_seqlens[seqs] - cu_lengths, lengths)
+    seq_index = np.repeat(np.arange(len(seqs)), lengths)
+    rows = batch.cu_rows[seqs]
+    hosts = [token_index, seq_index, batch.input_ids[token_index], rows]
+    token_index_t, seq_index_t, input_ids, rows_t = upload(hosts, device)
+    return SparseInputs(token_index_t, seq_index_t, input_ids, rows_t, len(seqs), len(seqs) == batch.num_rows)
 
 
 def upload(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:  # each [n] int64

@@ -15,12 +15,13 @@ from torch import nn
 
 from bouquet.batch import Batch
 from bouquet.engine.cuda_graphs import CudaGraphRunner
-from bouquet.engine.inputs import ModelInputs, prepare_inputs
+from bouquet.engine.inputs import ModelInputs, prepare_inputs, prepare_sparse
 from bouquet.engine.memory import pad_to_bucket
 from bouquet.layers.attention import bind_backend
 from bouquet.layers.attention_backends import AttentionBackend
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.pooling import Pooler
+from bouquet.layers.sparse import SparseInputs
 
 
 class ModelRunner:
@@ -40,8 +41,14 @@ class ModelRunner:
         if self.graphs is not None and (rows := self.graphs.run(batch)) is not None:
             return rows
         padded = pad_to_bucket(batch, self.token_buckets)
-        rows = self.forward(prepare_inputs(padded, self.device), self.backend.prepare, uniform_normalize(batch))
+        inputs = prepare_inputs(padded, self.device, self._sparse_inputs(batch))
+        rows = self.forward(inputs, self.backend.prepare, uniform_normalize(batch))
         return rows[: batch.num_rows]  # the pad sequence's row, if any, dropped
+
+    def _sparse_inputs(self, batch: Batch) -> SparseInputs | None:
+        if batch.any_sparse and self.pooler.sparse_head is None:
+            raise ValueError("this model gives no sparse rows: it has no SPLADE head or sparse_linear.pt")
+        return prepare_sparse(batch, self.device, every_seq=self.pooler.task == "sparse")
 
     def forward(
         self,
@@ -52,7 +59,7 @@ class ModelRunner:
         hidden = self.encode(inputs, prepare)
         return self.pooler(
             hidden, inputs.cu_seqlens, inputs.prompt_lens, inputs.dimensions, inputs.normalize, uniform_normalize,
-            inputs.spans,
+            inputs.spans, inputs.sparse,
         )  # fmt: skip
 
     def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Heads that turn a pooled row into a cross-encoder's scores. Kept in float32 (plain nn.Linear, which the
 engine leaves in float32): a [B, hidden] row is cheap, and the scores are what a reranker sorts by.
 
-Every head has an `out` projection to `num_labels` logits; the pooler reads `num_labels` as the row's width."""
+Every head has an `out` projection to `num_labels` logits; the pooler reads `num_labels` as the row's width.
+
+`MaskedLMHead` is the exception: a masked LM's head over token states (SPLADE's, layers/sparse.py), whose
+vocabulary-wide projection is most of its cost, so its matrix products run in the compute dtype as the model's do."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from torch import nn
 
 from bouquet.layers.activation import get_activation
+from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 
 
@@ -68,3 +72,38 @@ def take_head_weights(state: dict[str, torch.Tensor], names: dict[str, str]) -> 
     if missing:
         raise ValueError(f"missing weight: {missing[0]}")
     return {module_name: state.pop(name) for name, module_name in names.items()}
+
+
+class MaskedLMHead(nn.Module):
+    """norm(act(x @ W1.T + b1)) @ E.T + b: BERT's `cls.predictions` and RoBERTa's `lm_head`, whose decoder is
+    the word embeddings (tied) unless the config unties them."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, activation: str, eps: float):
+        super().__init__()
+        self.dense = LinearActivation(hidden_size, hidden_size, activation)
+        self.norm = LayerNorm(hidden_size, eps=eps)
+        self.decoder = Linear(hidden_size, vocab_size)  # its own copy of the embeddings, in the compute dtype
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [t, hidden] -> [t, vocab] logits, compute dtype
+        return self.decoder(self.norm(self.dense(hidden)))
+
+
+def take_masked_lm_head(
+    state: dict[str, torch.Tensor],
+    names: dict[str, str],  # checkpoint name -> MaskedLMHead name, the decoder's weight and bias aside
+    decoder: str,  # the decoder's checkpoint prefix
+    bias: str,  # the output bias's checkpoint name (transformers ties the decoder's bias to it)
+    word_embeddings: torch.Tensor | None,  # the decoder's weight when tied; None: the checkpoint's own
+) -> dict[str, torch.Tensor]:
+    """Removes a masked LM head's tensors from `state`, under `lm_head.` and MaskedLMHead's names. A checkpoint
+    may hold the tied weight and bias again under the decoder's name (older transformers saved them); the copy is
+    dropped."""
+    head = {f"lm_head.{name}": tensor for name, tensor in take_head_weights(state, names).items()}
+    decoder_weight, decoder_bias = state.pop(f"{decoder}.weight", None), state.pop(f"{decoder}.bias", None)
+    output_bias = state.pop(bias, decoder_bias)
+    weight = word_embeddings if word_embeddings is not None else decoder_weight
+    for name, tensor in ((f"{decoder}.weight", weight), (bias, output_bias)):
+        if tensor is None:
+            raise ValueError(f"missing weight: {name}")
+    return {**head, "lm_head.decoder.weight": weight, "lm_head.decoder.bias": output_bias}

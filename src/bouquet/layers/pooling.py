@@ -8,6 +8,9 @@ accumulates in float32 whatever the activations' dtype.
 Span rows (several rows from one sequence: late chunking's chunks, TEI's /embed_all tokens) are the mean of their
 tokens' states whatever the model's own pooling, then its Dense modules (unless raw) and the head. Their shapes
 depend on the spans, so batches with spans run eagerly, never in a graph.
+
+Sparse rows (layers/sparse.py) take the place of the embedding of each sequence that asks for one; a model whose
+only output is sparse (SPLADE: no pooling methods) gives nothing else. They too run eagerly only.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bouquet.layers.sparse import SparseInputs, place_sparse_rows
 from bouquet.model_dir import DenseSpec, PoolingMethod, PoolingSpec
 
 # st_layout.DENSE_ACTIVATIONS (the torch.nn class names a Dense module may save), to the function.
@@ -186,19 +190,23 @@ def embedding_head(
 
 class Pooler(nn.Module):
     """Token states to finished rows: the pooling methods, the Dense modules or a score model's head (its raw
-    logits are the rows), then the per-request head (truncation, normalisation)."""
+    logits are the rows), then the per-request head (truncation, normalisation); sparse rows where asked."""
 
     def __init__(
         self,
-        spec: PoolingSpec,
+        spec: PoolingSpec,  # no methods: a sparse-only model (SPLADE)
         hidden_size: int,
         dense: tuple[DenseSpec, ...] = (),
         score_head: nn.Module | None = None,  # the model's own classifier, [B, hidden] -> [B, labels]
+        sparse_head: nn.Module | None = None,  # (hidden [T, hidden], SparseInputs) -> [S, vocab]
     ):
         super().__init__()
+        assert spec.methods or sparse_head is not None, "a pooler without pooling methods needs a sparse head"
         self.spec = spec
         self.task = "embed" if score_head is None else "score"
         self.score_head = score_head
+        self.sparse_head = sparse_head
+        self.sparse_dimension = 0 if sparse_head is None else sparse_head.vocab_size  # a sparse row's width
         self.methods = [POOLING_METHODS[method] for method in spec.methods]
         self.dimension = hidden_size * len(spec.methods)  # the pooled width; each Dense module then sets it
         for index, layer in enumerate(dense):
@@ -211,6 +219,13 @@ class Pooler(nn.Module):
         self.dense = nn.ModuleList(Dense(layer) for layer in dense)
         if score_head is not None:
             self.dimension = score_head.num_labels
+        if not spec.methods:
+            self.task, self.dimension = "sparse", self.sparse_dimension
+
+    @property
+    def name(self) -> str:
+        """The pooling's name, for logs: its methods', or a sparse-only model's head's."""
+        return self.spec.name or getattr(self.sparse_head, "name", "")
 
     def forward(
         self,
@@ -221,13 +236,18 @@ class Pooler(nn.Module):
         normalize: torch.Tensor,  # [B] bool
         uniform_normalize: bool | None = None,  # the caller knows every row keeps its width and normalises so
         spans: SpanInputs | None = None,  # eager only
-    ) -> torch.Tensor:  # [B, dimension] float32; with spans [R, max(dimension, span rows' width)]
+        sparse: SparseInputs | None = None,  # eager only
+    ) -> torch.Tensor:  # [B, dimension] float32; with spans [R, max(dimension, span rows' width)]; with sparse
+        # rows, as wide as the widest row
+        if sparse is not None and sparse.every_row:
+            return self.sparse_head(hidden, sparse)
+        assert self.spec.methods, "a sparse-only model's rows are all sparse"
         rows = self._finish(self._pool(hidden, cu_seqlens, prompt_lens), dimensions, normalize, uniform_normalize)
-        if spans is None:
-            return rows
-        span_rows = self.pool_spans(hidden, spans)
-        width = max(rows.shape[1], span_rows.shape[1])
-        return torch.cat([_pad_columns(rows, width), _pad_columns(span_rows, width)])[spans.order]
+        if spans is not None:
+            span_rows = self.pool_spans(hidden, spans)
+            width = max(rows.shape[1], span_rows.shape[1])
+            rows = torch.cat([_pad_columns(rows, width), _pad_columns(span_rows, width)])[spans.order]
+        return rows if sparse is None else place_sparse_rows(rows, self.sparse_head(hidden, sparse), sparse)
 
     def _pool(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: torch.Tensor) -> torch.Tensor:
         spans = PoolingInputs(cu_seqlens, None if self.spec.include_prompt else prompt_lens)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from bouquet.layers.attention import Attention
-from bouquet.layers.heads import ClassifierHead, take_head_weights
+from bouquet.layers.heads import ClassifierHead, MaskedLMHead, take_head_weights, take_masked_lm_head
 from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
@@ -193,4 +193,35 @@ class BertForSequenceClassification(BertModel):
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         head = take_head_weights(state, _CLASSIFIER_WEIGHTS)
+        return {**super().convert_checkpoint(state), **head}
+
+
+# The masked-LM head's tensors, by their checkpoint names, to MaskedLMHead's (the decoder's are read apart).
+_MASKED_LM_WEIGHTS = {
+    "cls.predictions.transform.dense.weight": "dense.weight",
+    "cls.predictions.transform.dense.bias": "dense.bias",
+    "cls.predictions.transform.LayerNorm.weight": "norm.weight",
+    "cls.predictions.transform.LayerNorm.bias": "norm.bias",
+}
+
+
+class BertForMaskedLM(BertModel):
+    """A SPLADE model's masked LM (splade-v3, opensearch-neural-sparse): BERT, then its MLM head on every token,
+    which SpladePooling reads (layers/sparse.py). The head's transform takes the encoder's activation."""
+
+    task = "sparse"
+
+    def __init__(self, config: BertConfig, tied: bool):
+        super().__init__(config)
+        self.lm_head = MaskedLMHead(config.hidden_size, config.vocab_size, config.hidden_act, config.layer_norm_eps)
+        self.tied = tied
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> BertForMaskedLM:
+        return cls(BertConfig.from_hf(hf_config), bool(hf_config.get("tie_word_embeddings", True)))
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        state = strip_prefixes(state, ("bert.",))
+        tied = state.get("embeddings.word_embeddings.weight") if self.tied else None
+        head = take_masked_lm_head(state, _MASKED_LM_WEIGHTS, "cls.predictions.decoder", "cls.predictions.bias", tied)
         return {**super().convert_checkpoint(state), **head}

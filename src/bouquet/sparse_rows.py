@@ -1,0 +1,44 @@
+"""Sparse rows on the host: a block of vocabulary-wide rows (what the engine returns for sparse sequences) as
+their nonzero entries, row after row, the compressed form the wire carries. numpy only, so the gateway can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """Row r's entries are indices[cu_offsets[r]:cu_offsets[r + 1]] (vocabulary ids, ascending) with their
+    values at the same positions."""
+
+    cu_offsets: np.ndarray  # [R + 1] int32
+    indices: np.ndarray  # [N] int32
+    values: np.ndarray  # [N] float32
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.cu_offsets) - 1
+
+    def row(self, index: int) -> tuple[np.ndarray, np.ndarray]:  # (indices, values) of one row: views
+        start, stop = int(self.cu_offsets[index]), int(self.cu_offsets[index + 1])
+        return self.indices[start:stop], self.values[start:stop]
+
+
+def sparsify(rows: np.ndarray) -> SparseRows:  # rows: [R, vocab] float32
+    """The nonzero entries of each row, in row order and, within a row, by ascending index."""
+    row_ids, indices = np.nonzero(rows)  # row-major: already ordered by row, then index
+    cu_offsets = np.zeros(rows.shape[0] + 1, np.int32)
+    np.cumsum(np.bincount(row_ids, minlength=rows.shape[0]), out=cu_offsets[1:])
+    values = rows[row_ids, indices].astype(np.float32, copy=False)
+    return SparseRows(cu_offsets, indices.astype(np.int32), values)
+
+
+def densify(sparse: SparseRows, width: int) -> np.ndarray:  # [R, width] float32
+    """The rows back at full width: the inverse of `sparsify` (for clients and tests)."""
+    rows = np.zeros((sparse.num_rows, width), np.float32)
+    row_ids = np.repeat(np.arange(sparse.num_rows), np.diff(sparse.cu_offsets))
+    rows[row_ids, sparse.indices] = sparse.values
+    return rows
