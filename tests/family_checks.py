@@ -25,9 +25,12 @@ VOCAB_SIZE = 30522  # the bundled MiniLM tokenizer's
 TOKEN_BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
 
 
-def save_tiny(model: torch.nn.Module, path: Path, tokenizer_dir: Path, seed: int = 0) -> torch.nn.Module:
-    """Spreads `model`'s weights, saves it with `save_pretrained` and the MiniLM tokenizer files beside it."""
-    spread_weights(model, seed)
+def save_tiny(
+    model: torch.nn.Module, path: Path, tokenizer_dir: Path, seed: int = 0, scale: float = 0.15
+) -> torch.nn.Module:
+    """Spreads `model`'s weights (projections of std `scale`), saves it with `save_pretrained` and the MiniLM
+    tokenizer files beside it."""
+    spread_weights(model, seed, scale)
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, path / name)

@@ -30,7 +30,7 @@ class SparseInputs:
     """The sequences whose rows are sparse (engine/inputs.py builds them from the host arrays): their tokens, in
     order, by their row in the packed batch."""
 
-    token_index: torch.Tensor  # [L] int64: the hidden row of each token of each sparse sequence, sequence after sequence
+    token_index: torch.Tensor  # [L] int64: the hidden row of each sparse sequence's tokens, sequence after sequence
     seq_index: torch.Tensor  # [L] int64: the sparse row (0..S-1) that token belongs to
     input_ids: torch.Tensor  # [L] int64: its token id
     rows: torch.Tensor  # [S] int64: the output row each sparse row takes
