@@ -224,7 +224,10 @@ def test_splade_layouts_it_cannot_run_are_refused(tmp_path, minilm_path: Path) -
     for edit, message in [
         (lambda m: m[:1], r"a fill-mask Transformer needs a SpladePooling module after it"),
         (lambda m: [m[0], {**m[1], "type": "sentence_transformers.models.Pooling"}], r"expected SpladePooling"),
-        (lambda m: [*m, {**m[1], "idx": 2}], r"module 2 .*nothing may follow SpladePooling"),
+        (
+            lambda m: [*m, {"idx": 2, "path": "", "type": "sentence_transformers.models.Normalize"}],
+            r"module 2 .*Normalize.*nothing may follow SpladePooling",
+        ),
     ]:
         modules_file.write_text(json.dumps(edit(modules)))
         with pytest.raises(ValueError, match=message):

@@ -175,9 +175,8 @@ class _ModuleParser:
         if self.task == "score":
             self._refuse(index, module, "nothing may follow a CrossEncoder's scores")
         if kind not in expected:
-            self._refuse(
-                index, module, f"expected {' or '.join(expected)} here" if expected else f"nothing may follow {kind}"
-            )
+            why = f"expected {' or '.join(expected)} here" if expected else f"nothing may follow {self.stage}"
+            self._refuse(index, module, why)
         self.stage = kind
         if kind in _TRANSFORMERS:
             self.transformer_dir = folder
