@@ -138,7 +138,9 @@ class Batch:
         mixed = mixed or (self.encodings != options.encoding).any()
         mixed = mixed or (self.sparse is not None and (self.sparse != sparse).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
-            raise ValueError("the sequences differ in dimensions, normalize, prompt_lens, raw_spans, encodings or sparse")
+            raise ValueError(
+                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, encodings or sparse"
+            )
         return options
 
     @property
