@@ -11,6 +11,7 @@ import collections
 import copy
 import json
 import os
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
 from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
-from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, text_tools
+from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, sparse, text_tools
 from bouquet.gateway.app import create_app
 from bouquet.gateway.openapi import openapi_spec
 from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
@@ -39,6 +40,7 @@ API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
 RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict"}
+SPARSE = "tiny-splade"
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -89,6 +91,7 @@ def _properties(name: str, *inner: str) -> set[str]:
         ("EmbeddingsRequest", (), schemas.OPENAI_FIELDS),
         ("TEIEmbedRequest", (), schemas.TEI_FIELDS),
         ("EmbedAllRequest", (), contextual.EMBED_ALL_FIELDS),
+        ("EmbedSparseRequest", (), sparse.EMBED_SPARSE_FIELDS),
         ("ContextualizedEmbeddingsRequest", (), contextual.CONTEXTUAL_FIELDS),
         ("SimilarityRequest", (), text_tools._SIMILARITY_FIELDS),
         ("SimilarityRequest", ("parameters",), text_tools._SIMILARITY_PARAMETERS),
@@ -152,15 +155,23 @@ def reranker_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) ->
 
 
 @pytest.fixture(scope="module")
-def server(reranker_dir: Path, minilm_path: Path) -> Iterator[str]:
+def splade_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
+    from sparse_models import build_splade
+
+    root = tmp_path_factory.mktemp("openapi-sparse")
+    return Path(shutil.move(build_splade(root, minilm_path), root / SPARSE))
+
+
+@pytest.fixture(scope="module")
+def server(reranker_dir: Path, splade_dir: Path, minilm_path: Path) -> Iterator[str]:
     port = free_port()
     process: Process = start_serve(
         port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY,
-        "--model", str(minilm_path), "--model", str(reranker_dir),
+        "--model", str(minilm_path), "--model", str(reranker_dir), "--model", str(splade_dir),
     )  # fmt: skip
     try:
         process.wait_ready()
-        wait_models(f"http://127.0.0.1:{port}", 2, API_KEY)  # both registered
+        wait_models(f"http://127.0.0.1:{port}", 3, API_KEY)  # all registered
         yield f"http://127.0.0.1:{port}"
     finally:
         assert process.stop() == 0
@@ -174,7 +185,8 @@ def server(reranker_dir: Path, minilm_path: Path) -> Iterator[str]:
 def test_server_answers_as_documented(case: schemathesis.Case, server: str) -> None:
     if isinstance(case.body, dict) and case.body.get("model") is None and case.operation.method == "post":
         # The default model is whichever replica reported first: name the one the route serves.
-        case.body["model"] = RERANKER if case.operation.path in RERANK_ROUTES else EMBEDDER
+        path = case.operation.path
+        case.body["model"] = RERANKER if path in RERANK_ROUTES else SPARSE if path == "/embed_sparse" else EMBEDDER
     # A case whose Authorization header schemathesis left out or spoiled goes as it is (a 401); the rest with the key.
     spoiled_key = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER)
     headers = {} if spoiled_key else {"Authorization": f"Bearer {API_KEY}"}

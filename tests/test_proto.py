@@ -10,8 +10,10 @@ import pytest
 from bouquet.batch import Batch, RowOptions
 from bouquet.proto import embedding_pb2
 from bouquet.proto.generate import GENERATED, PROTO_DIR, generate
-from bouquet.replica.client import embed_request, response_rows
+from bouquet.replica.client import embed_request, response_rows, response_sparse_rows
 from bouquet.replica.request import InvalidInput, Limits, decode_request
+from bouquet.replica.server import sparse_response
+from bouquet.sparse_rows import concat, densify
 
 
 def test_committed_code_matches_the_proto(tmp_path: Path) -> None:
@@ -72,3 +74,36 @@ def test_rows_travel_as_little_endian_float32() -> None:
     decoded = response_rows(embedding_pb2.EmbedResponse.FromString(wire.SerializeToString()))
     assert decoded.dtype == np.float32
     np.testing.assert_array_equal(decoded, rows)
+
+
+SPARSE_LIMITS = Limits(vocab_size=30522, type_vocab_size=2, max_seq_length=256, dimension=384, sparse_dimension=30522)
+
+
+def test_a_sparse_request_round_trips_and_its_refusals_name_the_problem() -> None:
+    message = embed_request(Batch.pack([[101, 7, 102], [101, 102]], RowOptions(sparse=True)))
+    assert message.sparse and decode_request(message, SPARSE_LIMITS).any_sparse
+    with pytest.raises(InvalidInput, match="no sparse head"):
+        decode_request(message, LIMITS)
+    for field, value in (("dimensions", 8), ("encoding", 3)):
+        spoiled = embedding_pb2.EmbedRequest()
+        spoiled.CopyFrom(message)
+        setattr(spoiled, field, value)
+        with pytest.raises(InvalidInput, match="no dimensions, encoding or spans"):
+            decode_request(spoiled, SPARSE_LIMITS)
+    dense = embed_request(Batch.pack([[101, 102]]))
+    with pytest.raises(InvalidInput, match="sparse rows only"):
+        decode_request(dense, Limits(30522, 2, 256, 30522, sparse_dimension=30522, sparse_only=True))
+
+
+def test_sparse_rows_cross_the_wire_as_their_nonzero_entries() -> None:
+    rows = np.zeros((3, 50), np.float32)
+    rows[0, [3, 40]], rows[2, [0, 7, 49]] = [0.5, 2.0], [1.0, 0.25, 3.0]  # row 1: no entry at all
+    reply = sparse_response(rows)
+    assert (reply.num_seqs, reply.dimension, reply.embeddings) == (3, 50, b"")
+    sparse = response_sparse_rows(reply)
+    np.testing.assert_array_equal(densify(sparse, 50), rows)
+    halves = concat([response_sparse_rows(sparse_response(rows[:1])), response_sparse_rows(sparse_response(rows[1:]))])
+    np.testing.assert_array_equal(densify(halves, 50), rows)
+    reply.sparse_offsets = np.array([0, 2, 2], "<i4").tobytes()  # one offset short
+    with pytest.raises(ValueError, match="do not fit"):
+        response_sparse_rows(reply)

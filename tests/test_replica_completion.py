@@ -29,6 +29,7 @@ class _HandCompletedEngine:
             Path("."), "stand-in", config, (), Path("."), PoolingSpec((PoolingMethod.MEAN,)), True, 16
         )
         self.dimension = 4
+        self.sparse_dimension = 0
         self.max_seq_length = 16
         self.pooling = self.spec.pooling
         self.task = "embed"

@@ -27,6 +27,19 @@ class SparseRows:
         return self.indices[start:stop], self.values[start:stop]
 
 
+def concat(parts: list[SparseRows]) -> SparseRows:
+    """The parts' rows one after another (a request's chunks put back in order)."""
+    if len(parts) == 1:
+        return parts[0]
+    starts = np.cumsum([0] + [len(part.indices) for part in parts[:-1]])
+    offsets = [part.cu_offsets[1:] + start for part, start in zip(parts, starts, strict=True)]
+    return SparseRows(
+        np.concatenate([np.zeros(1, np.int32), *offsets]).astype(np.int32),
+        np.concatenate([part.indices for part in parts]),
+        np.concatenate([part.values for part in parts]),
+    )
+
+
 def sparsify(rows: np.ndarray) -> SparseRows:  # rows: [R, vocab] float32
     """The nonzero entries of each row, in row order and, within a row, by ascending index."""
     row_ids, indices = np.nonzero(rows)  # row-major: already ordered by row, then index

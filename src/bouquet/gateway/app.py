@@ -29,7 +29,7 @@ from starlette.routing import Route
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import GatewayConfig
 from bouquet.encodings import Encoding, encode_rows
-from bouquet.gateway import contextual, long_inputs, predict, request_ids, rerank, text_tools
+from bouquet.gateway import contextual, long_inputs, predict, request_ids, rerank, sparse, text_tools
 from bouquet.gateway.admission import Admission
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
@@ -157,17 +157,14 @@ class Gateway:
         if job.text_positions is not None:
             return await self._embed_mixed(job)
         model = self.catalog.get(job.model)
-        if model.task != "embed":
-            raise InvalidRequest(
-                f"the model {model.id!r} is a cross-encoder (task {model.task!r}): it scores pairs on /rerank, "
-                "/v1/rerank and /score, and makes no embeddings",
-                "wrong_task",
-                "model",
-            )
+        if job.sparse and not model.sparse_dimension:
+            raise model.wrong_task("sparse rows")
+        if not job.sparse and model.task != "embed":
+            raise model.wrong_task("embeddings")
         _check_truncate_tokens(job, model)
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
-        if (job.long_input or self.config.long_input) == "chunk":
+        if not job.sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged
             return model, *await self._embed_windows(job, model, options)
 
         async def batch() -> Batch:
@@ -262,10 +259,13 @@ class Gateway:
 
     def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
         prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
+        prompt_tokens = model.require_tokenizer().prompt_tokens(prompt) if prompt else 0
+        if job.sparse:  # a sparse row comes whole and as it is: no dimensions, normalisation or encoding
+            return RowOptions(normalize=False, prompt_tokens=prompt_tokens, sparse=True)
         return RowOptions(
             dimensions=self._check_dimensions(job.dimensions, model),
             normalize=model.normalize if job.normalize is None else job.normalize,
-            prompt_tokens=model.require_tokenizer().prompt_tokens(prompt) if prompt else 0,
+            prompt_tokens=prompt_tokens,
             encoding=job.response_format.encoding,
         )
 
@@ -441,6 +441,11 @@ async def _contextual_embeddings(gateway: Gateway, request: Request) -> Response
     return _json(contextual.contextual_response(documents, job.model or model.id, tokens, job.response_format))
 
 
+async def _tei_embed_sparse(gateway: Gateway, request: Request) -> Response:
+    job = sparse.parse_embed_sparse(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    return _json(await _unless_disconnected(request, sparse.embed_sparse(gateway, job)))
+
+
 async def _tei_embed_all(gateway: Gateway, request: Request) -> Response:
     job = contextual.parse_embed_all(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     _, token_states, _ = await _unless_disconnected(request, contextual.embed_all(gateway, job))
@@ -542,7 +547,7 @@ def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
     """OpenAI's model object, plus what a client needs to use it: family, pooling, limit, width."""
     return {
         "id": model.id, "object": "model", "created": 0, "owned_by": "bouquet", "family": model.family,
-        "task": model.task,
+        "task": model.task, "sparse": bool(model.sparse_dimension),
         "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
         "replicas": sum(r.healthy and r.model is model for r in gateway.pool.replicas),
@@ -571,6 +576,7 @@ async def _info(gateway: Gateway, request: Request) -> Response:
     c = gateway.config
     return _json({
         "model_id": model.id, "model_dtype": model.dtype, "model_type": _model_type(model), "task": model.task,
+        "sparse": bool(model.sparse_dimension),
         "family": model.family, "architecture": model.architecture, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length,
         "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": gateway.config.max_inputs,
@@ -589,7 +595,7 @@ def _model_type(model: ServedModel) -> dict[str, Any]:
         id2label = {str(index): name for index, name in enumerate(model.labels)}
         labels = {"id2label": id2label, "label2id": {name: int(index) for index, name in id2label.items()}}
         return {"reranker" if model.dimension == 1 else "classifier": {**labels, "activation": model.score_activation}}
-    return {"embedding": {"pooling": model.pooling}}
+    return {"embedding": {"pooling": "splade" if model.task == "sparse" else model.pooling}}
 
 
 async def _health(gateway: Gateway, request: Request) -> Response:
@@ -653,6 +659,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         # text-embeddings-inference's, with its error bodies
         Route("/", embed, methods=["POST"]),
         Route("/embed", tei, methods=["POST"]),
+        Route("/embed_sparse", _endpoint("/embed_sparse", _tei_embed_sparse, work=True, tei=True), methods=["POST"]),
         Route("/embed_all", _endpoint("/embed_all", _tei_embed_all, work=True, tei=True), methods=["POST"]),
         Route("/similarity", _endpoint("/similarity", _similarity, work=True, tei=True), methods=["POST"]),
         Route("/rerank", _endpoint("/rerank", _rerank, work=True, tei=True), methods=["POST"]),

@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 
+from bouquet import sparse_rows
 from bouquet.batch import Batch, token_budget_runs
 from bouquet.gateway.pool import ReplicaPool
+from bouquet.sparse_rows import SparseRows
 
 
 def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
@@ -21,7 +23,7 @@ def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
 
 async def embed_chunked(
     pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
-) -> np.ndarray:  # [B, elements] in the batch's encoding
+) -> np.ndarray | SparseRows:  # [B, elements] in the batch's encoding, or its sparse rows
     spans = chunk_spans(batch, chunk_tokens)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)
@@ -32,4 +34,5 @@ async def embed_chunked(
             tasks = [group.create_task(pool.embed(model, batch.slice(start, stop), priority)) for start, stop in spans]
     except* Exception as failures:
         raise failures.exceptions[0] from None
-    return np.concatenate([task.result() for task in tasks])
+    parts = [task.result() for task in tasks]
+    return sparse_rows.concat(parts) if batch.any_sparse else np.concatenate(parts)  # type: ignore[arg-type]

@@ -131,8 +131,7 @@ class Plan:
 def _embedding_model(gateway: Gateway, name: str | None) -> ServedModel:
     model = gateway.catalog.get(name)
     if model.task != "embed":
-        message = f"the model {model.id!r} is a cross-encoder (task {model.task!r}): it scores pairs on /rerank"
-        raise InvalidRequest(message, "wrong_task", "model")
+        raise model.wrong_task("embeddings")
     return model
 
 

@@ -22,6 +22,13 @@ logger = logging.getLogger(__name__)
 _BUNDLED_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 
+_TASK_ROUTES = {
+    "embed": ("/v1/embeddings", "/embed", "/v1/contextualizedembeddings"),
+    "score": ("/rerank", "/v1/rerank", "/score", "/predict"),
+    "sparse": ("/embed_sparse",),
+}
+
+
 @dataclass(frozen=True)
 class ServedModel:
     name: str  # as the replica's Info reports it
@@ -31,7 +38,7 @@ class ServedModel:
     vocab_size: int
     family: str  # the models/ file serving it
     architecture: str
-    task: str  # "embed" or "score" (a cross-encoder: its rows are raw logits)
+    task: str  # "embed", "score" (a cross-encoder: its rows are raw logits) or "sparse" (SPLADE)
     score_activation: str
     pooling: str
     normalize: bool  # rows are normalised when a request does not say
@@ -41,6 +48,20 @@ class ServedModel:
     default_prompt_name: str | None
     tokenizer: ModelTokenizer | None  # None: the replica sent none and no local directory has it; token ids only
     labels: tuple[str, ...] = ()  # a score model's label names by index (TEI's /predict)
+    sparse_dimension: int = 0  # a sparse row's width (SPLADE, bge-m3's sparse head); 0: no sparse rows
+
+    @property
+    def routes(self) -> str:
+        """The routes that serve this model, for errors that send a client elsewhere."""
+        served = [*_TASK_ROUTES[self.task]] + (
+            ["/embed_sparse"] if self.sparse_dimension and self.task != "sparse" else []
+        )
+        return ", ".join(served)
+
+    def wrong_task(self, wanted: str) -> InvalidRequest:
+        """The 400 (TEI: 424) for a route this model cannot serve, naming its task and the routes it has."""
+        message = f"the model {self.id!r} (task {self.task!r}) makes no {wanted}; it is served on {self.routes}"
+        return InvalidRequest(message, "wrong_task", "model")
 
     @property
     def pair_template(self) -> PairTemplate | None:
@@ -146,7 +167,7 @@ class ModelCatalog:
             score_activation=info.score_activation or "Identity", normalize=info.normalize, dtype=info.dtype,
             max_batch_tokens=info.max_batch_tokens,
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
-            labels=_labels(spec, info),
+            labels=_labels(spec, info), sparse_dimension=info.sparse_dimension,
         )  # fmt: skip
 
 

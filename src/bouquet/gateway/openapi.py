@@ -196,6 +196,9 @@ TEI_EMBED_FIELDS: dict[str, Schema] = {
 EMBED_ALL_FIELDS: dict[str, Schema] = {
     name: TEI_EMBED_FIELDS[name] for name in ("inputs", "truncate", "truncation_direction", "prompt_name", "model")
 }
+EMBED_SPARSE_FIELDS: dict[str, Schema] = {
+    name: TEI_EMBED_FIELDS[name] for name in ("inputs", "truncate", "truncation_direction", "prompt_name", "model")
+}
 SIMILARITY_PARAMETERS: dict[str, Schema] = {
     name: TEI_EMBED_FIELDS[name] for name in ("truncate", "truncation_direction", "prompt_name")
 }
@@ -315,6 +318,7 @@ TEI_ROOT_REQUEST: Schema = {
     "Inference API takes both at one URL",
     "oneOf": [TEI_EMBED_REQUEST, SIMILARITY_REQUEST],
 }
+EMBED_SPARSE_REQUEST = _named("EmbedSparseRequest", _request(EMBED_SPARSE_FIELDS, ("inputs",), description=_STRICT))
 EMBED_ALL_REQUEST = _named("EmbedAllRequest", _request(EMBED_ALL_FIELDS, ("inputs",), description=_STRICT))
 CONTEXTUAL_REQUEST = _named(
     "ContextualizedEmbeddingsRequest", _request(CONTEXTUAL_FIELDS, ("input",), description=_STRICT)
@@ -373,6 +377,11 @@ SIMILARITIES = _named(
 TOKEN_STATES = _named(
     "TokenStates", _array(_array(FLOATS), description="per input, every token's last hidden state, special tokens too")
 )
+SPARSE_ROWS = _named("SparseRows", _array(
+    _array(_response({"index": {**COUNT, "description": "a vocabulary id"}, "value": NUMBER}),
+           description="an input's nonzero weights, by ascending index"),
+    description="one per input, in order",
+))  # fmt: skip
 TEI_TOKENS = _named("TEITokens", _array(
     _array(
         _response({
@@ -415,9 +424,11 @@ SCORES = _named("Scores", _response({
     "data": _array(_response({"index": COUNT, "object": {"type": "string", "enum": ["score"]}, "score": NUMBER})),
     "usage": USAGE,
 }))  # fmt: skip
+TASK: Schema = {"type": "string", "enum": ["embed", "score", "sparse"], "description": "sparse: a SPLADE model"}
+SPARSE: Schema = {**BOOLEAN, "description": "whether /embed_sparse serves it (SPLADE, or bge-m3's sparse head)"}
 MODEL_CARD = _named("Model", _response({
     "id": STRING, "object": {"type": "string", "enum": ["model"]}, "created": INTEGER, "owned_by": STRING,
-    "family": STRING, "task": {"type": "string", "enum": ["embed", "score"]}, "architecture": STRING,
+    "family": STRING, "task": TASK, "sparse": SPARSE, "architecture": STRING,
     "pooling": STRING, "normalize": BOOLEAN, "dimension": COUNT, "max_input_length": COUNT, "dtype": STRING,
     "replicas": {**COUNT, "description": "healthy replicas serving it"},
     "stats": _response({"healthy_replicas": COUNT, "max_batch_tokens": COUNT}, description="Infinity's"),
@@ -434,7 +445,7 @@ INFO = _named("Info", _response({
     "model_id": STRING, "model_dtype": STRING,
     "model_type": {"oneOf": [_response({"embedding": _response({"pooling": STRING})}),
                              _response({"reranker": _CLASSIFIER}), _response({"classifier": _CLASSIFIER})]},
-    "task": {"type": "string", "enum": ["embed", "score"]}, "family": STRING, "architecture": STRING,
+    "task": TASK, "sparse": SPARSE, "family": STRING, "architecture": STRING,
     "normalize": BOOLEAN, "dimension": COUNT, "max_input_length": COUNT, "max_batch_tokens": COUNT,
     "max_client_batch_size": COUNT, "prompts": {"type": "object", "additionalProperties": STRING},
     "default_prompt_name": nullable(STRING), "replicas": COUNT, "version": STRING,
@@ -562,6 +573,8 @@ OPERATIONS: tuple[Operation, ...] = (
               _json({"oneOf": [TEI_ROWS, SIMILARITIES]}), TEI_ROOT_REQUEST, TEI_COMPUTE, "tei"),
     Operation("/embed", "post", "TEI: embed texts or token ids", "TEI", _json(TEI_ROWS), TEI_EMBED_REQUEST,
               TEI_COMPUTE, "tei"),
+    Operation("/embed_sparse", "post", "TEI: each input's sparse row (SPLADE, bge-m3's sparse head)", "TEI",
+              _json(SPARSE_ROWS), EMBED_SPARSE_REQUEST, TEI_COMPUTE, "tei"),
     Operation("/embed_all", "post", "TEI: every token's state, no pooling", "TEI", _json(TOKEN_STATES),
               EMBED_ALL_REQUEST, TEI_COMPUTE, "tei"),
     Operation("/similarity", "post", "TEI: cosine of a sentence with others", "TEI", _json(SIMILARITIES),

@@ -37,7 +37,8 @@ from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.models import ModelCatalog
 from bouquet.gateway.replica import Replica
 from bouquet.proto import embedding_pb2
-from bouquet.replica.client import embed_request, response_rows
+from bouquet.replica.client import embed_request, response_rows, response_sparse_rows
+from bouquet.sparse_rows import SparseRows
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +162,9 @@ class ReplicaPool:
         known = [rate for rate in rates if rate is not None]
         return sum(known) * len(rates) / len(known) if known else None
 
-    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray:  # [B, elements]
-        """The rows of `batch`, in its encoding; `priority` orders chunks waiting for a replica (lower first, then
-        by arrival)."""
+    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray | SparseRows:
+        """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them);
+        `priority` orders chunks waiting for a replica (lower first, then by arrival)."""
         request = embed_request(batch)
         tokens = batch.num_tokens
         tried: set[Replica] = set()
@@ -236,7 +237,7 @@ class ReplicaPool:
         replica.succeeded()
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
         self._metrics.replica_tokens.labels(replica.address).inc(tokens)
-        return response_rows(reply, Encoding(request.encoding))
+        return response_sparse_rows(reply) if request.sparse else response_rows(reply, Encoding(request.encoding))
 
     async def _acquire(
         self, model: str, tokens: int, priority: int, tried: set[Replica], deadline: float

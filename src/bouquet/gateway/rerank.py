@@ -141,10 +141,7 @@ def score_model(gateway: Gateway, name: str | None) -> ServedModel:
     """The model a scoring request names; an embedding model is refused (TEI's 424 on its routes)."""
     model = gateway.catalog.get(name)
     if model.task != "score":
-        raise InvalidRequest(
-            f"the model {model.id!r} is an embedding model (task 'embed'); rerank with a cross-encoder", "wrong_task",
-            "model",
-        )  # fmt: skip
+        raise model.wrong_task("scores; rerank with a cross-encoder")
     return model
 
 

@@ -59,6 +59,7 @@ class EmbedJob:
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
     text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input
+    sparse: bool = False  # each input's sparse row (TEI's /embed_sparse), not its embedding
 
     @property
     def num_inputs(self) -> int:

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62ouquet/proto/embedding.proto\x12\nbouquet.v1\"\xed\x01\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x12\n\ncu_seqlens\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x11\n\tnormalize\x18\x05 \x01(\x08\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12&\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x14.bouquet.v1.Encoding\x12\x10\n\x08\x63u_spans\x18\x14 \x01(\x0c\x12\x13\n\x0bspan_bounds\x18\x15 \x01(\x0c\x12\x11\n\traw_spans\x18\x16 \x01(\x08\"p\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x10\n\x08num_seqs\x18\x02 \x01(\r\x12\x11\n\tdimension\x18\x03 \x01(\r\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x14.bouquet.v1.Encoding\"(\n\x0bInfoRequest\x12\x19\n\x11include_tokenizer\x18\x01 \x01(\x08\"\xa9\x03\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x11\n\tdimension\x18\x03 \x01(\r\x12\x16\n\x0emax_seq_length\x18\x04 \x01(\r\x12\x0f\n\x07pooling\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x36\n\x07prompts\x18\t \x03(\x0b\x32%.bouquet.v1.InfoResponse.PromptsEntry\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\n \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x0b \x01(\r\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x11\n\tnormalize\x18\r \x01(\x08\x12\x0e\n\x06\x66\x61mily\x18\x0e \x01(\t\x12\x0c\n\x04task\x18\x0f \x01(\t\x12\x18\n\x10score_activation\x18\x10 \x01(\t\x1a.\n\x0cPromptsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*q\n\x08\x45ncoding\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01\x12\x0c\n\x08\x42\x46LOAT16\x10\x02\x12\x08\n\x04INT8\x10\x03\x12\t\n\x05UINT8\x10\x04\x12\n\n\x06\x42INARY\x10\x05\x12\x0b\n\x07UBINARY\x10\x06\x12\x0f\n\x0bUBINARY_LSB\x10\x07\x32\x84\x01\n\tEmbedding\x12<\n\x05\x45mbed\x12\x18.bouquet.v1.EmbedRequest\x1a\x19.bouquet.v1.EmbedResponse\x12\x39\n\x04Info\x12\x17.bouquet.v1.InfoRequest\x1a\x18.bouquet.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x62ouquet/proto/embedding.proto\x12\nbouquet.v1\"\xfd\x01\n\x0c\x45mbedRequest\x12\x11\n\tinput_ids\x18\x01 \x01(\x0c\x12\x12\n\ncu_seqlens\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12\x11\n\tnormalize\x18\x05 \x01(\x08\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12&\n\x08\x65ncoding\x18\x07 \x01(\x0e\x32\x14.bouquet.v1.Encoding\x12\x0e\n\x06sparse\x18\x08 \x01(\x08\x12\x10\n\x08\x63u_spans\x18\x14 \x01(\x0c\x12\x13\n\x0bspan_bounds\x18\x15 \x01(\x0c\x12\x11\n\traw_spans\x18\x16 \x01(\x08\"\xb7\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\x10\n\x08num_seqs\x18\x02 \x01(\r\x12\x11\n\tdimension\x18\x03 \x01(\r\x12&\n\x08\x65ncoding\x18\x04 \x01(\x0e\x32\x14.bouquet.v1.Encoding\x12\x16\n\x0esparse_offsets\x18\x05 \x01(\x0c\x12\x16\n\x0esparse_indices\x18\x06 \x01(\x0c\x12\x15\n\rsparse_values\x18\x07 \x01(\x0c\"(\n\x0bInfoRequest\x12\x19\n\x11include_tokenizer\x18\x01 \x01(\x08\"\xc3\x03\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x11\n\tdimension\x18\x03 \x01(\r\x12\x16\n\x0emax_seq_length\x18\x04 \x01(\r\x12\x0f\n\x07pooling\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x36\n\x07prompts\x18\t \x03(\x0b\x32%.bouquet.v1.InfoResponse.PromptsEntry\x12\x1b\n\x13\x64\x65\x66\x61ult_prompt_name\x18\n \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x0b \x01(\r\x12\x16\n\x0etokenizer_json\x18\x0c \x01(\t\x12\x11\n\tnormalize\x18\r \x01(\x08\x12\x0e\n\x06\x66\x61mily\x18\x0e \x01(\t\x12\x0c\n\x04task\x18\x0f \x01(\t\x12\x18\n\x10score_activation\x18\x10 \x01(\t\x12\x18\n\x10sparse_dimension\x18\x11 \x01(\r\x1a.\n\x0cPromptsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*q\n\x08\x45ncoding\x12\x0b\n\x07\x46LOAT32\x10\x00\x12\x0b\n\x07\x46LOAT16\x10\x01\x12\x0c\n\x08\x42\x46LOAT16\x10\x02\x12\x08\n\x04INT8\x10\x03\x12\t\n\x05UINT8\x10\x04\x12\n\n\x06\x42INARY\x10\x05\x12\x0b\n\x07UBINARY\x10\x06\x12\x0f\n\x0bUBINARY_LSB\x10\x07\x32\x84\x01\n\tEmbedding\x12<\n\x05\x45mbed\x12\x18.bouquet.v1.EmbedRequest\x1a\x19.bouquet.v1.EmbedResponse\x12\x39\n\x04Info\x12\x17.bouquet.v1.InfoRequest\x1a\x18.bouquet.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,18 +35,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFORESPONSE_PROMPTSENTRY']._loaded_options = None
   _globals['_INFORESPONSE_PROMPTSENTRY']._serialized_options = b'8\001'
-  _globals['_ENCODING']._serialized_start=869
-  _globals['_ENCODING']._serialized_end=982
+  _globals['_ENCODING']._serialized_start=983
+  _globals['_ENCODING']._serialized_end=1096
   _globals['_EMBEDREQUEST']._serialized_start=46
-  _globals['_EMBEDREQUEST']._serialized_end=283
-  _globals['_EMBEDRESPONSE']._serialized_start=285
-  _globals['_EMBEDRESPONSE']._serialized_end=397
-  _globals['_INFOREQUEST']._serialized_start=399
-  _globals['_INFOREQUEST']._serialized_end=439
-  _globals['_INFORESPONSE']._serialized_start=442
-  _globals['_INFORESPONSE']._serialized_end=867
-  _globals['_INFORESPONSE_PROMPTSENTRY']._serialized_start=821
-  _globals['_INFORESPONSE_PROMPTSENTRY']._serialized_end=867
-  _globals['_EMBEDDING']._serialized_start=985
-  _globals['_EMBEDDING']._serialized_end=1117
+  _globals['_EMBEDREQUEST']._serialized_end=299
+  _globals['_EMBEDRESPONSE']._serialized_start=302
+  _globals['_EMBEDRESPONSE']._serialized_end=485
+  _globals['_INFOREQUEST']._serialized_start=487
+  _globals['_INFOREQUEST']._serialized_end=527
+  _globals['_INFORESPONSE']._serialized_start=530
+  _globals['_INFORESPONSE']._serialized_end=981
+  _globals['_INFORESPONSE_PROMPTSENTRY']._serialized_start=935
+  _globals['_INFORESPONSE_PROMPTSENTRY']._serialized_end=981
+  _globals['_EMBEDDING']._serialized_start=1099
+  _globals['_EMBEDDING']._serialized_end=1231
 # @@protoc_insertion_point(module_scope)

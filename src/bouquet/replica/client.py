@@ -8,6 +8,7 @@ import numpy as np
 from bouquet.batch import Batch
 from bouquet.encodings import Encoding, rows_from_bytes
 from bouquet.proto import embedding_pb2
+from bouquet.sparse_rows import SparseRows
 
 
 def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
@@ -21,6 +22,7 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
         prompt_tokens=options.prompt_tokens,
         encoding=options.encoding,
+        sparse=options.sparse,
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
         raw_spans=options.raw_spans,
@@ -39,3 +41,17 @@ def response_rows(
     if response.encoding != encoding:
         raise ValueError(f"asked for {encoding.name} rows, the replica answered {Encoding(response.encoding).name}")
     return rows_from_bytes(response.embeddings, encoding, response.num_seqs, response.dimension)
+
+
+def response_sparse_rows(response: embedding_pb2.EmbedResponse) -> SparseRows:
+    """A sparse request's rows, read in place from the bytes; ValueError when they do not fit together."""
+    offsets = np.frombuffer(response.sparse_offsets, "<i4").astype(np.int32, copy=False)
+    indices = np.frombuffer(response.sparse_indices, "<i4").astype(np.int32, copy=False)
+    values = np.frombuffer(response.sparse_values, "<f4").astype(np.float32, copy=False)
+    fits = len(offsets) == response.num_seqs + 1 and len(indices) == len(values)
+    if not fits or offsets[0] != 0 or offsets[-1] != len(indices) or (np.diff(offsets) < 0).any():
+        raise ValueError(
+            f"sparse rows that do not fit together: {len(offsets)} offsets for {response.num_seqs} rows, "
+            f"{len(indices)} indices, {len(values)} values"
+        )
+    return SparseRows(offsets, indices, values)

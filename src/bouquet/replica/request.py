@@ -47,6 +47,8 @@ class Limits:
     dimension: int  # a row's full width
     hidden_size: int = 0  # a raw span row's width (the model's token states); 0: as `dimension`
     mean_spans: bool = True  # whether span means can go through the model's head (one pooling method, embed task)
+    sparse_dimension: int = 0  # a sparse row's width (the vocabulary's); 0: the model gives no sparse rows
+    sparse_only: bool = False  # a SPLADE model: every row is sparse, a request must ask for sparse rows
 
     @classmethod
     def from_engine(cls, engine: StepEngine) -> Limits:
@@ -57,10 +59,15 @@ class Limits:
             dimension=engine.dimension,
             hidden_size=engine.spec.hidden_size,
             mean_spans=engine.task == "embed" and len(engine.pooling.methods) == 1,
+            sparse_dimension=engine.sparse_dimension,
+            sparse_only=engine.task == "sparse",
         )
 
-    def full_width(self, raw_spans: bool) -> int:
-        """The width of a row: a raw span row's is the model's hidden size, any other's `dimension`."""
+    def full_width(self, raw_spans: bool, sparse: bool = False) -> int:
+        """The width of a row: a sparse row's is the vocabulary's, a raw span row's the model's hidden size, any
+        other's `dimension`."""
+        if sparse:
+            return self.sparse_dimension
         return (self.hidden_size or self.dimension) if raw_spans else self.dimension
 
 
@@ -75,7 +82,9 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
         message.prompt_tokens,
         raw_spans=message.raw_spans,
         encoding=_encoding(message.encoding),
+        sparse=message.sparse,
     )
+    _validate_sparse(limits, message)
     _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans)
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
     if not message.cu_spans:
@@ -86,6 +95,19 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     span_bounds = _int32s("span_bounds", message.span_bounds)
     _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans)
     return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans)
+
+
+def _validate_sparse(limits: Limits, message: embedding_pb2.EmbedRequest) -> None:
+    """A sparse request goes to a model with a sparse head, takes its rows whole as float32 pairs and has no spans;
+    a SPLADE model gives nothing else."""
+    if not message.sparse:
+        if limits.sparse_only:
+            raise InvalidInput("this model (SPLADE) gives sparse rows only: ask with sparse=true")
+        return
+    if not limits.sparse_dimension:
+        raise InvalidInput("this model has no sparse head (SPLADE, or bge-m3's sparse_linear.pt): no sparse rows")
+    if message.dimensions or message.encoding != Encoding.FLOAT32 or message.cu_spans:
+        raise InvalidInput("sparse rows come whole as float32 pairs, one a sequence: no dimensions, encoding or spans")
 
 
 def _encoding(number: int) -> Encoding:

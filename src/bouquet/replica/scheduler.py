@@ -38,6 +38,7 @@ class StepEngine(Protocol):
 
     spec: ModelSpec
     dimension: int  # a row's full width
+    sparse_dimension: int  # a sparse row's width; 0: the model gives none
     max_seq_length: int
     pooling: PoolingSpec
     family: str
@@ -103,7 +104,8 @@ class Scheduler:
                 f"request has {batch.num_tokens}; retry later or on another replica"
             )
         raw = batch.raw_spans is not None and bool(batch.raw_spans.any())
-        rows = np.empty((batch.num_rows, batch.width(self.limits.full_width(raw))), np.float32)
+        full_width = self.limits.full_width(raw, batch.any_sparse)  # one request: all its sequences sparse or none
+        rows = np.empty((batch.num_rows, batch.width(full_width)), np.float32)
         request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_rows)
         self._queue.append(request)
         self._count_queued(batch.num_tokens, batch.num_seqs)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
@@ -25,6 +26,7 @@ from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
+from bouquet.sparse_rows import sparsify
 from bouquet.tls import server_credentials
 from bouquet.tokenizer import tokenizer_json
 
@@ -94,7 +96,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             max_seq_length=engine.max_seq_length, pooling=engine.pooling.name, dtype=dtype, device=device,
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
             max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
-            task=engine.task, score_activation=spec.score_activation,
+            task=engine.task, score_activation=spec.score_activation, sparse_dimension=engine.sparse_dimension,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
@@ -118,6 +120,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         rows = await scheduler.embed(batch, deadline)  # [B, D] float32
+        if request.sparse:
+            return sparse_response(rows)
         encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
         return embedding_pb2.EmbedResponse(
             embeddings=encode_rows(rows, encoding).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1],
@@ -141,6 +145,15 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+def sparse_response(rows: np.ndarray) -> embedding_pb2.EmbedResponse:  # rows: [B, vocabulary] float32
+    """Only each row's nonzero weights travel: a SPLADE row has tens to hundreds of a vocabulary of 30,000+."""
+    sparse = sparsify(rows)
+    return embedding_pb2.EmbedResponse(
+        num_seqs=sparse.num_rows, dimension=rows.shape[1], sparse_offsets=sparse.cu_offsets.astype("<i4").tobytes(),
+        sparse_indices=sparse.indices.astype("<i4").tobytes(), sparse_values=sparse.values.astype("<f4").tobytes(),
+    )  # fmt: skip
 
 
 class TokenCheck(grpc.aio.ServerInterceptor):

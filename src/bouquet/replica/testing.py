@@ -30,6 +30,7 @@ class RecordingEngine:
         self.engine = engine
         self.spec = engine.spec
         self.dimension = engine.dimension
+        self.sparse_dimension = engine.sparse_dimension
         self.max_seq_length = engine.max_seq_length
         self.pooling = engine.pooling
         self.family = engine.family
