@@ -4,6 +4,7 @@ and the gateway's catalog builds the tokenizer from it unless a local directory 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from bouquet.config import SchedulerConfig
+from bouquet.gateway.errors import NotFound, Unavailable
 from bouquet.gateway.models import ModelCatalog
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.testing import ReplicaThread
@@ -108,3 +110,16 @@ def test_a_huge_text_is_cut_before_tokenizing_and_reads_as_the_whole_text_would(
     with pytest.raises(TooLarge) as refused:
         asyncio.run(tokenizer.encode([huge], "", truncate=False, direction="right"))
     assert refused.value.code == "input_too_long" and "characters" in refused.value.message
+
+
+def test_a_model_of_the_gateway_not_reported_yet_is_a_503_not_a_404(minilm_path: Path, tmp_path: Path, executor):
+    """`serve --model A --model B` listens once its replicas load; until B's replica has answered Info, a request
+    for B is told to retry (503), not that B does not exist."""
+    other = tmp_path / "other-model"
+    shutil.copytree(minilm_path, other)
+    catalog = ModelCatalog((minilm_path, other), executor)
+    catalog.register(minilm_info())
+    with pytest.raises(Unavailable, match="not served yet"):
+        catalog.get("other-model")
+    with pytest.raises(NotFound, match="does not exist"):
+        catalog.get("no-such-model")

@@ -135,6 +135,9 @@ class ModelCatalog:
         if name is None:
             return self.ordered[0]
         model = self._models.get(name) if name is not None else None
+        if model is None and name in self._specs:  # one of the gateway's models (--model) whose replica is loading
+            message = f"the model {name!r} is not served yet: no replica has reported it (still loading?)"
+            raise Unavailable(message, "no_healthy_replica", "model")
         if model is None:
             known = ", ".join(m.id for m in self.ordered) or "none yet"
             raise NotFound(f"the model {name!r} does not exist; served models: {known}", "model_not_found", "model")
