@@ -143,6 +143,13 @@ def test_metrics_are_public_and_count_unmatched_routes(server):
     assert 'route="unmatched",status="404"' in text
 
 
+def test_vllms_ping_answers_as_health_without_the_key(server):
+    for method, body in (("GET", None), ("POST", {})):
+        request = urllib.request.Request(f"{server}/ping", None if body is None else b"{}", method=method)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert (reply.status, json.loads(reply.read())["status"]) == (200, "ok")
+
+
 def test_a_text_only_server_refuses_token_ids(server):
     status, _, error = call(f"{server}/v1/embeddings", {"input": [[101, 7592, 102]]})
     assert status == 400 and error["error"]["code"] == "token_ids_refused"

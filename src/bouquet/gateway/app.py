@@ -668,6 +668,8 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/decode", _endpoint("/decode", _decode, work=True, tei=True), methods=["POST"]),
         Route("/info", _endpoint("/info", _info, tei=True), methods=["GET"]),
         Route("/health", _endpoint("/health", _health, public=True, tei=True), methods=["GET"]),
+        # vLLM's (SageMaker's probe): the same answer as /health, on GET and POST
+        Route("/ping", _endpoint("/ping", _health, public=True), methods=["GET", "POST"]),
         # Cohere's, Jina's and vLLM's
         Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
         Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),

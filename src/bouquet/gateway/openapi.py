@@ -590,6 +590,8 @@ OPERATIONS: tuple[Operation, ...] = (
               errors="tei", parameters=(_MODEL_QUERY,)),
     Operation("/health", "get", "200 while a replica is healthy, else 503", "Operations", _json(HEALTH),
               statuses=frozenset({503}), errors="tei", public=True),
+    *(Operation("/ping", method, "vLLM's (SageMaker's probe): /health's answer", "Operations", _json(HEALTH),
+                statuses=frozenset({503}), public=True) for method in ("get", "post")),
     # Cohere's, Jina's and vLLM's
     Operation("/v1/rerank", "post", "Cohere / Jina / vLLM: rerank documents with a cross-encoder", "Rerank",
               _json(COHERE_RANKING), COHERE_RERANK_REQUEST, COMPUTE),
