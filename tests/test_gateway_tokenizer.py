@@ -123,3 +123,13 @@ def test_a_model_of_the_gateway_not_reported_yet_is_a_503_not_a_404(minilm_path:
         catalog.get("other-model")
     with pytest.raises(NotFound, match="does not exist"):
         catalog.get("no-such-model")
+
+
+def test_no_default_model_until_the_first_model_of_the_gateway_reports(minilm_path: Path, tmp_path: Path, executor):
+    """A request naming no model gets the first --model, never whichever replica happened to report first."""
+    first = tmp_path / "first-model"
+    shutil.copytree(minilm_path, first)
+    catalog = ModelCatalog((first, minilm_path), executor)
+    catalog.register(minilm_info())
+    with pytest.raises(Unavailable, match="default model 'first-model' is not served yet"):
+        catalog.get(None)

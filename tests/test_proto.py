@@ -80,16 +80,19 @@ SPARSE_LIMITS = Limits(vocab_size=30522, type_vocab_size=2, max_seq_length=256, 
 
 
 def test_a_sparse_request_round_trips_and_its_refusals_name_the_problem() -> None:
-    message = embed_request(Batch.pack([[101, 7, 102], [101, 102]], RowOptions(sparse=True)))
+    message = embed_request(Batch.pack([[101, 7, 102], [101, 102]], RowOptions(normalize=False, sparse=True)))
     assert message.sparse and decode_request(message, SPARSE_LIMITS).any_sparse
     with pytest.raises(InvalidInput, match="no sparse head"):
         decode_request(message, LIMITS)
-    for field, value in (("dimensions", 8), ("encoding", 3)):
+    for field, value in (("dimensions", 8), ("encoding", 3), ("normalize", True)):
         spoiled = embedding_pb2.EmbedRequest()
         spoiled.CopyFrom(message)
         setattr(spoiled, field, value)
-        with pytest.raises(InvalidInput, match="no dimensions, encoding or spans"):
+        with pytest.raises(InvalidInput, match="no dimensions, normalize, encoding or spans"):
             decode_request(spoiled, SPARSE_LIMITS)
+    too_many = embed_request(Batch.pack([[101, 102]] * 3, RowOptions(normalize=False, sparse=True)))
+    with pytest.raises(InvalidInput, match="3 sparse rows in one request; at most 2"):
+        decode_request(too_many, Limits(30522, 2, 256, 384, sparse_dimension=(256 << 20) // 8))
     dense = embed_request(Batch.pack([[101, 102]]))
     with pytest.raises(InvalidInput, match="sparse rows only"):
         decode_request(dense, Limits(30522, 2, 256, 30522, sparse_dimension=30522, sparse_only=True))

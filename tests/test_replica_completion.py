@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bouquet.batch import Batch
+from bouquet.batch import Batch, RowOptions
 from bouquet.config import SchedulerConfig
 from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.model_dir import ModelSpec, PoolingMethod, PoolingSpec
@@ -109,3 +109,26 @@ async def _short_rows() -> None:
 def test_rows_that_cannot_be_handed_out_fail_their_requests_instead_of_losing_them() -> None:
     with pytest.raises(RuntimeError, match="engine step failed"):
         asyncio.run(_short_rows())
+
+
+async def _steps_of_sparse_and_dense() -> list[list[bool]]:
+    engine = _HandCompletedEngine()
+    engine.sparse_dimension = 4
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch_tokens=64, max_batch_seqs=8, max_steps_in_flight=2))
+    sparse = RowOptions(normalize=False, sparse=True)
+    kinds = [RowOptions(), sparse, RowOptions(), sparse, RowOptions()]
+    calls = [asyncio.ensure_future(scheduler.embed(Batch.pack([[7, 7]], kind))) for kind in kinds]
+    await asyncio.sleep(0)
+    for index in range(len(kinds)):  # the first two are cut at once; the rest queue and are cut as steps finish
+        while len(engine.steps) <= index:
+            await asyncio.sleep(0.01)
+        engine.finish(index)
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=5)
+    return [[batch.any_sparse] * batch.num_seqs for batch, _ in engine.steps]
+
+
+def test_a_step_never_mixes_sparse_and_dense_rows() -> None:
+    """Mixed, every row of the step would be vocabulary wide (bge-m3: 1 MB a row): a step ends where the queue
+    switches between sparse and dense requests."""
+    steps = asyncio.run(_steps_of_sparse_and_dense())
+    assert steps == [[False], [True], [False], [True], [False]]

@@ -8,6 +8,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# A sparse request's rows are vocabulary wide until the replica keeps only their nonzero entries: bge-m3's
+# 250,002 ids take 1 MB a row in float32. A request holds at most this many bytes of them (the gateway cuts its
+# batches to fit; a replica refuses more), and a step at most a quarter of it.
+SPARSE_REQUEST_BYTES = 256 << 20
+SPARSE_STEP_BYTES = SPARSE_REQUEST_BYTES // 4
+
+
+def max_sparse_rows(width: int, budget: int = SPARSE_REQUEST_BYTES) -> int:
+    """How many float32 rows of `width` fit in `budget` bytes (at least one)."""
+    return max(1, budget // (4 * max(1, width)))
+
 
 @dataclass(frozen=True)
 class SparseRows:

@@ -63,6 +63,7 @@ from bouquet.gateway.schemas import (
     refuse_unknown,
     with_response_id,
 )
+from bouquet.sparse_rows import max_sparse_rows
 from bouquet.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
@@ -226,7 +227,8 @@ class Gateway:
             ticket.resize(tokens)
             chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
-            rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority)
+            max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None
+            rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority, max_seqs)
         self.metrics.tokens.labels(model.id).inc(tokens)
         return rows, tokens
 

@@ -14,17 +14,18 @@ from bouquet.gateway.pool import ReplicaPool
 from bouquet.sparse_rows import SparseRows
 
 
-def chunk_spans(batch: Batch, chunk_tokens: int) -> list[tuple[int, int]]:
+def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) -> list[tuple[int, int]]:
     """[start, stop) runs of sequences in order, evened out so that none is a small leftover: the fewest chunks
-    of `chunk_tokens` there can be, each given an equal share of the tokens as its budget."""
+    of `chunk_tokens` there can be, each given an equal share of the tokens as its budget (and at most
+    `max_seqs` sequences: a sparse request's rows are vocabulary wide on the replica)."""
     target = batch.num_tokens / max(1, math.ceil(batch.num_tokens / chunk_tokens))
-    return token_budget_runs(batch.cu_seqlens, target)
+    return token_budget_runs(batch.cu_seqlens, target, max_seqs)
 
 
 async def embed_chunked(
-    pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
+    pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0, max_seqs: int | None = None
 ) -> np.ndarray | SparseRows:  # [B, elements] in the batch's encoding, or its sparse rows
-    spans = chunk_spans(batch, chunk_tokens)
+    spans = chunk_spans(batch, chunk_tokens, max_seqs)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)
     # A task group: when one chunk fails (a full queue, a bad input) its siblings are cancelled, so the replicas

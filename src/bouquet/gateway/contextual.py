@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
     from bouquet.gateway.models import ServedModel
 
-CONTEXTUAL_FIELDS = frozenset({"input", "model", "dimensions", "encoding_format"})
+CONTEXTUAL_FIELDS = frozenset({"input", "model", "dimensions", "encoding_format", "embed_dtype", "endianness"})
 EMBED_ALL_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"})  # TEI's
 WINDOW_OVERLAP = 4  # windows overlap by 1/WINDOW_OVERLAP of their content
 

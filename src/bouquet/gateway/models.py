@@ -133,6 +133,10 @@ class ModelCatalog:
             # Not the client's mistake: the replicas are starting, or cannot be reached (a TLS or token mismatch).
             raise Unavailable("no replica has reported its model yet", "no_healthy_replica", "model")
         if name is None:
+            first = next(iter(self._specs), None)  # the default is the first --model, once its replica reports
+            if first is not None and first not in self._models:
+                message = f"the default model {first!r} is not served yet (still loading?); name another model"
+                raise Unavailable(message, "no_healthy_replica", "model")
             return self.ordered[0]
         model = self._models.get(name) if name is not None else None
         if model is None and name in self._specs:  # one of the gateway's models (--model) whose replica is loading

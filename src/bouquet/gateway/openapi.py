@@ -216,6 +216,8 @@ CONTEXTUAL_FIELDS: dict[str, Schema] = {
     "model": MODEL,
     "dimensions": DIMENSIONS,
     "encoding_format": _encoding_format(ENCODING_FORMATS),
+    "embed_dtype": EMBED_DTYPE,
+    "endianness": ENDIANNESS_FIELD,
 }
 TEI_TOKENIZE_FIELDS: dict[str, Schema] = {
     "inputs": TEXTS,

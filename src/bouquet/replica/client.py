@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from bouquet.batch import Batch
-from bouquet.encodings import Encoding, rows_from_bytes
+from bouquet.encodings import Encoding, encode_rows, rows_from_bytes
 from bouquet.proto import embedding_pb2
 from bouquet.sparse_rows import SparseRows
 
@@ -38,9 +38,12 @@ def response_rows(
 ) -> np.ndarray:  # [rows, elements] in `encoding`, read in place from the bytes
     """The rows of a reply to a request for `encoding`; ValueError when the replica answered in another (one that
     predates the field answers float32) or its bytes do not fit."""
-    if response.encoding != encoding:
-        raise ValueError(f"asked for {encoding.name} rows, the replica answered {Encoding(response.encoding).name}")
-    return rows_from_bytes(response.embeddings, encoding, response.num_seqs, response.dimension)
+    if response.encoding == encoding:
+        return rows_from_bytes(response.embeddings, encoding, response.num_seqs, response.dimension)
+    if response.encoding == Encoding.FLOAT32:  # a replica older than encodings: encoded here instead
+        floats = rows_from_bytes(response.embeddings, Encoding.FLOAT32, response.num_seqs, response.dimension)
+        return encode_rows(floats, encoding)
+    raise ValueError(f"asked for {encoding.name} rows, the replica answered {Encoding(response.encoding).name}")
 
 
 def response_sparse_rows(response: embedding_pb2.EmbedResponse) -> SparseRows:

@@ -16,6 +16,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import Encoding
 from bouquet.proto import embedding_pb2
+from bouquet.sparse_rows import max_sparse_rows
 
 if TYPE_CHECKING:
     from bouquet.replica.scheduler import StepEngine
@@ -106,8 +107,13 @@ def _validate_sparse(limits: Limits, message: embedding_pb2.EmbedRequest) -> Non
         return
     if not limits.sparse_dimension:
         raise InvalidInput("this model has no sparse head (SPLADE, or bge-m3's sparse_linear.pt): no sparse rows")
-    if message.dimensions or message.encoding != Encoding.FLOAT32 or message.cu_spans:
-        raise InvalidInput("sparse rows come whole as float32 pairs, one a sequence: no dimensions, encoding or spans")
+    if message.dimensions or message.encoding != Encoding.FLOAT32 or message.cu_spans or message.normalize:
+        raise InvalidInput(
+            "sparse rows come whole as float32 pairs, one a sequence: no dimensions, normalize, encoding or spans"
+        )
+    num_seqs, most = len(message.cu_seqlens) // 4 - 1, max_sparse_rows(limits.sparse_dimension)
+    if num_seqs > most:
+        raise InvalidInput(f"{num_seqs} sparse rows in one request; at most {most} of this vocabulary's width")
 
 
 def _encoding(number: int) -> Encoding:

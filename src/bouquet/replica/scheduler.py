@@ -27,6 +27,7 @@ from bouquet.engine.lazy_tensor import LazyTensor
 from bouquet.model_dir import ModelSpec, PoolingSpec
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, Limits, QueueFull, Request, Unavailable
+from bouquet.sparse_rows import SPARSE_STEP_BYTES, max_sparse_rows
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,10 @@ class Scheduler:
             if request.expired(now):
                 self._fail(self._queue.popleft(), DeadlineExpired("deadline passed while the request was queued"))
                 continue
+            if parts and request.batch.any_sparse != parts[0][0].batch.any_sparse:
+                break  # a step is all sparse rows or none: mixed, every row would be vocabulary wide
+            if request.batch.any_sparse:
+                max_seqs = min(max_seqs, max_sparse_rows(self.limits.sparse_dimension, SPARSE_STEP_BYTES))
             first = request.next_seq
             count = count_within_budget(request.batch.cu_seqlens, first, max_tokens - tokens, max_seqs - seqs)
             if count == 0:

@@ -120,8 +120,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         rows = await scheduler.embed(batch, deadline)  # [B, D] float32
-        if request.sparse:
-            return sparse_response(rows)
+        if request.sparse:  # np.nonzero over vocabulary-wide rows: off the event loop, which serves health too
+            return await asyncio.to_thread(sparse_response, rows)
         encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
         return embedding_pb2.EmbedResponse(
             embeddings=encode_rows(rows, encoding).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1],
