@@ -40,10 +40,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Client:
-    """One keep-alive HTTP connection that posts /v1/embeddings and times each request."""
+    """One keep-alive HTTP connection that posts /v1/embeddings and times each request; `extra` goes into every
+    body (what a peer needs told to do what bouquet does by default, e.g. vLLM's truncation)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, extra: dict[str, object] | None = None):
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
+        self.extra = extra or {}
 
     def embed(self, texts: list[str]) -> float:
         start = time.perf_counter()
@@ -55,7 +57,7 @@ class Client:
         return np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
 
     def _post(self, texts: list[str]) -> bytes:
-        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": "base64"})
+        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": "base64", **self.extra})
         self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
         reply = self.connection.getresponse()
         data = reply.read()
@@ -63,14 +65,16 @@ class Client:
         return data
 
 
-def serve_documents(port: int, requests: list[list[str]], concurrency: int) -> tuple[float, list[float]]:
+def serve_documents(
+    port: int, requests: list[list[str]], concurrency: int, extra: dict[str, object] | None = None
+) -> tuple[float, list[float]]:
     """Wall seconds for all requests with `concurrency` clients, and each request's latency."""
     pending = iter(requests)
     lock = threading.Lock()
     latencies: list[float] = []
 
     def run() -> None:
-        client = Client(port)
+        client = Client(port, extra)
         while True:
             with lock:
                 texts = next(pending, None)
@@ -87,8 +91,8 @@ def serve_documents(port: int, requests: list[list[str]], concurrency: int) -> t
     return time.perf_counter() - start, latencies
 
 
-def serve_queries(port: int, queries: list[str]) -> list[float]:
-    client = Client(port)
+def serve_queries(port: int, queries: list[str], extra: dict[str, object] | None = None) -> list[float]:
+    client = Client(port, extra)
     for query in queries[:20]:  # warm the connection and the replica's shapes
         client.embed([query])
     return [client.embed([query]) for query in queries]
