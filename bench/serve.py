@@ -41,7 +41,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 class Client:
     """One keep-alive HTTP connection that posts /v1/embeddings and times each request; `extra` goes into every
-    body (what a peer needs told to do what bouquet does by default, e.g. vLLM's truncation)."""
+    body (what a peer needs told to do what bouquet does by default, e.g. vLLM's truncation). A 429 is retried
+    after its Retry-After, as the openai client does, and counted in `Client.retried` (all clients together): a
+    request's latency includes its waits."""
+
+    retried = 0
+    _retried_lock = threading.Lock()
 
     def __init__(self, port: int, extra: dict[str, object] | None = None):
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
@@ -58,9 +63,15 @@ class Client:
 
     def _post(self, texts: list[str]) -> bytes:
         body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": "base64", **self.extra})
-        self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-        reply = self.connection.getresponse()
-        data = reply.read()
+        while True:
+            self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+            reply = self.connection.getresponse()
+            data = reply.read()
+            if reply.status != 429:
+                break
+            with Client._retried_lock:
+                Client.retried += 1
+            time.sleep(float(reply.getheader("Retry-After") or 1))
         assert reply.status == 200, data[:300]
         return data
 
@@ -88,6 +99,8 @@ def serve_documents(
         thread.start()
     for thread in threads:
         thread.join()
+    if len(latencies) != len(requests):  # a client thread failed (its traceback is above): the rate would be wrong
+        raise RuntimeError(f"{len(requests) - len(latencies)} of {len(requests)} requests failed")
     return time.perf_counter() - start, latencies
 
 

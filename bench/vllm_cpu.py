@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +55,9 @@ class System:
     start: Callable[[int, str], Process]  # (port, dtype) -> a ready server
     extra: dict[str, object] = field(default_factory=dict)
     tokens_per_second: list[float] = field(default_factory=list)  # one per round
-    query_latency: list[float] = field(default_factory=list)  # every round's, pooled
+    query_p50: list[float] = field(default_factory=list)  # seconds, one per round
+    query_p99: list[float] = field(default_factory=list)
+    retried: int = 0  # 429s its clients waited out and retried (bouquet's admission; vLLM queues everything)
     vectors: np.ndarray | None = None  # the agreement texts, from the first round
 
 
@@ -101,57 +105,66 @@ def measure_round(system: System, dtype: str, work: Workload, args: argparse.Nam
     """Starts the system alone, warms it, measures documents then queries, and stops it."""
     port = free_port()
     process = system.start(port, dtype)
+    retried = serve.Client.retried
     try:
         if system.vectors is None:
             system.vectors = serve.Client(port, system.extra).vectors(work.agreement_texts)
         serve.serve_documents(port, work.requests[: args.concurrency], args.concurrency, system.extra)  # warm-up
         seconds, _ = serve.serve_documents(port, work.requests, args.concurrency, system.extra)
         system.tokens_per_second.append(work.doc_tokens / seconds)
-        system.query_latency += serve.serve_queries(port, work.queries, system.extra)
+        latency = serve.serve_queries(port, work.queries, system.extra)
+        system.query_p50.append(float(np.percentile(latency, 50)))
+        system.query_p99.append(float(np.percentile(latency, 99)))
+        system.retried += serve.Client.retried - retried
     finally:
         process.stop()
 
 
 def bench_dtype(dtype: str, work: Workload, args: argparse.Namespace) -> None:
-    ceiling = offline.packed_linear_ceiling(offline.DTYPES[dtype])
-    found = systems(args)
+    """Rounds of every system in turn, the ceiling measured before each round (a busy spell shows in it too)."""
+    found, ceilings = systems(args), []
     for round_number in range(args.rounds):
+        ceilings.append(offline.packed_linear_ceiling(offline.DTYPES[dtype]))
+        print(f"  round {round_number + 1}: packed-linear ceiling {ceilings[-1]:.0f} GFLOP/s", flush=True)
         for system in found:
             measure_round(system, dtype, work, args)
-            print(f"  round {round_number + 1} {system.name}: {system.tokens_per_second[-1]:,.0f} tokens/s", flush=True)
-    ceiling_after = offline.packed_linear_ceiling(offline.DTYPES[dtype])
-    report(dtype, found, work, (ceiling, ceiling_after), args)
+            print(f"    {system.name}: {system.tokens_per_second[-1]:,.0f} tokens/s, query p50 "
+                  f"{system.query_p50[-1] * 1e3:.2f} ms, load {_load()}", flush=True)  # fmt: skip
+    report(dtype, found, work, ceilings, args)
 
 
-def report(
-    dtype: str, found: list[System], work: Workload, ceilings: tuple[float, float], args: argparse.Namespace
-) -> None:
-    ours = found[0]
-    ceiling = statistics.mean(ceilings)
-    print(f"\n== {dtype}: oneDNN packed-linear ceiling {ceilings[0]:.0f} GFLOP/s before, {ceilings[1]:.0f} after")
+def report(dtype: str, found: list[System], work: Workload, ceilings: list[float], args: argparse.Namespace) -> None:
+    ours, ceiling = found[0], statistics.median(ceilings)
+    listed = " ".join(f"{value:.0f}" for value in ceilings)
+    print(f"\n== {dtype}: oneDNN packed-linear ceiling {ceiling:.0f} GFLOP/s (median; rounds {listed})")
     print(f"documents: {sum(map(len, work.requests))} texts, {work.doc_tokens} real tokens, {args.per_request} "
-          f"a request, {args.concurrency} concurrent; median of {args.rounds} rounds")  # fmt: skip
+          f"a request, {args.concurrency} concurrent; medians of {args.rounds} rounds")  # fmt: skip
     for system in found:
         tps = statistics.median(system.tokens_per_second)
         gflops = work.gflop / work.doc_tokens * tps
         runs = " ".join(f"{value:.0f}" for value in system.tokens_per_second)
         print(f"  {system.name:18} {tps:8,.0f} tokens/s  {gflops:5.0f} GFLOP/s ({gflops / ceiling:4.0%} of the "
-              f"ceiling)   runs {runs}")  # fmt: skip
-    print(f"queries: one text a request, one at a time, {len(work.queries)} x {args.rounds}")
+              f"ceiling)   rounds {runs}; {system.retried} requests retried after a 429")  # fmt: skip
+    print(f"queries: one text a request, one at a time, {len(work.queries)} a round; medians of the rounds' p50 / p99")
     for system in found:
-        print(f"  {system.name:18} {serve.percentiles(system.query_latency)}")
+        rounds = " ".join(
+            f"{a * 1e3:.1f}/{b * 1e3:.1f}" for a, b in zip(system.query_p50, system.query_p99, strict=True)
+        )
+        print(f"  {system.name:18} p50 {_median_ms(system.query_p50):6.2f} ms  p99 {_median_ms(system.query_p99):6.2f} "
+              f"ms   rounds {rounds}")  # fmt: skip
     for peer in found[1:]:
         assert ours.vectors is not None and peer.vectors is not None
         cosine = peers.min_cosine(ours.vectors, peer.vectors)
         doc_ratio = statistics.median(ours.tokens_per_second) / statistics.median(peer.tokens_per_second)
-        p50, p99 = (_quantile_ratio(peer, ours, q) for q in (50, 99))
+        p50 = _median_ms(peer.query_p50) / _median_ms(ours.query_p50)
+        p99 = _median_ms(peer.query_p99) / _median_ms(ours.query_p99)
         print(f"  bouquet against {peer.name}: documents {doc_ratio:.2f}x its tokens/s; its query latency "
               f"over bouquet's p50 {p50:.2f}x, p99 {p99:.2f}x; min cosine {cosine:.7f} ({len(ours.vectors)} "
               "texts)")  # fmt: skip
 
 
-def _quantile_ratio(peer: System, ours: System, q: float) -> float:
-    return float(np.percentile(peer.query_latency, q) / np.percentile(ours.query_latency, q))
+def _median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e3
 
 
 def main() -> None:
@@ -174,6 +187,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     peers.require(args.vllm, "vllm")  # before anything starts
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a stopped bench stops its server too
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {_load()}")
     for dtype in args.dtypes.split(","):
