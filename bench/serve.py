@@ -42,11 +42,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Client:
-    """One keep-alive HTTP connection that posts /v1/embeddings in one encoding_format and times each request."""
+    """One keep-alive HTTP connection that posts /v1/embeddings in one encoding_format and times each request;
+    `extra` goes into every body (what a peer needs told to do what bouquet does by default, e.g. vLLM's
+    truncation). A 429 is retried after its Retry-After, as the openai client does, and counted in
+    `Client.retried` (all clients together): a request's latency includes its waits."""
 
-    def __init__(self, port: int, encoding_format: str = "base64"):
+    retried = 0
+    _retried_lock = threading.Lock()
+
+    def __init__(self, port: int, encoding_format: str = "base64", extra: dict[str, object] | None = None):
         self.connection = http.client.HTTPConnection("127.0.0.1", port)
         self.encoding_format = encoding_format
+        self.extra = extra or {}
         self.answer_bytes: list[int] = []
 
     def embed(self, texts: list[str]) -> float:
@@ -59,10 +66,17 @@ class Client:
         return np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
 
     def _post(self, texts: list[str]) -> bytes:
-        body = json.dumps({"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": self.encoding_format})
-        self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
-        reply = self.connection.getresponse()
-        data = reply.read()
+        fields = {"input": texts, "model": peers.SERVED_MODEL_NAME, "encoding_format": self.encoding_format}
+        body = json.dumps({**fields, **self.extra})
+        while True:
+            self.connection.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+            reply = self.connection.getresponse()
+            data = reply.read()
+            if reply.status != 429:
+                break
+            with Client._retried_lock:
+                Client.retried += 1
+            time.sleep(float(reply.getheader("Retry-After") or 1))
         assert reply.status == 200, data[:300]
         return data
 
@@ -73,6 +87,7 @@ def serve_documents(
     concurrency: int,
     encoding_format: str = "base64",
     sizes: list[int] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> tuple[float, list[float]]:
     """Wall seconds for all requests with `concurrency` clients, and each request's latency; each answer's size
     in bytes goes to `sizes`."""
@@ -81,7 +96,7 @@ def serve_documents(
     latencies: list[float] = []
 
     def run() -> None:
-        client = Client(port, encoding_format)
+        client = Client(port, encoding_format, extra)
         while True:
             with lock:
                 texts = next(pending, None)
@@ -97,11 +112,15 @@ def serve_documents(
         thread.start()
     for thread in threads:
         thread.join()
+    if len(latencies) != len(requests):  # a client thread failed (its traceback is above): the rate would be wrong
+        raise RuntimeError(f"{len(requests) - len(latencies)} of {len(requests)} requests failed")
     return time.perf_counter() - start, latencies
 
 
-def serve_queries(port: int, queries: list[str], encoding_format: str = "base64") -> list[float]:
-    client = Client(port, encoding_format)
+def serve_queries(
+    port: int, queries: list[str], encoding_format: str = "base64", extra: dict[str, object] | None = None
+) -> list[float]:
+    client = Client(port, encoding_format, extra)
     for query in queries[:20]:  # warm the connection and the replica's shapes
         client.embed([query])
     return [client.embed([query]) for query in queries]
