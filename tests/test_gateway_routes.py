@@ -101,7 +101,7 @@ def test_vllm_truncate_prompt_tokens_and_normalize(server, sentence_transformer)
     assert status == 200 and reply["usage"]["prompt_tokens"] == 16
     row = np.array(reply["data"][0]["embedding"], np.float32)
     tokenizer, limit = sentence_transformer.tokenizer, sentence_transformer.max_seq_length
-    tokenizer.truncation_side, sentence_transformer.max_seq_length = "left", 16  # vLLM's: the last k tokens
+    tokenizer.truncation_side, sentence_transformer.max_seq_length = "right", 16  # vLLM 0.32's: the first k tokens
     try:
         expected = sentence_transformer.encode([text], convert_to_numpy=True, normalize_embeddings=False)[0]
     finally:

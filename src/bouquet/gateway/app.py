@@ -326,7 +326,7 @@ class Gateway:
 
 
 def _check_truncate_tokens(job: EmbedJob, model: ServedModel) -> None:
-    """vLLM's truncate_prompt_tokens keeps the last k tokens; k over the model's limit is refused, as vLLM does."""
+    """vLLM's truncate_prompt_tokens keeps the first k tokens; k over the model's limit is refused, as vLLM does."""
     if job.truncate_tokens is not None and job.truncate_tokens > model.max_seq_length:
         raise InvalidRequest(
             f"truncate_prompt_tokens ({job.truncate_tokens}) is greater than the model's limit "

@@ -166,7 +166,7 @@ OPENAI_EMBEDDINGS_FIELDS: dict[str, Schema] = {
             "type": "integer",
             "minimum": -1,
             "not": {"enum": [0]},
-            "description": "vLLM's: keep the last k tokens; -1: the model's limit; over the limit: 400",
+            "description": "vLLM's: the first k tokens, specials kept; -1: the model's limit; over the limit: 400",
         }
     ),
     "add_special_tokens": nullable({**BOOLEAN, "enum": [True], "description": "vLLM's; only true is done here"}),

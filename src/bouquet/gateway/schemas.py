@@ -55,7 +55,7 @@ class EmbedJob:
     truncation_direction: str = "right"
     prompt_name: str | None = None
     response_format: ResponseFormat = FORMATS["float"]  # encoding_format, embed_dtype and endianness
-    truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the last this many tokens
+    truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the first this many tokens
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
     text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input
@@ -89,7 +89,6 @@ def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
         truncate_tokens=_truncate_prompt_tokens(body),
         text_positions=positions,
         long_input=long_input(body),
-        truncation_direction="left" if body.get("truncate_prompt_tokens") is not None else "right",
     )
 
 
@@ -122,7 +121,8 @@ def _refuse_unless(body: dict[str, Any], name: str, accepted: Any, why: str) -> 
 
 
 def _truncate_prompt_tokens(body: dict[str, Any]) -> int | None:
-    """vLLM's: the last k tokens of each input (special tokens kept); -1: the model's limit."""
+    """vLLM's: each input cut to k tokens as its tokenizer truncates (vLLM 0.32: the first k, special tokens kept,
+    for these models' tokenizers, whose truncation side is the right); -1: the model's limit."""
     value = optional_field(body, "truncate_prompt_tokens", int)
     if value is None or value == -1:
         return None
