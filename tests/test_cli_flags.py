@@ -88,13 +88,14 @@ def test_replica_flags_land_in_their_configs(tmp_path: Path):
     args = parse(
         "replica", "--model", str(tmp_path), "--device", "cpu", "--dtype", "bfloat16", "--attention-backend", "sdpa",
         "--attention-table", str(table), "--no-cuda-graphs", "--num-threads", "3", "--cpu-workers", "1",
-        "--cpu-lone-step-tokens", "64", "--cpu-token-buckets", "8", "--max-batch-tokens", "300", "--max-batch-seqs",
+        "--cpu-lone-step-tokens", "64", "--cpu-token-buckets", "8", "--cpu-warmup-tokens", "512",
+        "--max-batch-tokens", "300", "--max-batch-seqs",
         "7", "--max-queue-tokens", "900", "--listen", "127.0.0.1:0", "--metrics-port", "9100", "--drain-seconds", "5",
     )  # fmt: skip
     engine = engine_config(args)
     assert engine == EngineConfig(
         tmp_path, "cpu", "bfloat16", "sdpa", num_threads=3, cpu_workers=1, cpu_lone_step_tokens=64,
-        cpu_token_buckets=8, cuda_graphs=CudaGraphConfig(enabled=False), attention_table=table,
+        cpu_token_buckets=8, cpu_warmup_tokens=512, cuda_graphs=CudaGraphConfig(enabled=False), attention_table=table,
     )  # fmt: skip
     assert scheduler_config(args, engine.device) == SchedulerConfig(300, max_batch_seqs=7, max_queue_tokens=900)
     assert replica_config(args) == ReplicaConfig("127.0.0.1:0", 9100, 5.0)
@@ -188,7 +189,8 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
     return {
         "--model": str(model), "--device": "cpu", "--dtype": "float32", "--attention-backend": "sdpa",
         "--attention-table": str(tmp_path / "table.json"), "--cuda-graphs": "", "--num-threads": "1",
-        "--cpu-workers": "1", "--cpu-lone-step-tokens": "64", "--cpu-token-buckets": "8", "--max-batch-tokens": "512",
+        "--cpu-workers": "1", "--cpu-lone-step-tokens": "64", "--cpu-token-buckets": "8", "--cpu-warmup-tokens": "256",
+        "--max-batch-tokens": "512",
         "--max-batch-seqs": "32", "--max-queue-tokens": "100000", "--drain-seconds": "20.0", "--log-level": "INFO",
     }  # fmt: skip
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import bouquet
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig
 from bouquet.engine.memory import bucket_tokens, pad_to_bucket
@@ -53,3 +59,46 @@ def test_engine_rows_are_the_same_with_and_without_buckets(minilm_fp32, minilm_t
 def test_negative_buckets_refused(minilm_path, value: int) -> None:
     with pytest.raises(ValueError, match="cpu_token_buckets"):
         EngineConfig(minilm_path, "cpu", "float32", cpu_token_buckets=value)
+
+
+# In a fresh process (oneDNN reads its settings at its first primitive): load the engine, then run steps of
+# random sizes with two in flight, as a replica does, and report through oneDNN's own log whether any step built
+# a primitive. The marker goes through C's stdio, as oneDNN's lines do, so the two stay in order.
+_STEPS_AFTER_LOAD = """
+import ctypes, random, sys
+from bouquet.batch import Batch
+from bouquet.config import EngineConfig, default_model_path
+from bouquet.engine.engine import Engine
+
+engine = Engine(EngineConfig(default_model_path(), "cpu", "float32", cpu_warmup_tokens=int(sys.argv[1])))
+libc = ctypes.CDLL(None)
+libc.puts(b"=== loaded")
+rng = random.Random(0)
+steps = []
+for _ in range(60):
+    sizes = [rng.randint(1, 256) for _ in range(rng.choice([1, 1, 2, 4]))]
+    steps.append(engine.step(Batch.pack([[rng.randrange(1000, 30000) for _ in range(n)] for n in sizes])))
+    if len(steps) > 2:
+        steps.pop(0).result()
+for step in steps:
+    step.result()
+libc.fflush(None)
+"""
+
+
+def _primitives_built_by_steps(warmup_tokens: int) -> int:
+    env = {**os.environ, "ONEDNN_VERBOSE": "2", "PYTHONPATH": str(Path(bouquet.__file__).parents[1])}
+    env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _STEPS_AFTER_LOAD, str(warmup_tokens)], env=env, capture_output=True, text=True,
+        timeout=300, check=True,
+    )  # fmt: skip
+    after_load = done.stdout.split("=== loaded", 1)[1]
+    return sum("cache_miss" in line and "inner_product" in line for line in after_load.splitlines())
+
+
+def test_steps_build_no_primitive_after_the_warmup() -> None:
+    """Every bucketed count up to `cpu_warmup_tokens` is built at load, on both team sizes, and kept: the cache
+    is sized for them (its default 1,024 evicted them and steps rebuilt them, memory creeping up)."""
+    assert _primitives_built_by_steps(1024) == 0
+    assert _primitives_built_by_steps(0) > 20  # without it: what the steps meet is built as they go

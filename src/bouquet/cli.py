@@ -84,6 +84,12 @@ ENGINE_OPTIONS = (
         f"(default {EngineConfig.cpu_token_buckets}; 0: exact counts)",
         type=int,
     ),
+    _option(
+        "--cpu-warmup-tokens",
+        "CPU: build those per-shape primitives at start for steps of up to this many tokens "
+        f"(default {EngineConfig.cpu_warmup_tokens}; 0: as steps meet them)",
+        type=int,
+    ),
 )
 SCHEDULER_OPTIONS = (
     _option("--max-batch-tokens", "token budget a step (default: the device's measured knee)", type=int),

@@ -54,6 +54,9 @@ class EngineConfig:
     # CPU: a step's token count is rounded up to one of this many sizes per doubling, so that oneDNN builds and
     # keeps a bounded number of primitives (engine/memory.py, docs/memory.md); 0: exact counts, unbounded.
     cpu_token_buckets: int = 16
+    # CPU with buckets: those primitives are built at start-up for every step count up to this many tokens (the
+    # CPU's step budget), so memory starts at its plateau and no request waits for a build; 0: built when met.
+    cpu_warmup_tokens: int = 1024
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
     # `auto` backend on a GPU: the per-length table bench/gpu_check.py wrote; None: measured at start-up.
     attention_table: Path | None = None
@@ -71,6 +74,8 @@ class EngineConfig:
             raise ValueError(f"cpu_lone_step_tokens must be >= 0, got {self.cpu_lone_step_tokens}")
         if self.cpu_token_buckets < 0:
             raise ValueError(f"cpu_token_buckets must be >= 0, got {self.cpu_token_buckets}")
+        if self.cpu_warmup_tokens < 0:
+            raise ValueError(f"cpu_warmup_tokens must be >= 0, got {self.cpu_warmup_tokens}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be positive, got {self.num_threads}")
 

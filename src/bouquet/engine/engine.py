@@ -15,6 +15,7 @@ from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
+from bouquet.engine.memory import bucket_counts, build_primitives, distinct_linears, reserve_primitive_cache
 from bouquet.engine.model_runner import ModelRunner
 from bouquet.engine.step_workers import StepWorkers
 from bouquet.engine.weights import load_checked, read_checkpoint
@@ -99,12 +100,15 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.num_threads = torch.get_num_threads()  # intra-op threads in all, shared out among the workers
+        if self.device.type == "cpu" and config.cpu_token_buckets:
+            reserve_primitive_cache()
         # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
         self.runner = on_passing_thread(self._load)
         self.model, self.pooler = self.runner.model, self.runner.pooler
         self.workers, self.threads_per_worker = self._split_threads()
         self._step_threads = self._create_step_threads()
         self._workers = self._start_workers()
+        self._build_cpu_primitives()
         self._cuda = _CudaRuntime(self.runner, config.cuda_graphs) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
@@ -196,6 +200,26 @@ class Engine:
         torch.set_num_threads(self.threads_per_worker)
         if index == 0 and self._step_threads is not None:
             self._step_threads.make_lead()
+
+    def _build_cpu_primitives(self) -> None:
+        """oneDNN's primitive for every bucketed step count up to `cpu_warmup_tokens`, on each team size a step
+        runs with: the workers' own share (all workers at once, the counts split among them), and every thread
+        for a lone step (engine/memory.py)."""
+        if self.device.type != "cpu" or not self.runner.token_buckets or not self.config.cpu_warmup_tokens:
+            return
+        linears = distinct_linears(self.model)
+        counts = bucket_counts(self.config.cpu_warmup_tokens, self.runner.token_buckets)
+        shares = [counts[i :: self.workers] for i in range(self.workers)]
+        for share in [self._workers.submit(build_primitives, linears, share) for share in shares]:
+            share.result()
+        if self._step_threads is not None:  # idle workers: the lead takes it, alone, so it widens its team
+            lone = [count for count in counts if count <= self.config.cpu_lone_step_tokens]
+            self._workers.submit(self._build_lone_primitives, linears, lone).result()
+
+    def _build_lone_primitives(self, linears: list[Linear], counts: list[int]) -> None:
+        assert self._step_threads is not None
+        with self._step_threads.step(max(counts, default=0)):
+            build_primitives(linears, counts)
 
     def step(self, batch: Batch) -> LazyTensor:
         """Returns at once. On the CPU with several workers, steps may finish out of submission order: callers

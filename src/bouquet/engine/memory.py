@@ -14,12 +14,26 @@ of a new count spends 1-3 ms a linear building its primitives again.
 ever reach oneDNN: 112 up to 1,024 tokens with 16 a doubling, about 260 MB of primitives at most,
 all of them cached. The pad tokens form one extra sequence of their own (as in CUDA graphs' buckets), whose
 row the caller drops; a step pads by less than 1/16 of its tokens.
+
+`build_primitives` builds them all at start-up (`cpu_warmup_tokens`), for each OpenMP team size a step can run
+with (oneDNN keys a primitive by its thread count too): a replica then starts at its plateau and stays flat,
+and no request pays for a build (4 to 30 ms a new count before). Only the linears are run, one of each shape,
+on zeros: about 1 s for MiniLM on 2 cores, against minutes of serving to meet every count. They must all stay:
+oneDNN's cache holds 1,024 primitives by default, fewer than MiniLM's 1,536 (an inner product and its nested
+matmul for 4 linears at 112 counts on one thread and 80 lone counts on all), so it evicted and rebuilt them
+and memory crept up (docs/memory.md); `reserve_primitive_cache` raises the capacity.
 """
 
 from __future__ import annotations
 
+import os
+
+import torch
+from torch import nn
+
 from bouquet.batch import Batch
 from bouquet.engine.cuda_graphs import Bucket, pad_batch
+from bouquet.layers.linear import Linear
 
 
 def bucket_tokens(num_tokens: int, per_doubling: int) -> int:
@@ -38,3 +52,39 @@ def pad_to_bucket(batch: Batch, per_doubling: int) -> Batch:
     if num_tokens == batch.num_tokens or batch.cu_spans is not None:
         return batch  # a batch with pooling spans (contextual, /embed_all) runs at its exact count
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
+
+
+# Primitives oneDNN keeps: the buckets' (above) for models of up to about 10 linear kinds. A bound on count, not
+# bytes: with buckets only shapes that steps meet are built (0.57 MB each for MiniLM's float32 linears).
+PRIMITIVE_CACHE_CAPACITY = 4096
+
+
+def reserve_primitive_cache() -> None:
+    """Sizes oneDNN's primitive cache for the buckets, unless $ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise.
+    oneDNN reads it once, at its first primitive: this must run before the first model is loaded."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE_CAPACITY))
+
+
+def bucket_counts(max_tokens: int, per_doubling: int) -> list[int]:
+    """Every count `bucket_tokens` gives for 1..`max_tokens` tokens, ascending."""
+    return sorted({bucket_tokens(n, per_doubling) for n in range(1, max_tokens + 1)})
+
+
+def distinct_linears(model: nn.Module) -> list[Linear]:
+    """One prepacked linear of each kind the model runs on its tokens: a primitive depends on the shapes, the
+    dtype and the fused activation, not on the weights' values."""
+    kinds: dict[tuple[object, ...], Linear] = {}
+    for module in model.modules():
+        if isinstance(module, Linear) and module.packed_weight is not None:
+            kind = (type(module), module.in_features, module.out_features, module.bias is not None,
+                    repr(getattr(module, "epilogue", None)), module.weight.dtype)  # fmt: skip
+            kinds.setdefault(kind, module)
+    return list(kinds.values())
+
+
+@torch.inference_mode()
+def build_primitives(linears: list[Linear], counts: list[int]) -> None:
+    """Runs each of `linears` once at each token count, on this thread with its OpenMP team."""
+    for count in counts:
+        for linear in linears:
+            linear(torch.zeros(count, linear.in_features))
