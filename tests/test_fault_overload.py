@@ -1,13 +1,13 @@
 """Overload: 64 clients sending 256 texts each, far past what the replica can compute, with a one-text probe
-beside them. Every answer comes in seconds (200, or 429 with Retry-After), the probe keeps a short wait, the
-replica stops computing soon after the last answer (refused and cancelled work is not computed) and the gateway
-does not keep what the burst cost. Marked `fault`; CI runs it.
+beside them. Every answer comes within 5 s (200, or 429 with Retry-After), the probe's median within 1 s, the
+replica stops computing within 1 s of the last answer (refused and cancelled work is not computed) and the
+gateway's RSS comes back within 20% of its start. Marked `fault`; CI runs it.
 
-The issue's bounds (every answer within 5 s, the probe's median within 1 s) assume its machine's speed: one
-256-text request (~34k tokens) takes 2 s there, 3.5 s or more on this 2-core VM, and longer when other jobs share
-it. So the bound asserted is the design's: an admitted request waits at most `--admission-wait` for its turn, then
-runs with at most the admission window's work ahead of it or alone, i.e. within ADMISSION_WAIT plus the time the
-request takes alone (measured first) plus a margin; a query waits behind at most a replica's window of work."""
+The clients wait the Retry-After they are given (1 s), as the OpenAI and Hugging Face clients do. Clients that
+retry after 0.1 s make the gateway parse about 400 refused 256-text bodies a second, a whole core of this 2-core
+VM taken from the replica: the served requests then take 6 to 8 s (docs/memory.md). One 256-text request (~34k
+tokens) takes 3.5 to 4 s alone here; when the VM is slower than that (other jobs on it), the bound becomes that
+time plus 1 s."""
 
 from __future__ import annotations
 
@@ -28,20 +28,22 @@ pytestmark = pytest.mark.fault
 CLIENTS = 64
 TEXTS = 256
 LOAD_SECONDS = 20.0
-ADMISSION_WAIT = 2.0  # the default
 
 
-def _post(url: str, texts: list[str] | str) -> int:
+def _post(url: str, texts: list[str] | str) -> tuple[int, float]:
+    """The status, and the seconds Retry-After asks for (0 unless a 429)."""
     data = json.dumps({"input": texts, "encoding_format": "base64"}).encode()
     request = urllib.request.Request(f"{url}/v1/embeddings", data, {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
             reply.read()
-            return reply.status
+            return reply.status, 0.0
     except urllib.error.HTTPError as error:
         error.read()
-        assert error.code != 429 or error.headers.get("Retry-After"), "a 429 without Retry-After"
-        return error.code
+        if error.code != 429:
+            return error.code, 0.0
+        assert error.headers.get("Retry-After"), "a 429 without Retry-After"
+        return error.code, float(error.headers["Retry-After"])
 
 
 def _rss_mb(pid: int) -> float:
@@ -79,18 +81,17 @@ class _Load:
         self.last_answer = 0.0
         self.texts = corpus.documents(TEXTS)
 
-    def _timed(self, texts: list[str] | str, into: list[tuple[int, float]]) -> None:
+    def _timed(self, texts: list[str] | str, into: list[tuple[int, float]]) -> float:
         started = time.monotonic()
-        status = _post(self.url, texts)
+        status, retry_after = _post(self.url, texts)
         ended = time.monotonic()
         into.append((status, ended - started))
         self.last_answer = max(self.last_answer, ended)
+        return retry_after
 
     def client(self) -> None:
         while not self.stop.is_set():
-            self._timed(self.texts, self.answers)
-            if self.answers[-1][0] == 429:
-                time.sleep(0.1)  # Retry-After says 1 s; an impatient client retries sooner
+            self.stop.wait(self._timed(self.texts, self.answers))
 
     def probe(self) -> None:
         while not self.stop.is_set():
@@ -108,9 +109,9 @@ def test_overload_is_refused_early_and_short_requests_keep_a_short_wait() -> Non
         for process in (replica, gateway):
             process.wait_ready()
         wait_healthy(url)
-        assert _post(url, load.texts) == 200  # warm: the model's first batches, the tokenizer
+        assert _post(url, load.texts)[0] == 200  # warm: the model's first batches, the tokenizer
         started = time.monotonic()
-        assert _post(url, load.texts) == 200
+        assert _post(url, load.texts)[0] == 200
         alone = time.monotonic() - started  # one request with the replica to itself
         rss_start = _rss_mb(gateway.process.pid)
         threads = [threading.Thread(target=load.client) for _ in range(CLIENTS)]
@@ -131,14 +132,15 @@ def test_overload_is_refused_early_and_short_requests_keep_a_short_wait() -> Non
     statuses = {status for status, _ in load.answers + load.probes}
     assert statuses <= {200, 429}, statuses
     assert any(status == 200 for status, _ in load.answers), "no big request was served"
-    # Before admission control, answers came after 30-68 s here, and a probe waited 52 s.
-    assert max(seconds for _, seconds in load.answers) <= ADMISSION_WAIT + 1.5 * alone + 2.0
+    # Before admission control, answers came after 30-68 s here, and a probe waited 52 s; before a request's own
+    # time shortened its wait, 5.5-9 s.
+    assert max(seconds for _, seconds in load.answers) <= max(5.0, alone + 1.0)
     assert all(status == 200 for status, _ in load.probes), "a one-text probe was refused"
-    assert statistics.median(seconds for _, seconds in load.probes) <= max(1.0, 0.5 * alone)
-    assert idle_after <= 1.0 + 0.5  # the quiet window's sampling
-    # Not the issue's 20%: 45-90 MB stays here (the gRPC channel's and the interpreter's own), against +860 MB
-    # before admission control; the bound catches a return of that, not the last tens of megabytes.
-    assert rss_end <= rss_start + 200
+    assert statistics.median(seconds for _, seconds in load.probes) <= 1.0
+    assert idle_after <= 1.0 + 0.1  # the quiet window's sampling
+    # +45-90 MB before the idle trim collected refused requests' cycles (gateway/memory_trim.py); +860 MB before
+    # admission control.
+    assert rss_end <= 1.2 * rss_start
 
 
 def _stop(*processes: Process) -> None:
@@ -149,10 +151,11 @@ def _stop(*processes: Process) -> None:
 def _report(load: _Load, idle_after: float, rss_start: float, rss_end: float, alone: float) -> None:
     served = [seconds for status, seconds in load.answers if status == 200]
     probes = sorted(seconds for _, seconds in load.probes)
-    slowest = max(seconds for _, seconds in load.answers)
+    refused = sorted(seconds for status, seconds in load.answers if status != 200)
     print(
-        f"overload: one request alone {alone:.2f} s; {len(load.answers)} big requests, {len(served)} served, "
-        f"max {slowest:.2f} s;"
+        f"overload: one request alone {alone:.2f} s; {len(load.answers)} big requests, {len(served)} served in "
+        f"{' '.join(f'{seconds:.2f}' for seconds in served)} s; refused p50 {statistics.median(refused):.3f} s "
+        f"max {refused[-1]:.2f} s;"
         f" probe p50 {statistics.median(probes):.3f} s max {probes[-1]:.3f} s ({len(probes)});"
         f" replica idle {idle_after:.2f} s after the last answer; gateway RSS {rss_start:.0f} -> {rss_end:.0f} MB"
     )

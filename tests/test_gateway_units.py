@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -97,6 +98,38 @@ def test_a_ticket_holds_its_real_count_once_tokenized():
         assert admission.inflight[False] == 0
 
     asyncio.run(scenario())
+
+
+def test_a_request_that_alone_runs_past_the_window_waits_less_or_not_at_all():
+    """Window 2 s, wait 0.2 s, 100 tokens/s: 210 tokens (2.1 s) may wait 0.1 s; 300 (3 s) cannot wait."""
+
+    async def refused_after(tokens: int) -> float:
+        admission = _admission(rate=100, floor=10)
+        async with admission.admit(150, short_tokens=10):  # 1.5 s of work in flight
+            started = time.monotonic()
+            with pytest.raises(Overloaded):
+                await _admit_and_hold(admission, tokens, 0)
+            return time.monotonic() - started
+
+    assert 0.15 <= asyncio.run(refused_after(100)) < 0.4  # within the window: the full wait
+    assert 0.05 <= asyncio.run(refused_after(210)) < 0.15
+    assert asyncio.run(refused_after(300)) < 0.04  # at once: no work done for it, no wait
+
+
+def test_admission_learns_how_far_its_estimates_run_over():
+    async def scenario() -> float:
+        admission = _admission(rate=100, floor=10)
+        for _ in range(40):
+            async with admission.admit(1000, short_tokens=10) as ticket:
+                ticket.tokenized(200)  # prose: a token is four to five bytes
+        assert admission.inflight[False] == 0
+        async with admission.admit(150, short_tokens=10):
+            started = time.monotonic()
+            with pytest.raises(Overloaded):  # 1,000 bytes now count as about 2.1 s, not 10: it waits a little
+                await _admit_and_hold(admission, 1000, 0)
+            return time.monotonic() - started
+
+    assert 0.04 <= asyncio.run(scenario()) < 0.15
 
 
 def test_concurrent_requests_over_the_cap_are_refused_at_once():

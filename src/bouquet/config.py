@@ -253,10 +253,11 @@ class GatewayConfig:
     max_payload_bytes: int = 2 * 1024 * 1024
     # Tokens admitted and not yet answered, per gateway process, per lane (bulk; short requests): what the replicas
     # compute in `admission_seconds` as measured, between a floor of some batches per replica and this ceiling. A
-    # request over it waits up to `admission_wait` for room, then 429: every answer within about their sum.
+    # request over it waits up to `admission_wait` for room, then 429: every answer within about their sum (3 s; a
+    # request that alone takes longer waits less, gateway/admission.py).
     max_inflight_tokens: int = 524_288
     admission_seconds: float = 2.0
-    admission_wait: float = 2.0
+    admission_wait: float = 1.0
     max_concurrent_requests: int = 512  # requests being answered per gateway process (TEI's default); more is 429
     chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 2x the replica's batch budget
     max_attempts: int = 3  # replicas a chunk may be tried on

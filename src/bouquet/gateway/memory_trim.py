@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 from collections.abc import Callable
 
@@ -41,5 +42,6 @@ async def trim_when_idle(in_flight: Callable[[], int], answered: Callable[[], in
         await asyncio.sleep(_IDLE_CHECK_S)
         done = answered()
         if done != trimmed_at and in_flight() == 0:
+            gc.collect()  # refused requests' exceptions hold their frames, parsed bodies included, in cycles
             trim()
             trimmed_at = done
