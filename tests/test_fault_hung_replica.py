@@ -1,5 +1,5 @@
 """A replica that hangs (SIGSTOP: the process is there, its socket open, nothing answers) behind a gateway with a
-second, healthy one, under 8 concurrent clients: no request fails, and none waits out the hang. Marked `fault`: it
+second, healthy one, under 8 concurrent clients: no request fails, and none waits more than 3 s. Marked `fault`: it
 runs for about half a minute; CI runs it (`make test` includes the fault suite)."""
 
 from __future__ import annotations
@@ -61,5 +61,6 @@ def test_a_hung_replica_is_routed_around():
             process.stop()
     print(f"hung replica: {len(latencies)} requests, {len(failures)} failed, max latency {max(latencies):.2f} s")
     assert failures == [] and len(latencies) > 50
-    # Not a speed figure: a request caught on the hung replica was moved within seconds, never held for the hang.
-    assert max(latencies) < HANG_SECONDS / 2, sorted(latencies)[-5:]
+    # A request caught on the hung replica is moved once a keepalive ping goes unanswered (1-2 s) and keeps its place
+    # in line at the other: 1.7-2.2 s here, never the hang's 20 s.
+    assert max(latencies) <= 3.0, sorted(latencies)[-5:]

@@ -29,10 +29,9 @@ METRICS_PORT = 9100
 GATEWAY_PORT = 8000
 CLIENTS = 8
 CUT_SECONDS = 20
-# The issue asks 3 s on every request. Runs here reached 2.1-4.1 s with other jobs sharing the 2 cores (the
-# replicas, the gateway and 8 clients on them): a request caught by the cut waits for the keepalive (~1-2 s) and
-# then queues behind the moved chunks. The bound asserted leaves room for that load; the note says what was met.
-MAX_LATENCY = 5.0
+# A request caught by the cut waits for the keepalive (1-2 s), then its chunk runs elsewhere at its first place in
+# line (gateway/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place.
+MAX_LATENCY = 3.0
 WARM_SECONDS = 5  # the load first reaches its steady state: a cold replica's first requests are slower
 DELAY_MS = 200
 TEXTS = corpus.documents(6)  # several chunks a request: 8 clients saturate the replicas (p50 about 1 s, 2 cores)

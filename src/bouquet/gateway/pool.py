@@ -170,8 +170,9 @@ class ReplicaPool:
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None
         deadline = time.monotonic() + self._timeout
+        arrival = next(self._arrivals)  # a retry keeps the chunk's place: it does not queue behind later chunks
         for attempt in range(self._max_attempts):
-            replica = await self._acquire(model, tokens, priority, tried, deadline)
+            replica = await self._acquire(model, tokens, (priority, arrival), tried, deadline)
             if replica is None:
                 break
             if attempt:
@@ -240,13 +241,13 @@ class ReplicaPool:
         return response_sparse_rows(reply) if request.sparse else response_rows(reply, Encoding(request.encoding))
 
     async def _acquire(
-        self, model: str, tokens: int, priority: int, tried: set[Replica], deadline: float
+        self, model: str, tokens: int, place: tuple[int, int], tried: set[Replica], deadline: float
     ) -> Replica | None:
         """The least loaded replica of `model` not tried yet, once it has room in its window and no smaller
         request's chunk waits before this one; None when no replica can take the chunk."""
         started = time.monotonic()
         queue = self._waiting.setdefault(model, [])
-        me = _Waiter(priority, next(self._arrivals))
+        me = _Waiter(*place)
         queued = False
         try:
             while True:
