@@ -14,7 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
+from bouquet.gateway import testing
 from bouquet.tokenizer import TextTokenizer
+
+# Replicas the tests start skip the start-up build of oneDNN's primitives (engine/memory.py; test_memory.py checks
+# it): 0.5-1 s a start, over a hundred starts. A test's own `--cpu-warmup-tokens` overrides this.
+testing.DEFAULT_ARGS.update(replica=("--cpu-warmup-tokens", "0"), serve=("--cpu-warmup-tokens", "0"))
 
 
 @pytest.fixture(autouse=True)

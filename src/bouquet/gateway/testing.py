@@ -70,9 +70,15 @@ def children(pid: int) -> list[str]:
     return found
 
 
-def _bouquet(*args: str, ready: str, prefix: Sequence[str] = ()) -> Process:
+# Options put before a command's own (which override them), by command; the test suite's conftest sets
+# `--cpu-warmup-tokens 0` here, as LLM servers' suites skip graph capture: a start 0.5-1 s shorter, times 100+.
+DEFAULT_ARGS: dict[str, tuple[str, ...]] = {}
+
+
+def _bouquet(command_name: str, *args: str, ready: str, prefix: Sequence[str] = ()) -> Process:
     """`prefix` wraps the command, e.g. ["ip", "netns", "exec", NS] to run it on another (namespace) host."""
-    command = [*prefix, sys.executable, "-m", "bouquet.cli", *args]
+    defaults = DEFAULT_ARGS.get(command_name, ())
+    command = [*prefix, sys.executable, "-m", "bouquet.cli", command_name, *defaults, *args]
     return Process(subprocess.Popen(command, stderr=subprocess.PIPE, text=True), ready)
 
 
