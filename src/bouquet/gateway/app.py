@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import logging
 import time
@@ -641,6 +642,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway.pool.start()
+        gc.freeze()  # what start-up made lives as long as the process: later collections need not scan it
         trimmer = asyncio.ensure_future(
             trim_when_idle(lambda: gateway.admission.requests, lambda: gateway.admission.answered)
         )

@@ -32,16 +32,19 @@ def _malloc_trim() -> Callable[[], None] | None:
 
 
 async def trim_when_idle(in_flight: Callable[[], int], answered: Callable[[], int]) -> None:
-    """Runs for the gateway's life: after work was answered and nothing is in flight, trims once."""
+    """Runs for the gateway's life: once work was answered and then nothing for a whole check interval (and none is
+    in flight), collects and trims once. Not at a mere lull between requests: a collection and a trim take
+    milliseconds that a request arriving meanwhile would wait."""
     trim = _malloc_trim()
     if trim is None:
         logger.info("malloc_trim is not available here; freed memory stays with the allocator")
         return
-    trimmed_at = answered()
+    trimmed_at = seen = answered()
     while True:
         await asyncio.sleep(_IDLE_CHECK_S)
         done = answered()
-        if done != trimmed_at and in_flight() == 0:
+        if done == seen != trimmed_at and in_flight() == 0:
             gc.collect()  # refused requests' exceptions hold their frames, parsed bodies included, in cycles
             trim()
             trimmed_at = done
+        seen = done
