@@ -122,7 +122,8 @@ def test_overload_is_refused_early_and_short_requests_keep_a_short_wait() -> Non
         load.stop.set()
         for thread in threads:
             thread.join(timeout=120)
-        idle_after = _seconds_until_idle(replica.process.pid) + (time.monotonic() - load.last_answer)
+        since_last_answer = time.monotonic() - load.last_answer
+        idle_after = since_last_answer + _seconds_until_idle(replica.process.pid)
         time.sleep(1)
         rss_end = _rss_mb(gateway.process.pid)
     finally:

@@ -15,7 +15,13 @@ from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
-from bouquet.engine.memory import bucket_counts, build_primitives, distinct_linears, reserve_primitive_cache
+from bouquet.engine.memory import (
+    bucket_counts,
+    bucket_tokens,
+    build_primitives,
+    distinct_linears,
+    reserve_primitive_cache,
+)
 from bouquet.engine.model_runner import ModelRunner
 from bouquet.engine.step_workers import StepWorkers
 from bouquet.engine.weights import load_checked, read_checkpoint
@@ -108,7 +114,11 @@ class Engine:
         self.workers, self.threads_per_worker = self._split_threads()
         self._step_threads = self._create_step_threads()
         self._workers = self._start_workers()
-        self._build_cpu_primitives()
+        try:
+            self._build_cpu_primitives()
+        except BaseException:
+            self._workers.shutdown()
+            raise
         self._cuda = _CudaRuntime(self.runner, config.cuda_graphs) if self.device.type == "cuda" else None
         logger.info(
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
@@ -207,18 +217,20 @@ class Engine:
         for a lone step (engine/memory.py)."""
         if self.device.type != "cpu" or not self.runner.token_buckets or not self.config.cpu_warmup_tokens:
             return
-        linears = distinct_linears(self.model)
-        counts = bucket_counts(self.config.cpu_warmup_tokens, self.runner.token_buckets)
+        buckets = self.runner.token_buckets
+        linears = distinct_linears(self.model, heads=self.pooler)  # heads run on pooled rows or blocks
+        counts = bucket_counts(self.config.cpu_warmup_tokens, buckets)
         shares = [counts[i :: self.workers] for i in range(self.workers)]
         for share in [self._workers.submit(build_primitives, linears, share) for share in shares]:
             share.result()
         if self._step_threads is not None:  # idle workers: the lead takes it, alone, so it widens its team
-            lone = [count for count in counts if count <= self.config.cpu_lone_step_tokens]
+            # a step borrows on its own count and runs at its bucket's
+            lone = [count for count in counts if count <= bucket_tokens(self.config.cpu_lone_step_tokens, buckets)]
             self._workers.submit(self._build_lone_primitives, linears, lone).result()
 
     def _build_lone_primitives(self, linears: list[Linear], counts: list[int]) -> None:
         assert self._step_threads is not None
-        with self._step_threads.step(max(counts, default=0)):
+        with self._step_threads.step(self.config.cpu_lone_step_tokens):
             build_primitives(linears, counts)
 
     def step(self, batch: Batch) -> LazyTensor:

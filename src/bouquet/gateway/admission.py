@@ -11,10 +11,11 @@ bytes, or the model's limit when it will be truncated) and holds its real count 
 query away; the pool also sends their chunks first.
 
 A request waits only as long as its answer can still come within about `admission_wait + admission_seconds`:
-one that alone takes longer than the window waits that much less, and is refused at once when it cannot start
-now (its time is its tokens over the measured speed, the tokens estimated from its bytes as the requests
-tokenized so far ran). Without that a 256-text request that takes 3.5 s alone waited 2 s for its turn and was
-answered after 5.5 s or more."""
+one that alone takes longer than the window waits that much less (its time is its tokens over the measured speed,
+the tokens estimated from its bytes as the requests tokenized so far ran), down to a quarter of the wait for one
+that alone takes longer than both: it is answered later than that bound, but a steady flow of smaller requests
+cannot keep it out for good (at the head of the line it holds them back while it waits). Without this a
+256-text request that takes 3.5 s alone waited 2 s for its turn and was answered after 5.5 s or more."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from bouquet.gateway.errors import Overloaded
 from bouquet.gateway.metrics import GatewayMetrics
 
 _RECHECK_S = 0.05
+_LEAST_WAIT_SHARE = 0.25  # of admission_wait, for a request that alone takes longer than wait and window
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Ticket:
     tokens: int
     short: bool
     _admission: Admission
+    exact: bool = False  # counted from token ids, not estimated from bytes
 
     def resize(self, tokens: int) -> None:
         self._admission.move(self, tokens - self.tokens)
@@ -45,7 +48,8 @@ class Ticket:
 
     def tokenized(self, tokens: int) -> None:
         """Holds the real count instead of the estimate, which teaches the admission how its estimates run."""
-        self._admission.learn(self.tokens, tokens)
+        if not self.exact:
+            self._admission.learn(self.tokens, tokens)
         self.resize(tokens)
 
 
@@ -98,25 +102,27 @@ class Admission:
             self.answered += 1
 
     @asynccontextmanager
-    async def admit(self, tokens: int, short_tokens: int) -> AsyncIterator[Ticket]:
-        """Holds about `tokens` until the block ends. A request alone in its lane is always admitted (the
-        per-request limits bound it), so an oversized one cannot starve."""
+    async def admit(self, tokens: int, short_tokens: int, exact: bool = False) -> AsyncIterator[Ticket]:
+        """Holds about `tokens` (an upper bound from bytes, or `exact`) until the block ends. A request alone in
+        its lane is always admitted (the per-request limits bound it)."""
         short = tokens <= short_tokens
-        await self._wait_for_room(tokens, short, self._wait_allowed(tokens))
-        ticket = Ticket(0, short, self)
+        own = tokens if exact else tokens * self.tokens_per_estimate
+        await self._wait_for_room(tokens, short, self._wait_allowed(own))
+        ticket = Ticket(0, short, self, exact)
         ticket.resize(tokens)
         try:
             yield ticket
         finally:
             ticket.resize(0)
 
-    def _wait_allowed(self, tokens: int) -> float:
-        """`admission_wait`, less the time the request's own compute runs past the admission window."""
+    def _wait_allowed(self, tokens: float) -> float:
+        """`admission_wait`, less the time the request's own compute runs past the admission window; at least a
+        quarter of it."""
         rate = self._tokens_per_second()
         if not rate:
             return self.admission_wait
-        own_seconds = tokens * self.tokens_per_estimate / rate
-        return max(0.0, self.admission_wait - max(0.0, own_seconds - self.admission_seconds))
+        overrun = max(0.0, tokens / rate - self.admission_seconds)
+        return max(_LEAST_WAIT_SHARE * self.admission_wait, self.admission_wait - overrun)
 
     def learn(self, estimate: int, tokens: int) -> None:
         if estimate > 0:
@@ -130,7 +136,7 @@ class Admission:
         try:
             while not (line[0] is turn and self._fits(tokens, short)):
                 left = deadline - time.monotonic()
-                if left <= 0:  # refused; at once when its own compute leaves it no time to wait
+                if left <= 0:
                     limit, held = self.limit(), self.inflight[short]
                     self._refuse(f"the server is at capacity ({held} tokens in flight, {limit} at once)", "tokens")
                 # The first in line also looks again on its own: the cap moves with the measured speed.

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hmac
 import logging
 import time
@@ -172,7 +171,8 @@ class Gateway:
         async def batch() -> Batch:
             return Batch.pack(await self._sequences(job, model), options)
 
-        rows, tokens = await self.compute(model, self._estimate(job, model, options.prompt_tokens), batch)
+        estimate = self._estimate(job, model, options.prompt_tokens)
+        rows, tokens = await self.compute(model, estimate, batch, exact=job.token_ids is not None)
         return model, rows, tokens
 
     async def _embed_mixed(self, job: EmbedJob) -> tuple[ServedModel, Any, int]:
@@ -210,18 +210,18 @@ class Gateway:
 
         sizes = [len(text.encode()) for text in job.texts] if job.texts is not None else map(len, job.token_ids or ())
         estimate = sum(size + _SPECIAL_TOKENS * (1 + size // model.max_seq_length) for size in sizes)
-        rows, tokens = await self.compute(model, estimate, batch)
+        rows, tokens = await self.compute(model, estimate, batch, exact=job.token_ids is not None)
         combined = long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize)
         return encode_rows(combined, options.encoding), tokens
 
     async def compute(
-        self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]]
+        self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]], exact: bool = False
     ) -> tuple[Any, int]:
-        """The rows of the batch `prepare` tokenizes, admitted on `estimate` (an upper bound of its tokens)
-        before any work; and the tokens they took."""
+        """The rows of the batch `prepare` tokenizes, admitted on `estimate` (an upper bound of its tokens, from
+        its bytes; `exact` when counted from token ids) before any work; and the tokens they took."""
         if not self.pool.any_healthy(model.name):
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
-        async with self.admission.admit(estimate, short_tokens=model.max_batch_tokens) as ticket:
+        async with self.admission.admit(estimate, short_tokens=model.max_batch_tokens, exact=exact) as ticket:
             batch = await prepare()
             tokens = batch.num_tokens
             self.check_tokens(tokens)
@@ -642,7 +642,6 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         gateway.pool.start()
-        gc.freeze()  # what start-up made lives as long as the process: later collections need not scan it
         trimmer = asyncio.ensure_future(
             trim_when_idle(lambda: gateway.admission.requests, lambda: gateway.admission.answered)
         )

@@ -56,6 +56,7 @@ class _Waiter:
 
     priority: int
     arrival: int
+    tried: set[Replica] = field(default_factory=set, compare=False)  # replicas it may not go back to
     event: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
 
 
@@ -247,14 +248,15 @@ class ReplicaPool:
         request's chunk waits before this one; None when no replica can take the chunk."""
         started = time.monotonic()
         queue = self._waiting.setdefault(model, [])
-        me = _Waiter(*place)
+        me = _Waiter(*place, tried)
         queued = False
         try:
             while True:
                 replica = self._least_loaded(model, tried)
                 if replica is None or time.monotonic() >= deadline:
                     return None
-                if self._has_room(replica, tokens) and (not queue or me <= queue[0]):
+                # The first in line goes first, unless it may not use this replica (it failed there before).
+                if self._has_room(replica, tokens) and (not queue or me <= queue[0] or replica in queue[0].tried):
                     replica.outstanding_tokens += tokens
                     return replica
                 if not queued:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import socket
 import sys
@@ -58,6 +59,9 @@ async def serve_gateway(config: GatewayConfig) -> int:
         )
     )  # fmt: skip
     port = sock.getsockname()[1]
+    # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).
+    gc.collect()
+    gc.freeze()
     print(f"bouquet gateway: listening on http://{config.host}:{port}", file=sys.stderr, flush=True)
     await server.serve(sockets=[sock])
     return 0

@@ -280,10 +280,11 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
         await replica.stop(0)  # a model that cannot load: the server goes before the event loop does
         raise
     try:
-        await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
         # Torch, the model and gRPC make 180,000 objects that live as long as the process; a full collection that
         # scans them holds the interpreter, so every step's dispatch and the event loop, for 65-85 ms.
+        gc.collect()
         gc.freeze()
+        await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
         where = config.listen if config.listen.startswith("unix:") else f"port {replica.port}"
         print(f"bouquet replica: serving {engine.spec.name} on {where}", file=sys.stderr, flush=True)
         await stop.wait()
