@@ -5,9 +5,9 @@ gateway's RSS comes back within 20% of its start. Marked `fault`; CI runs it.
 
 The clients wait the Retry-After they are given (1 s), as the OpenAI and Hugging Face clients do. Clients that
 retry after 0.1 s make the gateway parse about 400 refused 256-text bodies a second, a whole core of this 2-core
-VM taken from the replica: the served requests then take 6 to 8 s (docs/memory.md). One 256-text request (~34k
-tokens) takes 3.5 to 4 s alone here; when the VM is slower than that (other jobs on it), the bound becomes that
-time plus 1 s."""
+VM taken from the replica: the served requests then take 6 to 8 s (docs/benchmarks.md, "Overload"). One
+256-text request (~34k tokens) takes 3.5 to 4.7 s alone here; when it takes over 4 s (the VM slower, other jobs on
+it), the bound becomes that time plus 1 s."""
 
 from __future__ import annotations
 
