@@ -109,6 +109,13 @@ class Gateway:
                 headers={"WWW-Authenticate": 'Bearer realm="bouquet"'},
             )
 
+    async def refuse_unread(self, request: Request) -> None:
+        """A large body refused before it is read while the bulk line is long (`Admission.refuse_unread`)."""
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and self.catalog.ordered:
+            short_tokens = max(model.max_batch_tokens for model in self.catalog.ordered)
+            await self.admission.refuse_unread(int(length), short_tokens)
+
     async def read_json(self, request: Request) -> dict[str, Any]:
         limit = self.config.max_payload_bytes
         length = request.headers.get("content-length")
@@ -363,10 +370,12 @@ Handler = Callable[[Gateway, Request], Awaitable[Response]]
 
 
 def _endpoint(
-    route: str, handler: Handler, *, public: bool = False, work: bool = False, tei: bool = False
-) -> Callable[[Request], Awaitable[Response]]:
-    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`. `tei`: a
-    text-embeddings-inference route, whose errors have TEI's body and status."""
+    route: str, handler: Handler, *, public: bool = False, work: bool = False, tei: bool = False,
+    replicas: bool = True,
+) -> Callable[[Request], Awaitable[Response]]:  # fmt: skip
+    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`; on the
+    replicas unless `replicas` is False (the tokenizer's routes). `tei`: a text-embeddings-inference route, whose
+    errors have TEI's body and status."""
     answer_error = tei_error_response if tei else error_response
 
     async def endpoint(request: Request) -> Response:
@@ -378,6 +387,8 @@ def _endpoint(
             if not public:
                 gateway.authorize(request)
             with gateway.admission.request() if work else contextlib.nullcontext():
+                if work and replicas:
+                    await gateway.refuse_unread(request)
                 response = await handler(gateway, request)
         except ApiError as error:
             response = answer_error(error)
@@ -667,8 +678,10 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         Route("/similarity", _endpoint("/similarity", _similarity, work=True, tei=True), methods=["POST"]),
         Route("/rerank", _endpoint("/rerank", _rerank, work=True, tei=True), methods=["POST"]),
         Route("/predict", _endpoint("/predict", _predict, work=True, tei=True), methods=["POST"]),
-        Route("/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True, tei=True), methods=["POST"]),
-        Route("/decode", _endpoint("/decode", _decode, work=True, tei=True), methods=["POST"]),
+        Route(
+            "/tokenize", _endpoint("/tokenize", _tei_tokenize, work=True, tei=True, replicas=False), methods=["POST"]
+        ),
+        Route("/decode", _endpoint("/decode", _decode, work=True, tei=True, replicas=False), methods=["POST"]),
         Route("/info", _endpoint("/info", _info, tei=True), methods=["GET"]),
         Route("/health", _endpoint("/health", _health, public=True, tei=True), methods=["GET"]),
         # vLLM's (SageMaker's probe): the same answer as /health, on GET and POST
@@ -683,7 +696,9 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
             _endpoint("/v1/contextualizedembeddings", _contextual_embeddings, work=True),
             methods=["POST"],
         ),
-        Route("/detokenize", _endpoint("/detokenize", _detokenize, work=True), methods=["POST"]),  # vLLM's
+        Route(
+            "/detokenize", _endpoint("/detokenize", _detokenize, work=True, replicas=False), methods=["POST"]
+        ),  # vLLM's
         # Public, as TEI keeps them: a scraper, a load balancer's probe and a browser need no key.
         Route("/metrics", _endpoint("/metrics", _metrics, public=True), methods=["GET"]),
         Route("/openapi.json", _endpoint("/openapi.json", _openapi, public=True), methods=["GET"]),
