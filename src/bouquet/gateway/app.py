@@ -233,7 +233,7 @@ class Gateway:
             tokens = batch.num_tokens
             self.check_tokens(tokens)
             ticket.tokenized(tokens)
-            chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
+            chunk_tokens = self.config.chunk_tokens or self.pool.chunk_tokens(model.name, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
             max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None
             rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority, max_seqs)
