@@ -129,24 +129,3 @@ def test_a_replica_answering_nothing_is_measured_only_from_answers():
     rate.started(10.0)
     rate.answered(1_000, 10.5, still_busy=False)
     assert rate.tokens_per_second == pytest.approx(2_000)
-
-
-def test_a_chunk_is_an_eighth_of_the_smallest_window_and_at_most_two_batches():
-    """A chunk holds its room at a replica until its last row is back: chunks of half the window (two CPU
-    batches) left a CPU replica's workers idle (docs/benchmarks.md, "Chunks")."""
-
-    async def scenario() -> None:
-        pool = _pool(["a", "b"], [])
-        batch = pool.replicas[0].model.max_batch_tokens  # type: ignore[union-attr]
-        assert pool.chunk_tokens("m", batch) == batch // 2  # speed unknown: a window of 4 batches
-        for replica, tokens_per_second in zip(pool.replicas, (1_000_000, 2_000), strict=True):
-            replica.rate.started(0.0)
-            replica.rate.answered(tokens_per_second, 1.0, still_busy=False)
-        # windows of 0.25 s: 250,000 and 500 tokens (over 4 batches of 100): the smaller one's eighth
-        assert pool.chunk_tokens("m", batch) == 500 // 8
-        pool.replicas[1].healthy = False
-        assert pool.chunk_tokens("m", batch) == 2 * batch  # a fast replica: two batches, fewer calls
-        pool.replicas[0].healthy = False
-        assert pool.chunk_tokens("m", batch) == batch // 2  # none healthy: as for unknown speed
-
-    asyncio.run(scenario())

@@ -165,7 +165,7 @@ GATEWAY_LIMIT_OPTIONS = (
         f"requests answered at once a process; over it, 429 (default {GatewayConfig.max_concurrent_requests})",
         type=int,
     ),
-    _option("--chunk-tokens", "tokens a chunk (default: an eighth of a replica's window, at most 2 batches)", type=int),
+    _option("--chunk-tokens", "tokens a chunk (default: 2x the replica's batch budget)", type=int),
     _option("--max-attempts", f"replicas a chunk may be tried on (default {GatewayConfig.max_attempts})", type=int),
     _option("--request-timeout", f"seconds a chunk may take (default {GatewayConfig.request_timeout})", type=float),
     _option(

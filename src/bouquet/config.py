@@ -259,7 +259,7 @@ class GatewayConfig:
     admission_seconds: float = 2.0
     admission_wait: float = 1.0
     max_concurrent_requests: int = 512  # requests being answered per gateway process (TEI's default); more is 429
-    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: an eighth of its window (pool.py)
+    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 2x the replica's batch budget
     max_attempts: int = 3  # replicas a chunk may be tried on
     request_timeout: float = 120.0  # seconds a chunk may take at a replica
     probe_interval: float = 0.5  # seconds between health probes of a replica that is down

@@ -17,9 +17,9 @@ that alone takes longer than both: it is answered later than that bound, but a s
 cannot keep it out for good (at the head of the line it holds them back while it waits). Without this a
 256-text request that takes 3.5 s alone waited 2 s for its turn and was answered after 5.5 s or more.
 
-A body that can only be bulk is refused before it is read when the bulk line already holds more than the
-replicas compute within its wait (`refuse_unread`): parsing and estimating a refused 256-text body cost the
-gateway about 2.5 ms, and clients that retry at once (400 a second) took a whole core from the replicas with it."""
+A large body is refused before it is read when the bulk requests in flight alone will not be computed down to
+the cap within its wait (`refuse_unread`): parsing and estimating a refused 256-text body cost the gateway about
+2.5 ms, and clients that retry at once (400 a second) took a whole core from the replicas with it."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from bouquet.gateway.metrics import GatewayMetrics
 
 _RECHECK_S = 0.05
 _LEAST_WAIT_SHARE = 0.25  # of admission_wait, for a request that alone takes longer than wait and window
-# The most bytes of a JSON body one token takes (an id and its comma, or a character escaped as \uXXXX take 6-7):
-# a body over this many times the short budget holds no short request.
-_MAX_BODY_BYTES_PER_TOKEN = 8
+# Bodies smaller than this are parsed before they are refused: it costs little, and a body's size says little
+# of its tokens (a query's one long text is truncated to the model's limit).
+_REFUSE_UNREAD_BYTES = 64 * 1024
 
 
 @dataclass
@@ -79,7 +79,6 @@ class Admission:
         self._tokens_per_second = tokens_per_second
         self._floor_tokens = floor_tokens
         self.inflight = {False: 0, True: 0}  # tokens held by bulk and by short requests
-        self.waiting = {False: 0.0, True: 0.0}  # tokens (estimated) of the requests in each line
         self._lines: dict[bool, collections.deque[asyncio.Event]] = {
             False: collections.deque(),
             True: collections.deque(),
@@ -123,18 +122,18 @@ class Admission:
         finally:
             ticket.resize(0)
 
-    async def refuse_unread(self, body_bytes: int, short_tokens: int) -> None:
-        """Refuses (429) a body of `body_bytes` before it is read or parsed when it holds no short request and
-        the bulk requests held and waiting ahead of it leave more than the replicas compute within the wait it
-        would be allowed (its own tokens not counted, not known yet): it would be refused after waiting. It is
-        refused after that wait all the same, so that a client retrying at once comes back no sooner."""
+    async def refuse_unread(self, body_bytes: int) -> None:
+        """Refuses (429) a body of `body_bytes` (64 KiB or more) before it is read or parsed when the bulk requests
+        in flight alone leave more than the replicas compute within the longest wait: it would be refused after
+        waiting, whatever it holds (the requests waiting ahead, which may leave, and its own tokens, not known yet,
+        are not counted). It is refused after the wait its bytes would be allowed, as if it had waited, so that a
+        client retrying at once comes back no sooner."""
         rate = self._tokens_per_second()
-        if body_bytes <= _MAX_BODY_BYTES_PER_TOKEN * short_tokens or not self._lines[False] or not rate:
+        if body_bytes < _REFUSE_UNREAD_BYTES or not rate:
             return
-        wait = self._wait_allowed(body_bytes * self.tokens_per_estimate)
-        if self.inflight[False] + self.waiting[False] - self.limit() > rate * wait:
-            await asyncio.sleep(wait)
-            self._refuse(f"the server is at capacity ({len(self._lines[False])} large requests waiting)", "tokens")
+        if self.inflight[False] - self.limit() > rate * self.admission_wait:
+            await asyncio.sleep(self._wait_allowed(body_bytes * self.tokens_per_estimate))
+            self._refuse(f"the server is at capacity ({self.inflight[False]} tokens in flight)", "tokens")
 
     def _wait_allowed(self, tokens: float) -> float:
         """`admission_wait`, less the time the request's own compute runs past the admission window; at least a
@@ -153,7 +152,6 @@ class Admission:
         line = self._lines[short]
         turn = asyncio.Event()
         line.append(turn)
-        self.waiting[short] += own
         deadline = time.monotonic() + self._wait_allowed(own)
         try:
             while not (line[0] is turn and self._fits(tokens, short)):
@@ -165,7 +163,6 @@ class Admission:
                 await _wait(turn, min(_RECHECK_S, left) if line[0] is turn else left)
         finally:
             line.remove(turn)
-            self.waiting[short] -= own
             if line:
                 line[0].set()
 

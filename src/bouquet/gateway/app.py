@@ -110,11 +110,11 @@ class Gateway:
             )
 
     async def refuse_unread(self, request: Request) -> None:
-        """A large body refused before it is read while the bulk line is long (`Admission.refuse_unread`)."""
+        """A large body refused before it is read while the bulk lane is over its cap (`Admission.refuse_unread`);
+        one over the body limit is left to `read_json`'s 413."""
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and self.catalog.ordered:
-            short_tokens = max(model.max_batch_tokens for model in self.catalog.ordered)
-            await self.admission.refuse_unread(int(length), short_tokens)
+        if length is not None and length.isdigit() and int(length) <= self.config.max_payload_bytes:
+            await self.admission.refuse_unread(int(length))
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         limit = self.config.max_payload_bytes
@@ -233,7 +233,7 @@ class Gateway:
             tokens = batch.num_tokens
             self.check_tokens(tokens)
             ticket.tokenized(tokens)
-            chunk_tokens = self.config.chunk_tokens or self.pool.chunk_tokens(model.name, model.max_batch_tokens)
+            chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
             max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None
             rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority, max_seqs)

@@ -3,8 +3,6 @@ chosen per chunk as the healthy replica of the model with the fewest outstanding
 
 Chunks are not all sent at once. Each replica is kept about `window_seconds` of work ahead (at least a few of
 its batches, so it never idles between chunks); the chunks beyond that wait here, the smallest request's first.
-A chunk is at most an eighth of that window: a chunk holds its room until its last row is back, so chunks of
-half the window left a CPU replica's workers waiting for work while the window was held by steps already done.
 So a one-text query waits behind at most a window of work, not behind every chunk of every large request
 admitted before it, and a refused or cancelled request has little queued at a replica to throw away.
 
@@ -47,8 +45,6 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = embedding_pb2.DESCRIPTOR.services_by_name["Embedding"].full_name
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _WINDOW_BATCHES = 4  # the least a replica is kept ahead: two steps computing, two batches ready behind them
-_CHUNKS_A_WINDOW = 8  # the least: see the module's docstring
-_MAX_CHUNK_BATCHES = 2  # the most a chunk holds, where the window is large (a fast replica): fewer calls
 _ATTEMPT_SLACK = 4.0  # an attempt may take this many times what the replica's speed predicts...
 _ATTEMPT_FLOOR_S = 2.0  # ...and never less than this: a cold bucket, a noisy neighbour
 _RECHECK_S = 0.05  # a waiting chunk looks again this often (a replica back, an ejection over)
@@ -166,14 +162,6 @@ class ReplicaPool:
         rates = [r.rate.tokens_per_second for r in self.replicas if r.healthy]
         known = [rate for rate in rates if rate is not None]
         return sum(known) * len(rates) / len(known) if known else None
-
-    def chunk_tokens(self, model: str, batch_tokens: int) -> int:
-        """Tokens a chunk of `model`'s requests (whose replicas' batches are `batch_tokens`): an eighth of the
-        smallest window of its replicas, at most two batches."""
-        serving = [r for r in self.replicas if r.healthy and r.model is not None and r.model.name == model]
-        windows = [self._window(r) for r in serving]
-        window = min(windows, default=_WINDOW_BATCHES * batch_tokens)
-        return max(1, min(_MAX_CHUNK_BATCHES * batch_tokens, window // _CHUNKS_A_WINDOW))
 
     async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray | SparseRows:
         """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them);
@@ -305,14 +293,12 @@ class ReplicaPool:
     def _has_room(self, replica: Replica, tokens: int) -> bool:
         if replica.outstanding_tokens == 0:
             return True  # a chunk larger than the window still runs, alone
-        return replica.outstanding_tokens + tokens <= self._window(replica)
-
-    def _window(self, replica: Replica) -> int:
-        """Tokens kept outstanding at `replica`: `window_seconds` of its measured speed, at least a few batches."""
         assert replica.model is not None
         window = _WINDOW_BATCHES * replica.model.max_batch_tokens
         rate = replica.rate.tokens_per_second
-        return window if rate is None else max(window, int(rate * self._window_seconds))
+        if rate is not None:
+            window = max(window, int(rate * self._window_seconds))
+        return replica.outstanding_tokens + tokens <= window
 
     def _set_healthy(self, replica: Replica, healthy: bool) -> None:
         if replica.healthy != healthy:
