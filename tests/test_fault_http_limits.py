@@ -241,6 +241,49 @@ def test_a_body_left_unread_by_an_answered_route_is_cut(gateway: tuple[str, int]
     assert closed_count(url, "body_timeout") == before + 1
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: gateway\r\nContent-Length: abc\r\n\r\n",
+        b"POST /v1/embeddings HTTP/1.1\r\nHost gateway\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n}",  # a good request, then bytes that begin none
+    ],
+    ids=["request_line", "content_length", "header", "after_a_request"],
+)
+def test_bytes_that_are_not_http_get_a_json_400(gateway: tuple[str, int], raw: bytes) -> None:
+    url, port = gateway
+    before = closed_count(url, "invalid_http")
+    with good_requests(url):
+        sock = connect(port)
+        sock.sendall(raw)
+        answer, _ = until_closed(sock)
+    if raw.startswith(b"GET /health"):
+        first, _, answer = answer.partition(b"HTTP/1.1 400")  # the good request's answer comes first
+        assert first.startswith(b"HTTP/1.1 200") and answer
+        answer = b"HTTP/1.1 400" + answer
+    assert_error(answer, 400, "invalid_http")
+    assert closed_count(url, "invalid_http") == before + 1
+
+
+def test_a_connection_answered_before_its_body_ended_is_idle_from_the_bodys_end(gateway: tuple[str, int]) -> None:
+    """A route may answer before reading the body (a 405 here; a 401, a 413, an overload 429): once the rest of
+    the body has come, the connection is an idle keep-alive one, its idle time counted from then."""
+    url, port = gateway
+    before = closed_count(url, "idle_timeout")
+    sock = connect(port)
+    started = time.monotonic()
+    sock.sendall(b"POST /v1/models HTTP/1.1\r\nHost: gateway\r\nContent-Length: 10\r\n\r\n{")
+    time.sleep(0.7 * TIMEOUT)  # answered meanwhile; the body's rest comes within the body timeout
+    sock.sendall(b'"a": 123}')
+    body_ended = time.monotonic()
+    raw, _ = until_closed(sock)
+    closed_after = time.monotonic() - body_ended
+    assert_error(raw, 405, "method_not_allowed")
+    assert TIMEOUT * 0.9 <= closed_after < TIMEOUT + MARGIN, (closed_after, body_ended - started)
+    assert closed_count(url, "idle_timeout") == before + 1
+
+
 def test_a_silent_connection_and_an_idle_keep_alive_one_are_closed(gateway: tuple[str, int]) -> None:
     url, port = gateway
     before = closed_count(url, "idle_timeout")

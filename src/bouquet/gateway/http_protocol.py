@@ -23,10 +23,10 @@ max_inflight_tokens long before); each costs a descriptor and about 6 KiB (10,00
 to a gateway's resident memory), and the process raises its soft open-file limit toward the hard one to hold
 them (`connection_cap`), lowering the cap where it cannot.
 
-What is answered here (431, 408, 503) is OpenAI-shaped JSON like every other error, and the connection then
-closes the way nginx's lingering close does: the answer and a FIN are sent, and what the client still sends is
-read and dropped for a few seconds, because closing a socket with unread bytes sends a reset, and a reset can
-make the client's stack drop the answer before the client reads it."""
+What is answered here (431, 408, 503, and 400 for bytes that are not HTTP/1.1) is OpenAI-shaped JSON like every
+other error, and the connection then closes the way nginx's lingering close does: the answer and a FIN are sent,
+and what the client still sends is read and dropped for a few seconds, because closing a socket with unread
+bytes sends a reset, and a reset can make the client's stack drop the answer before the client reads it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from bouquet.config import GatewayConfig
-from bouquet.gateway.errors import ApiError, HeadersTooLarge, RequestTimeout, Unavailable, error_body
+from bouquet.gateway.errors import ApiError, HeadersTooLarge, InvalidRequest, RequestTimeout, Unavailable, error_body
 from bouquet.gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -243,6 +243,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._linger(self._refusal)
         elif not self._in_message:
             self._become_idle()
+
+    def send_400_response(self, msg: str) -> None:
+        """What uvicorn calls when the parser refuses the bytes (a bad request line, header or chunk): its answer is
+        plain text, and every answer of the gateway is JSON."""
+        self.shared.closed("invalid_http")
+        self._refuse(
+            InvalidRequest("the request is not valid HTTP/1.1 (its request line, headers or framing)", "invalid_http")
+        )
 
     # Timers
 

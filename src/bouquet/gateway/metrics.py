@@ -53,8 +53,9 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
-        # reason: header_too_large, header_timeout, body_timeout, idle_timeout, evicted (an idle one, to make room
-        # at the cap) or refused (503 at the cap, every connection busy)
+        # reason: header_too_large, header_timeout, body_timeout, idle_timeout, invalid_http (not HTTP/1.1: a bad
+        # request line, header or chunk), evicted (an idle one, to make room at the cap) or refused (503 at the cap,
+        # every connection busy)
         self.connections_closed = Counter(
             "bouquet_gateway_connections_closed",
             "HTTP connections the gateway closed or refused, by reason",
