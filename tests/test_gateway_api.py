@@ -44,9 +44,15 @@ def client(server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
-def post(url: str, body: bytes | dict, key: str | None = API_KEY) -> tuple[int, object]:
+def post(
+    url: str, body: bytes | dict, key: str | None = API_KEY, headers: dict[str, str] | None = None
+) -> tuple[int, object]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    headers = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {key}"} if key else {}),
+        **(headers or {}),
+    }
     request = urllib.request.Request(url, data=data, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
@@ -208,6 +214,38 @@ def test_bad_input_gets_its_error_while_good_requests_succeed(server, client, ro
         assert set(error["error"]) == {"message", "type", "param", "code"}
         assert error["error"]["code"] == code and error["error"]["message"]
     assert urllib.request.urlopen(f"{server}/health", timeout=10).status == 200
+
+
+def _gzip(value: object) -> bytes:
+    import gzip
+
+    return gzip.compress(json.dumps(value).encode())
+
+
+# Bad requests whose fault is in a header (the body's encoding, the key): (route, body, headers, key, status, code)
+BAD_HEADERS = [
+    ("/embed", {"inputs": "a"}, {"Content-Encoding": "br"}, API_KEY, 415, "unsupported_media_type"),
+    ("/v1/embeddings", b"\x1f\x8b not gzip", {"Content-Encoding": "gzip"}, API_KEY, 400, "invalid_gzip"),
+    ("/v1/embeddings", _gzip({"input": "a" * (2 * MAX_PAYLOAD)}), {"Content-Encoding": "gzip"}, API_KEY, 413,
+     "payload_too_large"),
+    ("/v1/embeddings", {"input": "a"}, {}, None, 401, "invalid_api_key"),
+    ("/v1/embeddings", {"input": "a"}, {}, "wrong", 401, "invalid_api_key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("route", "body", "headers", "key", "status", "code"), BAD_HEADERS,
+                         ids=[f"{c[5]}-{c[4]}-{i}" for i, c in enumerate(BAD_HEADERS)])  # fmt: skip
+def test_bad_headers_get_their_error_while_good_requests_succeed(server, client, route, body, headers, key, status,
+                                                                 code):  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        good = pool.submit(client.embeddings.create, model=MODEL, input=TEXTS[:8], encoding_format="float")
+        got_status, error = post(f"{server}{route}", body, key=key, headers=headers)
+        assert len(good.result().data) == 8
+    assert got_status == status, error
+    if route in TEI_ROUTES:
+        assert set(error) == {"error", "error_type"} and error["error"], error
+    else:
+        assert set(error["error"]) == {"message", "type", "param", "code"} and error["error"]["code"] == code, error
 
 
 def test_api_key_is_required(server, client):

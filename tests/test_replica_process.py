@@ -105,7 +105,8 @@ def test_sigterm_with_nothing_in_flight_exits_at_once(replica_process):
         started = time.monotonic()
         replica_process.process.send_signal(signal.SIGTERM)
         assert replica_process.process.wait(timeout=30) == 0
-    assert time.monotonic() - started < 15  # not the 60 s drain: it left once nothing was in flight
+    # Not the 60 s drain: it left once nothing was in flight (0.2 s here; the bound is 1 s).
+    assert time.monotonic() - started < 1.0
 
 
 def test_a_replica_with_a_token_refuses_calls_without_it(minilm_path):
