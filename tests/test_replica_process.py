@@ -135,3 +135,46 @@ def test_a_replica_with_a_token_refuses_calls_without_it(minilm_path):
         process.kill()
         process.wait(timeout=30)
         process.stderr.close()
+
+
+def test_an_orphaned_replica_serves_until_the_last_gateway_has_exited(minilm_path, tmp_path):
+    """`bouquet serve` killed: its replicas get ORPHANED_SIGNAL while its gateways drain. A replica serves until
+    no gateway holds serve's lock file (serve_lock.py), however long that takes, not just until its calls pause
+    (2 s, the fallback without the file), then drains and exits."""
+    import os
+
+    from bouquet import serve_lock
+    from bouquet.config import ORPHANED_SIGNAL
+
+    lock = tmp_path / "gateways.lock"
+    hold = "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDWR | os.O_CREAT), fcntl.LOCK_SH); " \
+           "print('held', flush=True); sys.stdin.read()"  # fmt: skip
+    gateway = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    assert gateway.stdout is not None and gateway.stdout.readline() == "held\n"
+    command = [sys.executable, "-m", "bouquet.cli", "replica", "--model", str(minilm_path), "--listen",
+               "127.0.0.1:0", "--device", "cpu", "--dtype", "float32", "--cpu-warmup-tokens", "0"]  # fmt: skip
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env={**os.environ, serve_lock.ENV: str(lock)}
+    )
+    try:
+        address = f"127.0.0.1:{_wait_for_port(process)}"
+        process.send_signal(ORPHANED_SIGNAL)
+        time.sleep(3.0)  # past the 2 s without a call that ends the fallback's wait
+        assert process.poll() is None, "the replica left while a gateway still lived"
+        with grpc.insecure_channel(address) as channel:
+            rows = response_rows(
+                embedding_pb2_grpc.EmbeddingStub(channel).Embed(embed_request(Batch.pack([marked(5)])))
+            )
+            assert rows.shape == (1, 384)
+        assert gateway.stdin is not None
+        gateway.stdin.close()  # the last gateway exits: its lock goes with it
+        assert gateway.wait(timeout=10) == 0
+        started = time.monotonic()
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        gateway.kill()
+        process.kill()
+        process.wait(timeout=30)
+        process.stderr.close()

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, ServeConfig
 from bouquet.gateway.supervisor import Child, Supervisor
 
@@ -34,6 +35,8 @@ class ServeSupervisor(Supervisor):
     def start(self) -> bool:
         # Its replicas serve only its gateways: one token for this run, handed down by environment (not argv).
         os.environ.setdefault("BOUQUET_REPLICA_TOKEN", secrets.token_urlsafe(32))
+        # Held by each gateway while it lives: orphaned replicas (serve killed) serve until it is free.
+        os.environ[serve_lock.ENV] = os.path.join(self._sockets.name, "gateways.lock")
         if not (self._start_replicas() and self._start_gateways()):
             return False
         print(f"bouquet serve: ready on http://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from bouquet import event_loop
+from bouquet import event_loop, serve_lock
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
@@ -59,6 +59,7 @@ async def serve_gateway(config: GatewayConfig) -> int:
         )
     )  # fmt: skip
     port = sock.getsockname()[1]
+    serve_lock.hold_while_alive()  # serve's replicas, orphaned, serve this process until it has exited
     # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).
     gc.collect()
     gc.freeze()

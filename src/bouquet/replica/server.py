@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
@@ -244,11 +245,17 @@ def listen_host(listen: str) -> str:
     return host if host not in ("", "::") else "0.0.0.0"
 
 
-_QUIET_SECONDS = 2.0  # no call in flight for this long: the gateways are done
+_QUIET_SECONDS = 2.0  # without serve's lock file: no call in flight for this long, the gateways are done
 
 
 async def _after_the_gateways(replica: ReplicaServer, stop: asyncio.Event) -> None:
-    """Keeps serving the orphaned gateways' last requests, then drains as on SIGTERM."""
+    """Keeps serving the orphaned gateways' last requests until they have exited (serve_lock.py), then drains as
+    on SIGTERM."""
+    while (gone := serve_lock.gateways_gone()) is False:
+        await asyncio.sleep(0.05)
+    if gone:
+        stop.set()
+        return
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     while loop.time() - quiet_since < _QUIET_SECONDS:
