@@ -178,3 +178,41 @@ def test_an_orphaned_replica_serves_until_the_last_gateway_has_exited(minilm_pat
         process.kill()
         process.wait(timeout=30)
         process.stderr.close()
+
+
+def test_the_gateways_lock_reads_free_only_once_every_holder_has_exited(tmp_path, monkeypatch):
+    """serve_lock.py: no file from serve (or none yet) is None, the replica's fallback; held by any gateway
+    process, not free; free once the last one has exited, however it exited."""
+    import os
+
+    from bouquet import serve_lock
+
+    monkeypatch.delenv(serve_lock.ENV, raising=False)
+    assert serve_lock.gateways_gone() is None  # not started by serve
+    path = tmp_path / "gateways.lock"
+    monkeypatch.setenv(serve_lock.ENV, str(path))
+    assert serve_lock.gateways_gone() is None and not path.exists()  # a replica never makes the file anew
+    serve_lock.create(str(path))
+    assert serve_lock.gateways_gone() is True
+    hold = "import sys; from bouquet import serve_lock; serve_lock.hold_while_alive(); print('held', flush=True); " \
+           "sys.stdin.read()"  # fmt: skip
+    gateways = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ)) for _ in range(2)]  # fmt: skip
+    try:
+        for gateway in gateways:
+            assert gateway.stdout is not None and gateway.stdout.readline() == "held\n"
+        assert serve_lock.gateways_gone() is False
+        assert gateways[0].stdin is not None
+        gateways[0].stdin.close()
+        assert gateways[0].wait(timeout=10) == 0
+        assert serve_lock.gateways_gone() is False  # one gateway still lives
+        gateways[1].kill()  # however it exits
+        gateways[1].wait(timeout=10)
+        assert serve_lock.gateways_gone() is True
+    finally:
+        for gateway in gateways:
+            gateway.kill()
+            gateway.wait(timeout=10)
+            for stream in (gateway.stdin, gateway.stdout):
+                if stream is not None:
+                    stream.close()

@@ -36,7 +36,7 @@ class ServeSupervisor(Supervisor):
         # Its replicas serve only its gateways: one token for this run, handed down by environment (not argv).
         os.environ.setdefault("BOUQUET_REPLICA_TOKEN", secrets.token_urlsafe(32))
         # Held by each gateway while it lives: orphaned replicas (serve killed) serve until it is free.
-        os.environ[serve_lock.ENV] = os.path.join(self._sockets.name, "gateways.lock")
+        serve_lock.create(os.path.join(self._sockets.name, "gateways.lock"))
         if not (self._start_replicas() and self._start_gateways()):
             return False
         print(f"bouquet serve: ready on http://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)

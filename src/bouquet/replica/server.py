@@ -246,23 +246,30 @@ def listen_host(listen: str) -> str:
 
 
 _QUIET_SECONDS = 2.0  # without serve's lock file: no call in flight for this long, the gateways are done
+_GATEWAYS_GRACE_S = 10.0  # past the drain: how long serve itself would have waited for a gateway
 
 
-async def _after_the_gateways(replica: ReplicaServer, stop: asyncio.Event) -> None:
-    """Keeps serving the orphaned gateways' last requests until they have exited (serve_lock.py), then drains as
-    on SIGTERM."""
-    while (gone := serve_lock.gateways_gone()) is False:
-        await asyncio.sleep(0.05)
-    if gone:
+async def _after_the_gateways(replica: ReplicaServer, stop: asyncio.Event, drain_seconds: float) -> None:
+    """Keeps serving the orphaned gateways' last requests until they have exited (serve_lock.py; at most their
+    drain and a grace), then drains as on SIGTERM."""
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_seconds + _GATEWAYS_GRACE_S
+        while (gone := serve_lock.gateways_gone()) is False and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if gone is None:
+            await _until_quiet(replica)
+    finally:
         stop.set()
-        return
+
+
+async def _until_quiet(replica: ReplicaServer) -> None:
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     while loop.time() - quiet_since < _QUIET_SECONDS:
         if replica.servicer.calls_in_flight:
             quiet_since = loop.time()
         await asyncio.sleep(0.05)
-    stop.set()
 
 
 async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerConfig, config: ReplicaConfig) -> int:
@@ -277,7 +284,8 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
     replica = ReplicaServer(config.listen, token=config.token, credentials=credentials)
-    loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop)))
+    drain = config.drain_seconds
+    loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop, drain)))
     if config.metrics_port is not None:
         replica.metrics.serve_http(config.metrics_port, listen_host(config.listen))
     await replica.start()
