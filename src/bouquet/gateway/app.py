@@ -112,14 +112,14 @@ class Gateway:
     async def refuse_unread(self, request: Request) -> None:
         """A large body refused before it is read while the bulk lane is over its cap (`Admission.refuse_unread`);
         one over the body limit is left to `read_json`'s 413."""
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) <= self.config.max_payload_bytes:
-            await self.admission.refuse_unread(int(length))
+        length = _content_length(request)
+        if length is not None and length <= self.config.max_payload_bytes:
+            await self.admission.refuse_unread(length)
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         limit = self.config.max_payload_bytes
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        length = _content_length(request)
+        if length is not None and length > limit:
             raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
         encoding = request.headers.get("content-encoding", "identity")
         body = _decoded(await self._read_body(request, limit), encoding, limit)
@@ -342,6 +342,12 @@ def _check_truncate_tokens(job: EmbedJob, model: ServedModel) -> None:
             "invalid_value",
             "truncate_prompt_tokens",
         )
+
+
+def _content_length(request: Request) -> int | None:
+    """The body's size as its Content-Length states it; None without one (chunked) or with a malformed one."""
+    length = request.headers.get("content-length")
+    return int(length) if length is not None and length.isdigit() else None
 
 
 def _decoded(body: bytearray, encoding: str, limit: int) -> bytes | bytearray:

@@ -230,8 +230,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_message = self._in_body = False
         self._cancel_timer()
         super().on_message_complete()
-        answered = self.cycle is not None and self.cycle.response_complete and not self._answering()
-        if answered and self._refusal is None and not self.transport.is_closing():
+        if self._idle() and self._refusal is None and not self.transport.is_closing():
             self._become_idle()  # answered before its body ended (a 401, 413 or 429 unread): idle from its last byte
 
     def on_response_complete(self) -> None:
