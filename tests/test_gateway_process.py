@@ -129,6 +129,8 @@ def test_workers_share_the_port_and_sigterm_drains_them(replica):
             deadline = time.monotonic() + 60
             while in_flight(url) < 2:  # the request and this /metrics call, summed over both workers
                 assert time.monotonic() < deadline, "the request never arrived"
+                # Ended before it was seen in flight: its own error (or answer) says why, not a 60 s timeout.
+                assert not call.done(), f"the request ended before it was seen in flight: {call.result()!r:.300}"
             parent.process.send_signal(signal.SIGTERM)
             assert len(call.result()["data"]) == 64  # finished, not cut
         assert parent.process.wait(timeout=60) == 0
