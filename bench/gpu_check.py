@@ -55,7 +55,8 @@ from bouquet.config import CudaGraphConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionBackend, AttentionShape
-from bouquet.layers.attention_backends.selection import GPU_BACKENDS, BackendTable, load_backends, measure_timings
+from bouquet.layers.attention_backends.selection import GPU_BACKENDS, BackendTable, load_backends
+from bouquet.layers.attention_backends.timing import measure_timings
 from bouquet.layers.linear import Linear
 
 ROOT = Path(__file__).resolve().parent.parent

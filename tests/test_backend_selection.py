@@ -18,12 +18,8 @@ from bouquet.layers.attention_backends import AttentionShape, BackendUnavailable
 from bouquet.layers.attention_backends.flash_attn import FlashAttnBackend, load_varlen_func
 from bouquet.layers.attention_backends.flashinfer import FlashInferBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
-from bouquet.layers.attention_backends.selection import (
-    AutoBackend,
-    BackendTable,
-    load_backends,
-    measure_timings,
-)
+from bouquet.layers.attention_backends.selection import AutoBackend, BackendTable, load_backends
+from bouquet.layers.attention_backends.timing import measure_timings
 from bouquet.layers.context import ForwardContext
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, causal=False, dtype=torch.float32)

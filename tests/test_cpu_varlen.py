@@ -15,6 +15,7 @@ from conftest import embed_ids, packed_context, per_sequence_attention, row_cosi
 from corpus import parity_texts
 
 from bouquet.config import EngineConfig
+from bouquet.cpu_features import cpu_features
 from bouquet.engine.engine import Engine
 from bouquet.kernels import build
 from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
@@ -36,9 +37,22 @@ def _run(backend, q, k, v, seq_lens, causal, scale=None):
     return backend.forward(q, k, v, packed_context(backend, seq_lens), causal, scale or q.shape[-1] ** -0.5)
 
 
-@pytest.fixture(scope="module")
-def backend() -> CpuVarlenBackend:
-    return CpuVarlenBackend()
+# Every vector code this CPU runs (an AVX-512 machine runs all three): each is checked as the CPUs that have
+# only it would run it.
+ISAS = [isa for isa in cpu_varlen.ISA_LEVELS if cpu_varlen.kernel_isa(isa) == isa]
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def backend(request) -> CpuVarlenBackend:
+    return CpuVarlenBackend(isa=request.param)
+
+
+def test_the_kernel_runs_the_isa_it_is_told_capped_at_the_cpus() -> None:
+    assert "baseline" in ISAS
+    assert cpu_varlen.kernel_isa() == cpu_varlen.kernel_isa(cpu_features().isa)
+    for isa in cpu_varlen.ISA_LEVELS:
+        assert CpuVarlenBackend(isa=isa).isa == cpu_varlen.kernel_isa(isa)
+    assert not CpuVarlenBackend(bf16_dot=True, isa="avx2").bf16_dot  # the dot products are AVX-512 code
 
 
 @pytest.mark.parametrize("seq_lens", SEQ_LENS.values(), ids=SEQ_LENS.keys())
@@ -55,12 +69,13 @@ def test_float32_matches_per_sequence_sdpa(backend, seq_lens, causal, heads, kv_
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_bfloat16_widened_is_float32_math_rounded_once(causal) -> None:
+def test_bfloat16_widened_is_float32_math_rounded_once(causal, isa) -> None:
     torch.manual_seed(1)
     seq_lens = SEQ_LENS["mixed"]
     q, k, v = (torch.randn(sum(seq_lens), 12, 32).bfloat16() for _ in range(3))
-    out = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, causal)
+    out = _run(CpuVarlenBackend(bf16_dot=False, isa=isa), q, k, v, seq_lens, causal)
     assert out.dtype == torch.bfloat16
     expected = per_sequence_attention(q, k, v, seq_lens, causal, 32**-0.5)
     # Only the output's rounding to bfloat16 differs from float32 math on the same inputs: half an ulp, plus
@@ -238,7 +253,7 @@ def test_generic_build_matches_the_x86_one(tmp_path) -> None:
         status = library.bouquet_varlen_attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(), len(seq_lens), 4, 2,
             64, q.stride(0), k.stride(0), v.stride(0), out.stride(0), 64**-0.5, 1, int(dtype == torch.bfloat16), 0,
-            -1, -1,
+            -1, -1, cpu_varlen.ISA_LEVELS["avx512"],
         )  # fmt: skip
         assert status == 0
         expected = _run(CpuVarlenBackend(bf16_dot=False), q, k, v, seq_lens, True)
@@ -247,9 +262,9 @@ def test_generic_build_matches_the_x86_one(tmp_path) -> None:
         torch.testing.assert_close(out, expected, atol=1e-5 if bf16 else 1e-6, rtol=2**-7 if bf16 else 1e-5)
 
 
-def test_auto_on_the_cpu_picks_cpu_varlen_and_falls_back_to_sdpa(monkeypatch, caplog) -> None:
+def test_auto_on_the_cpu_falls_back_to_sdpa_where_cpu_varlen_cannot_run(monkeypatch, caplog, tmp_path) -> None:
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path))
     cpu = torch.device("cpu")
-    assert isinstance(create_auto_backend(cpu, AttentionShape(4, 2, 16, True, torch.float32)), CpuVarlenBackend)
     assert isinstance(create_auto_backend(cpu, AttentionShape(4, 2, 24, True, torch.float32)), SdpaBackend)
 
     def unavailable() -> None:
@@ -276,11 +291,14 @@ def test_unavailable_kernel_makes_the_backend_unavailable(monkeypatch) -> None:
         cpu_varlen._kernel.cache_clear()
 
 
-def test_minilm_on_sdpa_and_cpu_varlen_agree(minilm_path, minilm_tokenizer, minilm_fp32) -> None:
-    assert minilm_fp32.attn_backend.name == "cpu_varlen"  # the default on the CPU
-    sdpa = Engine(EngineConfig(model_path=minilm_path, device="cpu", dtype="float32", attention_backend="sdpa"))
+def test_minilm_on_sdpa_and_cpu_varlen_agree(minilm_path, minilm_tokenizer) -> None:
+    engines = [
+        Engine(EngineConfig(model_path=minilm_path, device="cpu", dtype="float32", attention_backend=name))
+        for name in ("cpu_varlen", "sdpa")
+    ]
     try:
         ids = minilm_tokenizer.encode(parity_texts()[::3])
-        assert row_cosines(embed_ids(minilm_fp32, ids), embed_ids(sdpa, ids)).min() >= 0.999999
+        assert row_cosines(embed_ids(engines[0], ids), embed_ids(engines[1], ids)).min() >= 0.999999
     finally:
-        sdpa.close()
+        for engine in engines:
+            engine.close()

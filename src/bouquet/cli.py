@@ -62,13 +62,23 @@ def _option(flag: str, help: str, **kwargs: Any) -> Option:
 ENGINE_OPTIONS = (
     _option("--model", "local model directory (default: the bundled all-MiniLM-L6-v2)"),
     _option("--device", "default: cuda where available", default="auto", choices=["auto", *DEVICES]),
-    _option("--dtype", "default: float32 on the CPU, bfloat16 on a GPU", default="auto", choices=["auto", *DTYPES]),
+    _option(
+        "--dtype",
+        "default auto: bfloat16 on a GPU and on a CPU with native bfloat16 (avx512_bf16 or AMX), else float32",
+        default="auto",
+        choices=["auto", *DTYPES],
+    ),
     _option(
         "--attention-backend",
-        "auto (default: cpu_varlen on the CPU, per-length fastest on a GPU), cpu_varlen, sdpa, flash_attn, flashinfer",
+        "auto (default: the fastest per sequence length, measured at start-up and cached), cpu_varlen, sdpa, "
+        "flash_attn, flashinfer",
         default="auto",
     ),
-    _option("--attention-table", "GPU, auto backend: bench/gpu_check.py's table (default: measured)", type=Path),
+    _option(
+        "--attention-table",
+        "auto backend: a per-length table (bench/gpu_check.py's, or a CPU one from the cache; default: measured)",
+        type=Path,
+    ),
     _option("--cuda-graphs", "GPU: whole-model CUDA graphs (default: on)", action=argparse.BooleanOptionalAction),
     _option("--num-threads", "intra-op threads in all (default: the cores, or $OMP_NUM_THREADS)", type=int),
     _option("--cpu-workers", "CPU: steps at once, each on a share of the threads (default: 2 if 2+ threads)", type=int),

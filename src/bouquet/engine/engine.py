@@ -12,6 +12,7 @@ from torch import nn
 
 from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
+from bouquet.cpu_features import AVX512, cpu_features
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
@@ -52,8 +53,23 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
             module.to(dtype)
     model = model.to(device).eval()
     if device.type == "cpu":
+        warn_if_slow_bf16(dtype)
         prepack_cpu_linears(model)
     return model
+
+
+def warn_if_slow_bf16(dtype: torch.dtype) -> None:
+    """bfloat16 runs on every x86-64 CPU, but only AVX512-BF16 or AMX make it faster than float32: say so once."""
+    features = cpu_features()
+    if dtype != torch.bfloat16 or features.fast_bf16:
+        return
+    if features.packed_bf16:
+        how = f"oneDNN emulates bfloat16 products here (it lacks {', '.join(features.missing('avx512_bf16'))})"
+    else:
+        lacking = features.missing(*AVX512)
+        needs = f"{', '.join(lacking)}, or avx_ne_convert"
+        how = f"its matrix products run unpacked, through ATen (oneDNN's bfloat16 needs {needs})"
+    logger.warning("--dtype bfloat16 on %s: %s; float32 is faster on this CPU", features.describe(), how)
 
 
 def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pooler:
@@ -108,10 +124,10 @@ class Engine:
         self.num_threads = torch.get_num_threads()  # intra-op threads in all, shared out among the workers
         if self.device.type == "cpu" and config.cpu_token_buckets:
             reserve_primitive_cache()
+        self.workers, self.threads_per_worker = self._split_threads()
         # On a thread of its own so that the caller's thread starts no OpenMP helpers (engine/cpu_threads.py).
         self.runner = on_passing_thread(self._load)
         self.model, self.pooler = self.runner.model, self.runner.pooler
-        self.workers, self.threads_per_worker = self._split_threads()
         self._step_threads = self._create_step_threads()
         self._workers = self._start_workers()
         try:
@@ -262,7 +278,9 @@ class Engine:
     def _create_backend(self, model: nn.Module) -> AttentionBackend:
         shape = attention_shape(model, getattr(torch, self.config.dtype))
         if self.config.attention_backend == "auto":
-            backend = create_auto_backend(self.device, shape, self.config.attention_table)
+            max_seq_length = min(self.spec.max_seq_length, model.max_seq_length)
+            table = self.config.attention_table
+            backend = create_auto_backend(self.device, shape, table, max_seq_length, self.threads_per_worker)
         else:
             backend = create_attention_backend(self.config.attention_backend)
         backend.bind(shape)

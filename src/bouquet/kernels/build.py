@@ -65,25 +65,38 @@ def build_kernel(name: str) -> Path:
     """The shared library for `kernels/<name>.c`, compiled now unless this machine has built it already. Every
     failure (no compiler, a failed or hung compile, an unwritable cache) is a KernelBuildError."""
     source = resources.files("bouquet.kernels").joinpath(f"{name}.c").read_bytes()
+    headers = _headers(name)
     compiler = find_compiler()
     # A home directory shared between machines of different architectures must not share builds.
-    parts = [source, " ".join(CFLAGS).encode(), " ".join(compiler).encode(), _compiler_version(compiler)]
+    parts = [source, *headers.values(), " ".join(CFLAGS).encode(), " ".join(compiler).encode()]
+    parts.append(_compiler_version(compiler))
     key = hashlib.sha256(b"\0".join([*parts, platform.machine().encode()])).hexdigest()
     target = cache_dir() / f"{name}-{key[:16]}.so"
     if target.exists():
         return target
     try:
-        _compile(name, source, compiler, target)
+        _compile(name, source, headers, compiler, target)
     except (OSError, subprocess.SubprocessError) as error:
         raise KernelBuildError(f"building {name}.c into {target.parent} failed: {error}") from error
     logger.info("compiled kernel %s into %s", name, target)
     return target
 
 
-def _compile(name: str, source: bytes, compiler: list[str], target: Path) -> None:
+def _headers(name: str) -> dict[str, bytes]:
+    """The kernel's own headers, `kernels/<name>_*.h`, by file name: compiled beside it and part of its hash."""
+    files = resources.files("bouquet.kernels").iterdir()
+    found = {
+        file.name: file.read_bytes() for file in files if file.name.startswith(f"{name}_") and file.name.endswith(".h")
+    }
+    return dict(sorted(found.items()))
+
+
+def _compile(name: str, source: bytes, headers: dict[str, bytes], compiler: list[str], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Compiled under a temporary name and renamed: replicas starting together never load a half-written file.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        for header, text in headers.items():
+            (Path(scratch) / header).write_bytes(text)
         source_path = Path(scratch) / f"{name}.c"
         source_path.write_bytes(source)
         output = Path(scratch) / target.name

@@ -13,8 +13,9 @@
 //
 // OpenMP: the caller links it against the runtime torch already loaded (same soname, libgomp.so.1), so each
 // engine thread's team size, set through torch, applies here too.
-// x86-64 gets per-CPU clones and the AVX512-BF16 path; elsewhere (or with -DBOUQUET_GENERIC, to test that
-// build here) the same vector code is compiled for the baseline only.
+// x86-64 gets AVX2 and AVX-512 builds of the vector code and the AVX512-BF16 path, the caller choosing which
+// (`isa`); elsewhere (or with -DBOUQUET_GENERIC, to test that build here) the vector code is compiled for the
+// baseline only.
 #if defined(__x86_64__) && !defined(BOUQUET_GENERIC)
 #define BOUQUET_X86 1
 #else
@@ -22,10 +23,11 @@
 #endif
 #if BOUQUET_X86
 #include <immintrin.h>
-// The hot loops compiled for AVX-512 and AVX2 besides the baseline, picked at load time (an ifunc).
-#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), noinline))
-#else
-#define VECTOR_CLONES __attribute__((noinline))
+// The hot loops compiled for AVX-512 and AVX2 besides the baseline; the caller names the widest it may use
+// (`isa`: bouquet's CPU probe, so a test can force the AVX2 code on an AVX-512 machine), capped here at what
+// the CPU has.
+#define AVX2_TARGET __attribute__((target("avx2,fma,bmi,bmi2"), noinline))
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi,bmi2"), noinline))
 #endif
 #include <math.h>
 #include <omp.h>
@@ -33,12 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64), aligned(64)));
-typedef float v16f_u __attribute__((vector_size(64), aligned(4)));
-typedef int32_t v16i __attribute__((vector_size(64), aligned(64)));
-
 #define INLINE static inline __attribute__((always_inline))
-enum { ROWS = 8, LANES = 16 };
+enum { ROWS = 8, LANES = 16 };  // a tile's query rows; LANES: the AVX-512 width the bfloat16 path works in
 
 INLINE int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -48,38 +46,6 @@ INLINE uint16_t f32_to_bf16(float value) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);  // NaN stays NaN
     bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
     return (uint16_t)(bits >> 16);
-}
-
-INLINE v16f vmax(v16f a, v16f b) {
-    const v16i a_wins = a > b;
-    return (v16f)(((v16i)a & a_wins) | ((v16i)b & ~a_wins));
-}
-
-typedef uint16_t v16h_u __attribute__((vector_size(32), aligned(2)));
-
-// 16 consecutive values from `base` (float32, or bfloat16 widened: its bits are a float32's upper half).
-INLINE v16f load16(const void* base, int64_t index, int bf16) {
-    if (!bf16) return *(const v16f_u*)((const float*)base + index);
-    const v16h_u half = *(const v16h_u*)((const uint16_t*)base + index);
-    return (v16f)(__builtin_convertvector(half, v16i) << 16);
-}
-
-// exp(x) for x <= 0 (scores less their row's maximum): 2^n * p(r), Cephes' polynomial; x < -87 gives 0.
-INLINE v16f exp_nonpositive(v16f x) {
-    v16i dead = x < -87.0f;
-    x = (v16f)((v16i)x & ~dead);
-    v16i n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v16i);  // ceil: |x log2(e) - n| <= 1/2
-    v16f nf = __builtin_convertvector(n, v16f);
-    v16f r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-    v16f p = (v16f){} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    v16f scale = (v16f)((n + 127) << 23);
-    return (v16f)((v16i)(p * scale) & ~dead);
 }
 
 typedef struct {
@@ -94,147 +60,78 @@ typedef struct {
 
 typedef struct {
     float *kt, *vv, *qt, *s;  // K^T [D][Lp], V [Lp][D], scaled Q tile [ROWS][D], scores [ROWS][Lp]
-    float* block;             // LANES tokens' keys [LANES][D], on their way into K^T
+    float* block;             // a vector's worth of tokens' keys [LANES][D], on their way into K^T
     uint16_t* pb;             // bfloat16 path: the tile's probabilities [ROWS][Lp] in bfloat16
 } Scratch;
 
-// K^T and V in float32 for one (sequence, kv head). K goes through LANES tokens at a time: rows copied into
-// `block`, then written out transposed. Writing K^T straight from K's rows, each value to a different cache
-// line 4 * Lp bytes apart, made this pack a fifth of the kernel's time (those lines contend for few L1 sets).
-INLINE void pack_kv(const Problem* p, const Scratch* w, int64_t start, int64_t len, int64_t lp, int kv_head) {
-    const int d_count = p->head_dim;
-    for (int64_t jb = 0; jb < lp; jb += LANES) {
-        for (int jj = 0; jj < LANES; jj++) {
-            const int64_t j = jb + jj, token = start + j;
-            for (int c = 0; c < d_count; c += LANES) {
-                v16f key = {}, value = {};  // zeros past the sequence's end pad K^T to Lp
-                if (j < len) {
-                    key = load16(p->k, token * p->k_stride + (int64_t)kv_head * d_count + c, p->bf16);
-                    value = load16(p->v, token * p->v_stride + (int64_t)kv_head * d_count + c, p->bf16);
-                }
-                *(v16f*)(w->block + jj * d_count + c) = key;
-                *(v16f*)(w->vv + j * d_count + c) = value;
-            }
-        }
-        for (int d = 0; d < d_count; d++)
-            for (int jj = 0; jj < LANES; jj++) w->kt[d * lp + jb + jj] = w->block[jj * d_count + d];
-    }
+
+// The vector code once per width (varlen_attention_tiles.h): names end in _16, _8 and _4.
+#define VL 16
+#define V(name) name##_16
+#include "varlen_attention_tiles.h"
+#undef VL
+#undef V
+#define VL 8
+#define V(name) name##_8
+#include "varlen_attention_tiles.h"
+#undef VL
+#undef V
+#define VL 4
+#define V(name) name##_4
+#include "varlen_attention_tiles.h"
+#undef VL
+#undef V
+
+typedef float v16f __attribute__((vector_size(64), aligned(64)));
+typedef uint16_t v16h_u __attribute__((vector_size(32), aligned(2)));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(64)));
+
+// Each ISA's width, and its register blocks (rows a product keeps in registers, see `scores`): with one register
+// a vector, scores hold `block` accumulators beside a key vector and a broadcast; weighted values twice that beside
+// two value vectors. AVX-512 (32 registers) takes the whole tile in both; AVX2 and SSE (16) take 8 and 4.
+typedef void (*AttendFn)(const Problem*, const Scratch*, int64_t, int64_t, int, int);
+
+__attribute__((noinline)) static void attend_baseline(const Problem* p, const Scratch* w, int64_t start, int64_t len,
+                                                      int head, int kv_head) {
+    attend_tiles_4(p, w, start, len, head, kv_head, 8, 4);
 }
 
-INLINE void scores(const Problem* p, const Scratch* w, int64_t lp, int64_t first, int64_t keys_p) {
-    const int d_count = p->head_dim;
-    for (int64_t jb = first; jb < keys_p; jb += LANES) {
-        v16f acc[ROWS] = {};
-        for (int d = 0; d < d_count; d++) {
-            const v16f kv = *(const v16f*)(w->kt + d * lp + jb);
-            for (int r = 0; r < ROWS; r++) acc[r] += w->qt[r * d_count + d] * kv;
-        }
-        for (int r = 0; r < ROWS; r++) *(v16f*)(w->s + r * lp + jb) = acc[r];
-    }
+#if BOUQUET_X86
+AVX2_TARGET static void attend_avx2(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head,
+                                    int kv_head) {
+    attend_tiles_8(p, w, start, len, head, kv_head, 8, 4);
 }
 
-// Row r keeps keys [lo[r], hi[r]); the rest of [first, keys_p) become 0. Returns 1 / sum per row in inv.
-INLINE void softmax(const Scratch* w, int64_t lp, int64_t first, int64_t keys_p, const int64_t* lo,
-                    const int64_t* hi, float* inv) {
-    for (int r = 0; r < ROWS; r++) {
-        float* row = w->s + r * lp;
-        for (int64_t j = first; j < lo[r]; j++) row[j] = -INFINITY;
-        for (int64_t j = hi[r]; j < keys_p; j++) row[j] = -INFINITY;
-        v16f top = (v16f){} - INFINITY;
-        for (int64_t j = first; j < keys_p; j += LANES) {
-            v16f x = *(v16f*)(row + j);
-            top = vmax(x, top);
-        }
-        float m = top[0];
-        for (int l = 1; l < LANES; l++) m = top[l] > m ? top[l] : m;
-        v16f total = {};
-        for (int64_t j = first; j < keys_p; j += LANES) {
-            v16f e = exp_nonpositive(*(v16f*)(row + j) - m);
-            *(v16f*)(row + j) = e;
-            total += e;
-        }
-        float sum = 0.0f;
-        for (int l = 0; l < LANES; l++) sum += total[l];
-        inv[r] = 1.0f / sum;
-    }
+AVX512_TARGET static void attend_avx512(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head,
+                                        int kv_head) {
+    attend_tiles_16(p, w, start, len, head, kv_head, 8, 8);
+}
+#endif
+
+// The widest ISA at most `isa` (0 baseline, 2 AVX2, 4 AVX-512) that this CPU has.
+int bouquet_attention_isa(int32_t isa) {
+#if BOUQUET_X86
+    __builtin_cpu_init();  // idempotent; needed before __builtin_cpu_supports outside the main program
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (isa >= 4 && avx512) return 4;
+    if (isa >= 2 && avx2) return 2;
+#endif
+    (void)isa;
+    return 0;
 }
 
-INLINE void store_row(const Problem* p, int64_t index, v16f value) {
-    if (p->bf16) {
-        uint16_t* dst = (uint16_t*)p->out + index;
-        for (int l = 0; l < LANES; l++) dst[l] = f32_to_bf16(value[l]);
-    } else {
-        *(v16f_u*)((float*)p->out + index) = value;
+static AttendFn attend_for(int32_t isa) {
+#if BOUQUET_X86
+    switch (bouquet_attention_isa(isa)) {
+        case 4: return attend_avx512;
+        case 2: return attend_avx2;
     }
-}
-
-// out rows of the tile = P V / sum, in column blocks of 32 (two vectors) and a last block of 16.
-INLINE void weighted_values(const Problem* p, const Scratch* w, int64_t lp, int64_t first, int64_t keys, int rows,
-                            int64_t out_first, int head, const float* inv) {
-    const int d_count = p->head_dim;
-    int c = 0;
-    for (; c + 2 * LANES <= d_count; c += 2 * LANES) {
-        v16f lo[ROWS] = {}, hi[ROWS] = {};
-        for (int64_t j = first; j < keys; j++) {
-            const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
-            const v16f v1 = *(const v16f*)(w->vv + j * d_count + c + LANES);
-            for (int r = 0; r < ROWS; r++) {
-                const float pr = w->s[r * lp + j];
-                lo[r] += pr * v0;
-                hi[r] += pr * v1;
-            }
-        }
-        for (int r = 0; r < rows; r++) {
-            const int64_t base = (out_first + r) * p->out_stride + (int64_t)head * d_count + c;
-            store_row(p, base, lo[r] * inv[r]);
-            store_row(p, base + LANES, hi[r] * inv[r]);
-        }
-    }
-    for (; c < d_count; c += LANES) {
-        v16f acc[ROWS] = {};
-        for (int64_t j = first; j < keys; j++) {
-            const v16f v0 = *(const v16f*)(w->vv + j * d_count + c);
-            for (int r = 0; r < ROWS; r++) acc[r] += w->s[r * lp + j] * v0;
-        }
-        for (int r = 0; r < rows; r++)
-            store_row(p, (out_first + r) * p->out_stride + (int64_t)head * d_count + c, acc[r] * inv[r]);
-    }
-}
-
-// The keys a tile of `rows` queries from i0 sees: [*first, returned end), *first a multiple of LANES, so a
-// sliding window costs window-sized work. Row r keeps [lo[r], hi[r]): up to itself when causal, within the
-// window around it. Padding rows past `rows` take the last row's range; their output is never written.
-INLINE int64_t tile_keys(const Problem* p, int64_t i0, int rows, int64_t len, int64_t* first, int64_t* lo,
-                         int64_t* hi) {
-    const int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
-    for (int r = 0; r < ROWS; r++) {
-        const int64_t i = i0 + (r < rows ? r : rows - 1);
-        lo[r] = left >= 0 && i > left ? i - left : 0;
-        hi[r] = right >= 0 && i + right + 1 < len ? i + right + 1 : len;
-    }
-    *first = lo[0] / LANES * LANES;
-    return hi[ROWS - 1];
-}
-
-VECTOR_CLONES static void attend(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head, int kv_head) {
-    const int d_count = p->head_dim;
-    const int64_t lp = round_up(len, LANES);
-    pack_kv(p, w, start, len, lp, kv_head);
-    for (int64_t i0 = 0; i0 < len; i0 += ROWS) {
-        const int rows = len - i0 < ROWS ? (int)(len - i0) : ROWS;
-        for (int r = 0; r < ROWS; r++) {
-            const int64_t qrow = (start + i0 + r) * p->q_stride + (int64_t)head * d_count;
-            for (int c = 0; c < d_count; c += LANES)
-                *(v16f*)(w->qt + r * d_count + c) = r < rows ? load16(p->q, qrow + c, p->bf16) * p->scale : (v16f){};
-        }
-        int64_t first, lo[ROWS], hi[ROWS];
-        const int64_t keys = tile_keys(p, i0, rows, len, &first, lo, hi);
-        const int64_t keys_p = round_up(keys, LANES);
-        float inv[ROWS];
-        scores(p, w, lp, first, keys_p);
-        softmax(w, lp, first, keys_p, lo, hi, inv);
-        weighted_values(p, w, lp, first, keys, rows, start + i0, head, inv);
-    }
+#endif
+    (void)isa;
+    return attend_baseline;
 }
 
 #if BOUQUET_X86
@@ -306,7 +203,7 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
                 *(v16u*)(qt + r * words + c) = r < rows ? *(const v16u_u*)(query + c) : (v16u){};
         }
         int64_t first, lo[ROWS], hi[ROWS];
-        const int64_t keys = tile_keys(p, i0, rows, len, &first, lo, hi);
+        const int64_t keys = tile_keys_16(p, i0, rows, len, &first, lo, hi);
         const int64_t keys_p = round_up(keys, LANES);
         for (int64_t jb = first; jb < keys_p; jb += LANES) {
             __m512 acc[ROWS];
@@ -314,7 +211,7 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
             for (int r = 0; r < ROWS; r++) _mm512_store_ps(w->s + r * lp + jb, acc[r] * p->scale);
         }
         float inv[ROWS];
-        softmax(w, lp, first, keys_p, lo, hi, inv);
+        softmax_16(w, lp, first, keys_p, lo, hi, inv);
         for (int r = 0; r < ROWS; r++)
             for (int64_t j = first; j < keys_p; j += LANES)
                 _mm256_store_si256((__m256i*)(w->pb + r * lp + j), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(w->s + r * lp + j)));
@@ -323,7 +220,7 @@ BF16_TARGET static void attend_pairs(const Problem* p, const Scratch* w, int64_t
             __m512 acc[ROWS];
             pair_dots(acc, pb + pair0, lp / 2, vv + pair0 * d_count + c, d_count, pairs);  // columns c.. of each row
             for (int r = 0; r < rows; r++)
-                store_row(p, (start + i0 + r) * p->out_stride + (int64_t)head * d_count + c, (v16f)acc[r] * inv[r]);
+                store_row_16(p, (start + i0 + r) * p->out_stride + (int64_t)head * d_count + c, (v16f)acc[r] * inv[r]);
         }
     }
 }
@@ -343,7 +240,7 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
                               int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
                               int64_t q_stride, int64_t k_stride, int64_t v_stride, int64_t out_stride,
                               float scale, int32_t causal, int32_t bf16, int32_t bf16_dot, int64_t window_left,
-                              int64_t window_right) {
+                              int64_t window_right, int32_t isa) {
     const Problem problem = {q,          k,     v,      out,  q_stride,    k_stride,    v_stride,
                              out_stride, head_dim, scale, causal, bf16, window_left, window_right};
     int64_t max_len = 0;
@@ -357,8 +254,10 @@ int bouquet_varlen_attention(const void* q, const void* k, const void* v, void* 
     // The pairs path moves keys and queries 32 bfloat16 (one vector of 32-bit words) at a time, so their rows
     // must start on 4-byte boundaries.
     const int word_aligned = !(((uintptr_t)q | (uintptr_t)k) & 3) && !((q_stride | k_stride) & 1);
-    const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && word_aligned && bouquet_has_bf16_dot();
+    const int pairs = bf16 && bf16_dot && head_dim % 32 == 0 && word_aligned && bouquet_has_bf16_dot() &&
+                      bouquet_attention_isa(isa) == 4;
     (void)pairs;  // the generic build has only the widened path
+    const AttendFn attend = attend_for(isa);
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {

@@ -3,7 +3,9 @@
 On the CPU each weight is reordered once, at load, into oneDNN's blocked layout (`prepack_cpu_linears`).
 Without that, every call reorders the weight again: a small batch (one query) pays mostly for the reorder,
 and a large float32 batch runs through MKL's sgemm, about 25% slower here than oneDNN on the packed weight
-(docs/benchmarks.md has the measurements).
+(docs/benchmarks.md has the measurements). oneDNN runs bfloat16 only on CPUs with AVX-512 BW/VL/DQ or
+AVX-NE-CONVERT (torch refuses to reorder otherwise): elsewhere bfloat16 weights stay unpacked, through ATen's
+plain product.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bouquet.cpu_features import cpu_features
 from bouquet.layers.activation import get_activation
 
 # oneDNN's linear with a fused pointwise epilogue: the activation is applied while the output tile is
@@ -42,7 +45,7 @@ class Linear(nn.Linear):
         x = x.to(self.weight.dtype)
         if self.packed_weight is not None and x.device.type == "cpu" and not x.requires_grad:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, *epilogue)
-        if epilogue is not _NO_EPILOGUE and _HAS_ONEDNN_LINEAR and x.device.type == "cpu" and not x.requires_grad:
+        if epilogue is not _NO_EPILOGUE and onednn_runs(self.weight) and not x.requires_grad:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, *epilogue)
         return F.linear(x, self.weight, self.bias)
 
@@ -56,15 +59,21 @@ class LinearActivation(Linear):
         self.epilogue = _ONEDNN_EPILOGUES.get(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.epilogue is not None:
+        if self.epilogue is not None and (self.packed_weight is not None or onednn_runs(self.weight)):
             return self._linear(x, self.epilogue)
         return self.activation(self._linear(x, _NO_EPILOGUE))
 
 
+def onednn_runs(weight: torch.Tensor) -> bool:
+    """Whether oneDNN's linear takes this CPU weight: float32 wherever torch has oneDNN, bfloat16 only on CPUs
+    whose features allow it (cpu_features.py)."""
+    if not _HAS_ONEDNN_LINEAR or weight.device.type != "cpu":
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and cpu_features().packed_bf16)
+
+
 def prepack_cpu_linears(model: nn.Module) -> None:
-    """Reorders every Linear's weight for oneDNN once; a no-op where torch has no oneDNN."""
-    if not _HAS_ONEDNN_LINEAR:
-        return
+    """Reorders every Linear's weight for oneDNN once; a no-op where oneDNN does not take the weight's dtype."""
     for module in model.modules():
-        if isinstance(module, Linear) and module.weight.device.type == "cpu":
+        if isinstance(module, Linear) and onednn_runs(module.weight):
             module.prepack()

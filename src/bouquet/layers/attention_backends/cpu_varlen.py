@@ -16,11 +16,13 @@ from typing import ClassVar
 
 import torch
 
+from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape, BackendUnavailableError
 from bouquet.layers.context import ForwardContext
 
 DTYPES = (torch.float32, torch.bfloat16)
+ISA_LEVELS = {"avx512": 4, "avx2": 2, "baseline": 0}  # the kernel's `isa` argument
 HEAD_DIM_MULTIPLE = 16  # one vector of float32 lanes
 
 
@@ -46,31 +48,40 @@ def _kernel() -> ctypes._CFuncPtr:
         ctypes.c_int32,  # bfloat16 (else float32)
         ctypes.c_int32,  # bfloat16 by dot products where the CPU has them (AVX512-BF16)
         *[ctypes.c_int64] * 2,  # sliding window: keys before and after each query (-1: unbounded)
+        ctypes.c_int32,  # the widest vector code to use: ISA_LEVELS' value, capped by the kernel at the CPU's
     ]
     return function
 
 
-@functools.cache
 def has_bf16_dot() -> bool:
-    """Whether this CPU runs bfloat16 attention by dot products (AVX512-BF16), not widened to float32."""
-    return bool(_library().bouquet_has_bf16_dot())
+    """Whether this CPU runs bfloat16 attention by dot products (AVX512-BF16), not widened to float32: the
+    CPU has it and the feature probe allows it."""
+    return bool(_library().bouquet_has_bf16_dot()) and cpu_features().has("avx512_bf16") and kernel_isa() == "avx512"
+
+
+def kernel_isa(isa: str | None = None) -> str:
+    """The vector code the kernel runs for `isa` (default: the probe's), capped at what the CPU has."""
+    level = _library().bouquet_attention_isa(ISA_LEVELS[isa or cpu_features().isa])
+    return next(name for name, value in ISA_LEVELS.items() if value == level)
 
 
 class CpuVarlenBackend(AttentionBackend):
     """`bf16_dot`: bfloat16 inputs take the dot-product path where the CPU has AVX512-BF16 (QK^T and PV about
     twice as fast; the probabilities are rounded to bfloat16 for PV, as in ATen's bfloat16 attention). False
-    widens everything to float32 first, the path CPUs without it take."""
+    widens everything to float32 first, the path CPUs without it take. `isa`: the widest vector code to run
+    ("avx512", "avx2", "baseline"; default the CPU probe's, cpu_features.py), so a test forces AVX2's here."""
 
     name: ClassVar[str] = "cpu_varlen"
     # A windowed layer costs window-sized work: each query tile reads only the keys its rows may see.
     supports_sliding_window: ClassVar[bool] = True
 
-    def __init__(self, bf16_dot: bool = True) -> None:
-        self.bf16_dot = bf16_dot
+    def __init__(self, bf16_dot: bool = True, isa: str | None = None) -> None:
         try:
             self._attention = _kernel()
         except KernelBuildError as error:
             raise BackendUnavailableError(f"cpu_varlen needs its C kernel: {error}") from error
+        self.isa = kernel_isa(isa)
+        self.bf16_dot = bf16_dot and has_bf16_dot() and self.isa == "avx512"
 
     def bind(self, shape: AttentionShape) -> None:
         if not self.can_run(shape):
@@ -119,6 +130,7 @@ class CpuVarlenBackend(AttentionBackend):
             len(cu_seqlens) - 1, num_heads, kv_heads, head_dim,
             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
             scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot), *(window or (-1, -1)),
+            ISA_LEVELS[self.isa],
         )  # fmt: skip
         if failed:
             raise MemoryError("cpu_varlen: the kernel could not allocate its scratch buffers")

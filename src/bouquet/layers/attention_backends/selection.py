@@ -1,9 +1,9 @@
 """The `auto` attention backend: per max-sequence-length bucket, the backend measured fastest on this device.
 
-The table comes from a JSON file bench/gpu_check.py writes, or is measured at start-up on the model's own
-attention shape; either way the choice is logged. On the CPU `auto` is cpu_varlen, whose attention was faster
-than SDPA's in every case measured (docs/benchmarks.md), or SDPA where it cannot run (no C compiler, float16,
-or a head_dim that is not a multiple of 16).
+The table comes from a JSON file (`--attention-table`: bench/gpu_check.py's on a GPU, a cached one on the CPU),
+or is measured at start-up on the model's own attention shape (timing.py; on the CPU cached per machine and
+shape); either way the choice is logged. On the CPU the candidates are cpu_varlen (where it can run: a C
+compiler, float32 or bfloat16, head_dim a multiple of 16, no position bias) and SDPA.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import bisect
 import json
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -23,8 +23,18 @@ from bouquet.layers.attention_backends import AttentionBackend, AttentionShape, 
 from bouquet.layers.attention_backends.base import BackendUnavailableError, describe_needs
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.attention_backends.sdpa import SdpaBackend
+from bouquet.layers.attention_backends.timing import (
+    CPU_BATCH_TOKENS,
+    CPU_MAX_MEASURED_LENGTH,
+    cpu_cache_path,
+    cpu_lengths,
+    measure_timings,
+    read_cached_timings,
+    write_cached_table,
+)
 from bouquet.layers.context import ForwardContext
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 GPU_BACKENDS = ("flash_attn", "flashinfer", "sdpa")
@@ -127,52 +137,20 @@ def load_backends(names: tuple[str, ...]) -> tuple[dict[str, AttentionBackend], 
     return loaded, missing
 
 
-def time_backend(
-    backend: AttentionBackend, shape: AttentionShape, seq_len: int, device: torch.device, batch_tokens: int = 8192
-) -> float:
-    """Seconds per call on max(1, batch_tokens // seq_len) sequences of `seq_len` tokens (median of 5)."""
-    num_seqs = max(1, batch_tokens // seq_len)
-    total = num_seqs * seq_len
-    q = torch.randn(total, shape.num_heads, shape.head_dim, device=device, dtype=shape.dtype)
-    k = torch.randn(total, shape.num_kv_heads, shape.head_dim, device=device, dtype=shape.dtype)
-    v = torch.randn_like(k)
-    cu_seqlens = torch.arange(0, total + 1, seq_len, dtype=torch.int32, device=device)
-    ctx = ForwardContext(cu_seqlens, seq_len, [seq_len] * num_seqs)
-    ctx.attn_metadata = backend.prepare(ctx)
-    times = []
-    for _ in range(6):  # the first call compiles or warms up and is dropped
-        _synchronize(device)
-        start = time.perf_counter()
-        backend.forward(q, k, v, ctx, shape.causal, shape.scale)
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
-    return sorted(times[1:])[2]
-
-
-def measure_timings(
-    backends: dict[str, AttentionBackend], shape: AttentionShape, device: torch.device, lengths: tuple[int, ...]
-) -> dict[int, dict[str, float]]:
-    """Seconds per call, per length and backend; a backend that fails at a length is left out there."""
-    timings: dict[int, dict[str, float]] = {}
-    for length in lengths:
-        timings[length] = {}
-        for name, backend in backends.items():
-            backend.bind(shape)
-            try:
-                timings[length][name] = time_backend(backend, shape, length, device)
-            except Exception as error:  # e.g. a kernel without this head size or GPU generation
-                logger.warning("attention backend %s failed at %d tokens: %s", name, length, error)
-    return timings
-
-
 def create_auto_backend(
-    device: torch.device, shape: AttentionShape, table_path: Path | None = None
+    device: torch.device,
+    shape: AttentionShape,
+    table_path: Path | None = None,
+    max_seq_length: int = CPU_MAX_MEASURED_LENGTH,
+    threads: int = 1,
 ) -> AttentionBackend:
-    """cpu_varlen (else SDPA) on the CPU; on a GPU, the table's (or a freshly measured table's) backend per
-    length."""
+    """The table's backend per length: from `table_path`, else (CPU) this machine's cached table, else measured
+    now. On the CPU the timings run on `threads` intra-op threads (an engine worker's share) at the buckets up
+    to `max_seq_length`."""
     if device.type == "cpu":
-        return _cpu_backend(shape)
-    backends, missing = load_backends(GPU_BACKENDS)
+        backends, missing = _cpu_backends(shape)
+    else:
+        backends, missing = load_backends(GPU_BACKENDS)
     for name, backend in list(backends.items()):
         if not backend.can_run(shape):
             missing[name] = f"cannot run {describe_needs(shape)}"
@@ -180,31 +158,69 @@ def create_auto_backend(
     for name, reason in missing.items():
         logger.info("attention auto: %s not available: %s", name, reason)
     if table_path is not None:
-        table = BackendTable.load(table_path).restricted_to(set(backends), SdpaBackend.name)
+        table, source = BackendTable.load(table_path).restricted_to(set(backends), SdpaBackend.name), str(table_path)
+        timings = {}
+    elif device.type == "cpu" and len(backends) > 1:
+        table, timings, source = _cpu_table(backends, shape, max_seq_length, threads)
+    elif len(backends) == 1:
+        table, timings, source = BackendTable(((max_seq_length, next(iter(backends))),)), {}, "the only one"
     else:
-        table = BackendTable.from_timings(measure_timings(backends, shape, device, MEASURED_LENGTHS))
-    logger.info("attention auto: %s", ", ".join(f"<={bound}: {name}" for bound, name in table.rows))
+        timings = measure_timings(backends, shape, device, MEASURED_LENGTHS)
+        table, source = BackendTable.from_timings(timings), "measured"
+    logger.info("attention auto (%s): %s", source, describe_table(table, timings))
     used = {name for _, name in table.rows}
+    if len(used) == 1:  # one backend at every length: no dispatch per batch
+        return backends[used.pop()]
     return AutoBackend({name: backends[name] for name in used}, table)
 
 
-def _cpu_backend(shape: AttentionShape) -> AttentionBackend:
-    if not cpu_varlen.supports(shape):
-        logger.info(
-            "attention auto: sdpa (cpu_varlen needs float32 or bfloat16, head_dim a multiple of 16 and no position "
-            "bias)"
+def describe_table(table: BackendTable, timings: dict[int, dict[str, float]]) -> str:
+    """Each row's choice, with every backend's milliseconds where they were measured."""
+
+    def row(bound: int, name: str) -> str:
+        times = timings.get(bound, {})
+        shown = ", ".join(
+            f"{other} {seconds * 1e3:.3g} ms" for other, seconds in sorted(times.items(), key=lambda kv: kv[1])
         )
-        return SdpaBackend()
+        return f"<={bound}: {name}" + (f" ({shown})" if shown else "")
+
+    return "; ".join(row(bound, name) for bound, name in table.rows)
+
+
+def _cpu_table(
+    backends: dict[str, AttentionBackend], shape: AttentionShape, max_seq_length: int, threads: int
+) -> tuple[BackendTable, dict[int, dict[str, float]], str]:
+    lengths = cpu_lengths(max_seq_length)
+    path = cpu_cache_path(shape, lengths, threads, sorted(backends))
+    timings = read_cached_timings(path)
+    if timings is not None:
+        return BackendTable.from_timings(timings), timings, f"cached in {path}"
+    began = time.perf_counter()
+    cpu = torch.device("cpu")
+    timings = _with_threads(threads, lambda: measure_timings(backends, shape, cpu, lengths, CPU_BATCH_TOKENS, True))
+    table = BackendTable.from_timings(timings)
+    write_cached_table(path, table.to_json(), timings)
+    source = f"measured in {time.perf_counter() - began:.1f} s on {threads} thread(s), cached in {path}"
+    return table, timings, source
+
+
+def _with_threads(threads: int, work: Callable[[], T]) -> T:
+    """`work` with this thread's intra-op count at `threads`, then the count as it was."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        backend = CpuVarlenBackend()
-    except BackendUnavailableError as error:
-        logger.warning("attention auto: sdpa, as cpu_varlen is unavailable: %s", error)
-        return SdpaBackend()
-    dot = shape.dtype == torch.bfloat16 and cpu_varlen.has_bf16_dot()
-    logger.info("attention auto: cpu_varlen%s", " (bfloat16 by AVX512-BF16 dot products)" if dot else "")
-    return backend
+        return work()
+    finally:
+        torch.set_num_threads(before)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _cpu_backends(shape: AttentionShape) -> tuple[dict[str, AttentionBackend], dict[str, str]]:
+    backends: dict[str, AttentionBackend] = {SdpaBackend.name: SdpaBackend()}
+    if not cpu_varlen.supports(shape):
+        return backends, {"cpu_varlen": "it needs float32 or bfloat16, head_dim a multiple of 16 and no position bias"}
+    try:
+        backends[CpuVarlenBackend.name] = CpuVarlenBackend()
+    except BackendUnavailableError as error:  # no C compiler: said loudly, it costs speed
+        logger.warning("attention auto: cpu_varlen is unavailable, SDPA only: %s", error)
+        return backends, {}
+    return backends, {}
