@@ -30,6 +30,7 @@ from bouquet.config import (
     ReplicaConfig,
     SchedulerConfig,
     ServeConfig,
+    resolve_dtype,
 )
 from bouquet.gateway.testing import children, free_port, start_serve
 
@@ -103,7 +104,7 @@ def test_replica_flags_land_in_their_configs(tmp_path: Path):
 
 def test_flags_not_given_leave_the_configs_defaults(tmp_path: Path):
     args = parse("replica", "--model", str(tmp_path), "--device", "cpu")
-    assert engine_config(args) == EngineConfig(tmp_path, "cpu", "float32")
+    assert engine_config(args) == EngineConfig(tmp_path, "cpu", resolve_dtype("auto", "cpu"))  # the probe's
     assert scheduler_config(args, "cpu") == SchedulerConfig.for_device("cpu")
     assert replica_config(args) == ReplicaConfig()
     assert engine_config(parse("replica", "--cuda-graphs", "--device", "cpu")).cuda_graphs == CudaGraphConfig()

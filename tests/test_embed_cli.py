@@ -34,7 +34,7 @@ def texts() -> list[str]:
 def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_tokenizer) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
-    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--batch-tokens", "512")
+    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--batch-tokens", "512", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     out = np.load(tmp_path / "out.npy")
     assert out.dtype == np.float32 and out.shape == (len(texts), 384)
@@ -46,7 +46,9 @@ def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer
     lines = ["one line", "another line of text", "Ünïcödé ☃"]
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n")
-    result = _run(str(source), "-o", str(tmp_path / "out.npy"), "--no-normalize", "--cpu-workers", "1")
+    result = _run(
+        str(source), "-o", str(tmp_path / "out.npy"), "--no-normalize", "--cpu-workers", "1", "--dtype", "float32"
+    )
     assert result.returncode == 0, result.stderr
     expected = embed_ids(minilm_fp32, minilm_tokenizer.encode(lines), normalize=False)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4, atol=1e-5)
