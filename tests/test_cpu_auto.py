@@ -25,14 +25,25 @@ def own_cache(monkeypatch, tmp_path) -> None:
 
 
 def fake_timings(monkeypatch, calls: list[tuple[str, int, int]]) -> None:
-    """cpu_varlen faster up to 64 tokens, SDPA above; each call recorded with the thread count it ran on."""
+    """cpu_varlen faster up to 64 tokens, SDPA above; each case recorded with the thread count it ran on."""
 
-    def time_backend(backend, shape, seq_len, device, batch_tokens=8192, mixed=False) -> float:
+    def prepare_call(backend, shape, seq_len, device, batch_tokens=8192, mixed=False):
         calls.append((backend.name, seq_len, torch.get_num_threads()))
         assert batch_tokens == timing.CPU_BATCH_TOKENS and mixed
-        return (1.0 if seq_len <= 64 else 3.0) if backend.name == "cpu_varlen" else 2.0
+        return (backend.name, seq_len)
 
-    monkeypatch.setattr(timing, "time_backend", time_backend)
+    def time_calls(cases, device):
+        return {
+            name: (1.0 if seq_len <= 64 else 3.0) if name == "cpu_varlen" else 2.0
+            for name, (_, seq_len) in cases.items()
+        }
+
+    monkeypatch.setattr(timing, "prepare_call", prepare_call)
+    monkeypatch.setattr(timing, "time_calls", time_calls)
+
+
+def never_timed(monkeypatch, why: str) -> None:
+    monkeypatch.setattr(timing, "prepare_call", lambda *args: pytest.fail(why))
 
 
 def test_cpu_lengths_double_up_to_the_models_limit_and_the_measured_cap() -> None:
@@ -82,7 +93,8 @@ def test_the_cache_is_per_shape_and_thread_count(monkeypatch) -> None:
 
 
 def test_one_backend_at_every_length_is_used_without_dispatch(monkeypatch) -> None:
-    monkeypatch.setattr(timing, "time_backend", lambda backend, *args: 1.0 if backend.name == "sdpa" else 2.0)
+    monkeypatch.setattr(timing, "prepare_call", lambda backend, *args: backend.name)
+    monkeypatch.setattr(timing, "time_calls", lambda cases, device: {n: 1.0 if n == "sdpa" else 2.0 for n in cases})
     assert isinstance(create_auto_backend(CPU, SHAPE, max_seq_length=128), SdpaBackend)
 
 
@@ -99,7 +111,7 @@ def test_a_broken_cache_file_is_measured_again(monkeypatch) -> None:
 
 
 def test_an_attention_table_file_is_used_on_the_cpu_too(monkeypatch, tmp_path, caplog) -> None:
-    monkeypatch.setattr(timing, "time_backend", lambda *args: pytest.fail("a given table is not measured"))
+    never_timed(monkeypatch, "a given table is not measured")
     path = tmp_path / "table.json"
     path.write_text(BackendTable(((64, "sdpa"), (8192, "cpu_varlen"))).to_json())
     with caplog.at_level(logging.INFO):
@@ -111,11 +123,24 @@ def test_an_attention_table_file_is_used_on_the_cpu_too(monkeypatch, tmp_path, c
 
 
 def test_position_bias_leaves_sdpa_alone_unmeasured(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(timing, "time_backend", lambda *args: pytest.fail("one candidate is not measured"))
+    never_timed(monkeypatch, "one candidate is not measured")
     shape = AttentionShape(4, 4, 16, False, torch.float32, position_bias=True)
     with caplog.at_level(logging.INFO):
         assert isinstance(create_auto_backend(CPU, shape), SdpaBackend)
     assert "cpu_varlen not available" in caplog.text
+
+
+def test_calls_are_timed_in_turns_and_a_failing_one_is_left_out(caplog) -> None:
+    order: list[str] = []
+
+    def failing() -> None:
+        order.append("b")
+        raise RuntimeError("no kernel for this head size")
+
+    with caplog.at_level(logging.WARNING):
+        seconds = timing.time_calls({"a": lambda: order.append("a"), "b": failing, "c": lambda: order.append("c")}, CPU)
+    assert set(seconds) == {"a", "c"} and all(value >= 0 for value in seconds.values())
+    assert order[:5] == ["a", "b", "c", "a", "c"] and "no kernel for this head size" in caplog.text
 
 
 def test_real_timings_choose_a_backend_that_runs(caplog) -> None:
