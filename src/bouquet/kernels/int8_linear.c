@@ -1,0 +1,121 @@
+// The two passes around an int8 linear's integer product (layers/int8_linear.py), compiled on first use by
+// kernels/build.py:
+//   bouquet_quantize_rows: float32 activations -> int8, one symmetric scale per row (per token): each row's
+//     largest magnitude maps to `limit`, so one outlier token costs no other token its precision;
+//   bouquet_dequantize: the int32 product -> float32, in place: times the row's scale and the output channel's,
+//     plus the bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row is still in cache.
+// Each is one pass over memory where torch's ops took three to five (abs, amax, divide, round, clamp, cast;
+// cast, multiply, add, activation).
+//
+// OpenMP: linked against the runtime torch already loaded (same soname), so the calling engine thread's team
+// size, set through torch, applies here too. The loops are plain C that GCC vectorizes, cloned for AVX-512,
+// AVX2 and the baseline and dispatched by the CPU at load.
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONED __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONED
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+enum { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3 };
+// Below this many elements a pass runs on the calling thread alone: waking a team costs more than it saves.
+enum { PARALLEL_ELEMENTS = 32768 };
+
+int bouquet_omp_max_threads(void) { return omp_get_max_threads(); }
+
+// 2^x for x in float32's range, by 2^round(x) (exponent bits) times a degree-6 polynomial on [-0.5, 0.5]:
+// relative error under 2e-7, branch-free so that GCC vectorizes the loops that call it.
+INLINE float max_of(float a, float b) { return a > b ? a : b; }  // maxps; fmaxf's NaN rules keep it a call
+INLINE float min_of(float a, float b) { return a < b ? a : b; }
+
+INLINE float exp2_approx(float x) {
+    x = min_of(max_of(x, -126.0f), 126.0f);
+    float k = rintf(x);
+    float r = (x - k) * 0.69314718f;  // 2^(x-k) = e^r, |r| <= ln2 / 2
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
+    union { int32_t bits; float value; } scale = {.bits = ((int32_t)k + 127) << 23};
+    return p * scale.value;
+}
+
+INLINE float exp_approx(float x) { return exp2_approx(x * 1.44269504f); }
+
+// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7, float32's own resolution near 1).
+INLINE float erf_approx(float x) {
+    float a = fabsf(x);
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    float y = 1.0f - poly * exp_approx(-a * a);
+    return copysignf(y, x);
+}
+
+INLINE float tanh_approx(float x) {
+    float e = exp_approx(-2.0f * fabsf(x));  // in (0, 1]: no overflow
+    return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
+INLINE float activate(float v, int activation) {
+    switch (activation) {
+        case ACT_GELU: return 0.5f * v * (1.0f + erf_approx(v * 0.70710678f));
+        case ACT_GELU_TANH: return 0.5f * v * (1.0f + tanh_approx(0.79788456f * (v + 0.044715f * v * v * v)));
+        case ACT_RELU: return max_of(v, 0.0f);
+        default: return v;
+    }
+}
+
+// One row: its largest magnitude maps to `limit`. An all-zero row gets scale 0 and zeros: its products are
+// exactly 0, as in float32.
+CLONED static void quantize_row(const float* x, int64_t cols, float limit, int8_t* q, float* scale) {
+    float absmax = 0.0f;
+#pragma omp simd reduction(max : absmax)
+    for (int64_t c = 0; c < cols; ++c) absmax = max_of(absmax, fabsf(x[c]));
+    float inverse = absmax > 0.0f ? limit / absmax : 0.0f;
+    *scale = absmax / limit;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+        float v = rintf(x[c] * inverse);  // |v| <= limit but for rounding at the largest element
+        v = min_of(max_of(v, -limit), limit);
+        q[c] = (int8_t)(int32_t)v;
+    }
+}
+
+// x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales: [rows].
+void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, float limit, int8_t* q,
+                           float* scales) {
+#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
+    for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * stride, cols, limit, q + r * cols, scales + r);
+}
+
+// `data` holds one row of int32 on entry and of float32 on return, element by element in place (through a
+// may_alias type, so that the compiler knows the two views share memory). Inlined once per activation, so that
+// each loop has no branch in it.
+typedef float aliased_float __attribute__((may_alias));
+INLINE void dequantize_row_with(void* data, int64_t cols, float row_scale, const float* col_scales,
+                                const float* bias, const int activation) {
+    const int32_t* products = (const int32_t*)data;
+    aliased_float* out = (aliased_float*)data;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c)
+        out[c] = activate((float)products[c] * (row_scale * col_scales[c]) + bias[c], activation);
+}
+
+CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, const float* col_scales,
+                                  const float* bias, int activation) {
+    switch (activation) {
+        case ACT_GELU: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_GELU); break;
+        case ACT_GELU_TANH: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_GELU_TANH); break;
+        case ACT_RELU: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_RELU); break;
+        default: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_NONE);
+    }
+}
+
+// data: [rows, cols] int32 in, float32 out (contiguous); row_scales: [rows]; col_scales, bias: [cols].
+void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row_scales, const float* col_scales,
+                        const float* bias, int32_t activation) {
+#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
+    for (int64_t r = 0; r < rows; ++r)
+        dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], col_scales, bias, activation);
+}

@@ -1,0 +1,129 @@
+"""int8 linears on the CPU (`--dtype int8`): weights quantized at load, activations per token at every call.
+
+y = dequantize(int8(x) @ int8(W).T) + b: weights symmetric per output channel (scale = the channel's largest
+magnitude / limit), activations symmetric per row (per token), the product accumulated exactly in int32 by
+oneDNN (`torch._int_mm`), then scaled back to float32 by the row's and the channel's scales, with the bias and
+the layer's activation applied in the same pass (kernels/int8_linear.c). No calibration data: a row's scale
+comes from the row itself, so one outlier token costs no other token its precision.
+
+The weight limit is measured, not assumed (`weight_limit`): CPUs without VNNI multiply int8 pairs with
+`vpmaddubsw`, which saturates the sum of two u8 x s8 products at 32,767, so full-range weights can overflow; 7-bit
+weights (|w| <= 63) cannot, as 2 x 255 x 63 < 32,767 (ONNX Runtime's `reduce_range` makes the same trade).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from bouquet.kernels.build import load_kernel
+from bouquet.kernels.openmp import on_passing_thread
+
+logger = logging.getLogger(__name__)
+
+ACTIVATION_LIMIT = 127.0  # activations use the full symmetric range; -128 never occurs
+FULL_WEIGHT_LIMIT = 127
+REDUCED_WEIGHT_LIMIT = 63
+# The kernel's activation codes, by the names LinearActivation fuses.
+ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A linear's weight in int8: `transposed` [in, out] (the layout `torch._int_mm` multiplies by, a view of the
+    [out, in] rows), with one float32 scale per output channel."""
+
+    transposed: torch.Tensor  # [K, N] int8
+    scales: torch.Tensor  # [N] float32
+    bias: torch.Tensor  # [N] float32 (zeros where the layer has none)
+
+    @property
+    def in_features(self) -> int:
+        return self.transposed.shape[0]
+
+
+def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int) -> Int8Weight:
+    """Per-output-channel symmetric quantization of a [out, in] weight; an all-zero channel keeps scale 0."""
+    weight = weight.detach().float()
+    absmax = weight.abs().amax(dim=1)
+    scales = absmax / limit
+    inverse = torch.where(absmax > 0, limit / absmax, torch.zeros_like(absmax))
+    rows = (weight * inverse[:, None]).round_().clamp_(-limit, limit).to(torch.int8)
+    bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
+    return Int8Weight(rows.t(), scales.contiguous(), bias)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    library = load_kernel("int8_linear")
+    library.bouquet_quantize_rows.restype = None
+    library.bouquet_quantize_rows.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]  # fmt: skip
+    library.bouquet_dequantize.restype = None
+    library.bouquet_dequantize.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3, ctypes.c_int32,
+    ]  # fmt: skip
+    return library
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K] float32 (rows may be strided) -> ([T, K] int8, [T] float32 scales), one symmetric scale a row."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1, "rows of contiguous float32"
+    rows, cols = x.shape
+    q = torch.empty(rows, cols, dtype=torch.int8)
+    scales = torch.empty(rows, dtype=torch.float32)
+    _library().bouquet_quantize_rows(
+        x.data_ptr(), rows, cols, x.stride(0), ACTIVATION_LIMIT, q.data_ptr(), scales.data_ptr()
+    )
+    return q, scales
+
+
+def dequantize(products: torch.Tensor, row_scales: torch.Tensor, weight: Int8Weight, activation: str) -> torch.Tensor:
+    """[T, N] int32 -> [T, N] float32 in the same memory: x_scale[t] * w_scale[n] * product + bias, activated."""
+    rows, cols = products.shape
+    _library().bouquet_dequantize(
+        products.data_ptr(), rows, cols, row_scales.data_ptr(), weight.scales.data_ptr(), weight.bias.data_ptr(),
+        ACTIVATIONS[activation],
+    )  # fmt: skip
+    return products.view(torch.float32)
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -> torch.Tensor:
+    """act(x @ W.T + b) with int8 products: x [..., K] float32 -> [..., N] float32."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+        rows = rows.float().contiguous()
+    q, row_scales = quantize_rows(rows)
+    products = torch._int_mm(q, weight.transposed)
+    return dequantize(products, row_scales, weight, activation).view(*shape[:-1], -1)
+
+
+@functools.cache
+def weight_limit() -> int:
+    """127 where oneDNN's int8 product is exact at full range on this CPU, else 63 (see the module docstring).
+    Measured once per process, on worst-case operands (every pair of products at its largest magnitude)."""
+    limit = on_passing_thread(_measure_weight_limit)
+    if limit != FULL_WEIGHT_LIMIT:
+        logger.warning(
+            "int8: this CPU's int8 products saturate at full-range weights (no VNNI): weights use 7 bits (|w| <= %d)",
+            limit,
+        )
+    return limit
+
+
+def _measure_weight_limit() -> int:
+    torch.set_num_threads(1)
+    depth, width = 64, 32
+    x = torch.full((4, depth), 127, dtype=torch.int8)
+    x[1::2] = -127
+    w = torch.full((width, depth), FULL_WEIGHT_LIMIT, dtype=torch.int8)
+    w[1::2] = -FULL_WEIGHT_LIMIT
+    exact = torch.equal(torch._int_mm(x, w.t()), x.int() @ w.int().t())
+    return FULL_WEIGHT_LIMIT if exact else REDUCED_WEIGHT_LIMIT
