@@ -1,9 +1,10 @@
 // The two passes around an int8 linear's integer product (layers/int8_linear.py), compiled on first use by
 // kernels/build.py:
-//   bouquet_quantize_rows: float32 activations -> int8, one symmetric scale per row (per token): each row's
-//     largest magnitude maps to `limit`, so one outlier token costs no other token its precision;
-//   bouquet_dequantize: the int32 product -> float32, in place: times the row's scale and the output channel's,
-//     plus the bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row is still in cache.
+//   bouquet_quantize_rows: float32 activations -> int8, one scale and zero point per row (per token), so one
+//     outlier token costs no other token its precision;
+//   bouquet_dequantize: the int32 product -> float32, in place: less the row's zero point, times the row's scale
+//     and the output channel's, plus the bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row
+//     is still in cache.
 // Each is one pass over memory where torch's ops took three to five (abs, amax, divide, round, clamp, cast;
 // cast, multiply, add, activation).
 //
@@ -66,56 +67,69 @@ INLINE float activate(float v, int activation) {
     }
 }
 
-// One row: its largest magnitude maps to `limit`. An all-zero row gets scale 0 and zeros: its products are
-// exactly 0, as in float32.
-CLONED static void quantize_row(const float* x, int64_t cols, float limit, int8_t* q, float* scale) {
-    float absmax = 0.0f;
-#pragma omp simd reduction(max : absmax)
-    for (int64_t c = 0; c < cols; ++c) absmax = max_of(absmax, fabsf(x[c]));
-    float inverse = absmax > 0.0f ? limit / absmax : 0.0f;
-    *scale = absmax / limit;
+// One row, asymmetric: [min(row, 0), max(row, 0)] maps onto [-128, 127], x ~ scale * (q - zero), `zero` an integer
+// in [-128, 127]. Against a symmetric scale this doubles the resolution of skewed rows (a GELU's output, from
+// -0.17 up) and halves the error of queries' rows, whose few tokens each carry outlier channels. An all-zero
+// row gets scale 0 and zeros: its products are exactly 0, as in float32.
+CLONED static void quantize_row(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* zero) {
+    float lo = 0.0f, hi = 0.0f;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (int64_t c = 0; c < cols; ++c) {
+        lo = min_of(lo, x[c]);
+        hi = max_of(hi, x[c]);
+    }
+    float inverse = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+    float offset = rintf(-lo * inverse) - 128.0f;
+    *scale = (hi - lo) / 255.0f;
+    *zero = (int32_t)offset;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-        float v = rintf(x[c] * inverse);  // |v| <= limit but for rounding at the largest element
-        v = min_of(max_of(v, -limit), limit);
-        q[c] = (int8_t)(int32_t)v;
+        float v = rintf(x[c] * inverse) + offset;
+        q[c] = (int8_t)(int32_t)min_of(max_of(v, -128.0f), 127.0f);
     }
 }
 
-// x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales: [rows].
-void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, float limit, int8_t* q,
-                           float* scales) {
+// x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales, zeros: [rows].
+void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, int8_t* q, float* scales,
+                           int32_t* zeros) {
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
-    for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * stride, cols, limit, q + r * cols, scales + r);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * stride, cols, q + r * cols, scales + r, zeros + r);
 }
 
 // `data` holds one row of int32 on entry and of float32 on return, element by element in place (through a
 // may_alias type, so that the compiler knows the two views share memory). Inlined once per activation, so that
 // each loop has no branch in it.
 typedef float aliased_float __attribute__((may_alias));
-INLINE void dequantize_row_with(void* data, int64_t cols, float row_scale, const float* col_scales,
-                                const float* bias, const int activation) {
+// The row's zero point comes off exactly, in int32: q @ w - zero * sum(w) over each output channel's weights.
+INLINE void dequantize_row_with(void* data, int64_t cols, float row_scale, int32_t row_zero, const float* col_scales,
+                                const int32_t* col_sums, const float* bias, const int activation) {
     const int32_t* products = (const int32_t*)data;
     aliased_float* out = (aliased_float*)data;
 #pragma omp simd
-    for (int64_t c = 0; c < cols; ++c)
-        out[c] = activate((float)products[c] * (row_scale * col_scales[c]) + bias[c], activation);
-}
-
-CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, const float* col_scales,
-                                  const float* bias, int activation) {
-    switch (activation) {
-        case ACT_GELU: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_GELU); break;
-        case ACT_GELU_TANH: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_GELU_TANH); break;
-        case ACT_RELU: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_RELU); break;
-        default: dequantize_row_with(data, cols, row_scale, col_scales, bias, ACT_NONE);
+    for (int64_t c = 0; c < cols; ++c) {
+        float product = (float)(products[c] - row_zero * col_sums[c]);
+        out[c] = activate(product * (row_scale * col_scales[c]) + bias[c], activation);
     }
 }
 
-// data: [rows, cols] int32 in, float32 out (contiguous); row_scales: [rows]; col_scales, bias: [cols].
-void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row_scales, const float* col_scales,
-                        const float* bias, int32_t activation) {
+#define DEQUANTIZE_ROW(act) dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, act)
+CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
+                                  const float* col_scales, const int32_t* col_sums, const float* bias,
+                                  int activation) {
+    switch (activation) {
+        case ACT_GELU: DEQUANTIZE_ROW(ACT_GELU); break;
+        case ACT_GELU_TANH: DEQUANTIZE_ROW(ACT_GELU_TANH); break;
+        case ACT_RELU: DEQUANTIZE_ROW(ACT_RELU); break;
+        default: DEQUANTIZE_ROW(ACT_NONE);
+    }
+}
+
+// data: [rows, cols] int32 in, float32 out (contiguous); row_scales, row_zeros: [rows]; col_scales, col_sums
+// (each output channel's int8 weights summed), bias: [cols].
+void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row_scales, const int32_t* row_zeros,
+                        const float* col_scales, const int32_t* col_sums, const float* bias, int32_t activation) {
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
     for (int64_t r = 0; r < rows; ++r)
-        dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], col_scales, bias, activation);
+        dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums, bias,
+                       activation);
 }

@@ -1,0 +1,210 @@
+"""`--dtype int8` on the CPU: the kernels against exact references, the quantization's rules (per-channel weights,
+per-token activations, 7-bit weights where the CPU's products saturate), and the quality gate, loosely: every
+family's rows against its own float32 rows by cosine (bench/int8_quality.py prints the full gate)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import embed_ids, row_cosines
+from corpus import documents, queries
+from family_models import FAMILIES, build_family
+from sparse_models import build_splade
+
+from bouquet.config import EngineConfig
+from bouquet.cpu_features import cpu_features
+from bouquet.engine.engine import Engine
+from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.layers.int8_linear import (
+    FULL_WEIGHT_LIMIT,
+    dequantize,
+    int8_linear,
+    quantize_rows,
+    quantize_weight,
+    weight_limit,
+)
+from bouquet.layers.linear import Linear
+from bouquet.tokenizer import TextTokenizer
+
+REFERENCE_ACTIVATIONS = {
+    "none": lambda y: y,
+    "gelu": F.gelu,
+    "gelu_new": lambda y: F.gelu(y, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def _reference_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric per row: [min(row, 0), max(row, 0)] onto [-128, 127], x ~ scale * (q - zero)."""
+    lo, hi = x.amin(dim=1).clamp(max=0), x.amax(dim=1).clamp(min=0)
+    scales = (hi - lo) / 255
+    inverse = torch.where(hi > lo, 255 / (hi - lo), torch.zeros_like(hi))
+    zeros = (-lo * inverse).round() - 128
+    q = ((x * inverse[:, None]).round() + zeros[:, None]).clamp(-128, 127)
+    return q.to(torch.int8), scales, zeros.to(torch.int32)
+
+
+def test_rows_quantize_per_token_like_the_reference() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(70, 97, generator=generator) * torch.rand(70, 1, generator=generator) * 10
+    x[3] = 0.0  # an all-zero row: scale 0, every value at the zero point
+    x[5, 7] = 500.0  # an outlier token keeps its own scale; the others keep theirs
+    x[6] = x[6].abs() + 1  # a row of one sign still holds 0 in its range
+    strided = torch.cat([x, torch.randn(70, 5)], dim=1)[:, :97]  # rows one stride apart, as a view
+    rows = quantize_rows(strided)
+    expected_q, expected_scales, expected_zeros = _reference_rows(x)
+    torch.testing.assert_close(rows.scales, expected_scales)
+    assert (rows.zeros - expected_zeros).abs().max() <= 1  # a half may round the other way: one step at most
+    assert (rows.values.int() - expected_q.int()).abs().max() <= 1
+    assert (rows.values != expected_q).float().mean() < 0.01
+    assert torch.all(rows.values[3].int() == rows.zeros[3]) and rows.scales[3] == 0  # q - zero = 0
+    assert rows.zeros[6] == -128 and rows.values[6].min() > -128
+    error = (rows.scales[:, None] * (rows.values.float() - rows.zeros[:, None]) - x).abs()
+    assert (error <= rows.scales[:, None] * 0.5001 + 1e-6).all()  # within half a step of each row's own scale
+
+
+@pytest.mark.parametrize("activation", list(REFERENCE_ACTIVATIONS))
+def test_dequantize_applies_zero_points_scales_bias_and_activation_in_place(activation: str) -> None:
+    generator = torch.Generator().manual_seed(1)
+    products = torch.randint(-200_000, 200_000, (33, 70), dtype=torch.int32, generator=generator)
+    rows = quantize_rows(torch.randn(33, 16, generator=generator))
+    weight = quantize_weight(torch.randn(70, 16, generator=generator), torch.randn(70, generator=generator), 127)
+    centred = products.double() - rows.zeros[:, None].double() * weight.sums.double()
+    expected = centred * rows.scales[:, None].double() * weight.scales.double() + weight.bias.double()
+    expected = REFERENCE_ACTIVATIONS[activation](expected).float()
+    out = dequantize(products, rows, weight, activation)
+    assert out.data_ptr() == products.data_ptr()  # the int32 buffer, now float32
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
+
+
+def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> None:
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 384, generator=generator)
+    w = torch.randn(1152, 384, generator=generator) * 0.05
+    b = torch.randn(1152, generator=generator)
+    weight = quantize_weight(w, b, FULL_WEIGHT_LIMIT)
+    assert weight.transposed.dtype == torch.int8 and weight.transposed.shape == (384, 1152)
+    assert torch.equal(weight.scales, w.abs().amax(dim=1) / 127)  # per output channel
+    assert torch.equal(weight.sums, weight.transposed.sum(dim=0, dtype=torch.int32))
+    rows = quantize_rows(x)
+    centred = rows.values.long() - rows.zeros[:, None].long()
+    exact = (centred @ weight.transposed.long()).double() * rows.scales[:, None].double() * weight.scales.double()
+    y = int8_linear(x[None], weight)[0]  # leading dimensions kept
+    torch.testing.assert_close(y, (exact + b.double()).float(), rtol=1e-5, atol=1e-5)
+    reference = F.linear(x, w, b)
+    assert (y - reference).norm() / reference.norm() < 0.02
+
+
+def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:
+    if not cpu_features().vnni:
+        pytest.skip(f"this CPU has no VNNI (avx512_vnni or avx_vnni): {cpu_features().describe()}")
+    assert weight_limit() == FULL_WEIGHT_LIMIT
+
+
+NO_VNNI = """
+import numpy as np
+from bouquet.batch import Batch
+from bouquet.config import EngineConfig, default_model_path
+from bouquet.engine.engine import Engine
+from bouquet.layers.int8_linear import weight_limit
+print(weight_limit())
+ids = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 1997, 1996, 2173, 102]]
+rows = {}
+for dtype in ("int8", "float32"):
+    engine = Engine(EngineConfig(default_model_path(), "cpu", dtype, cpu_warmup_tokens=32))
+    rows[dtype] = engine.embed(Batch.pack(ids))
+    engine.close()
+a, b = rows["int8"], rows["float32"]
+print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min()))
+"""
+
+
+@pytest.mark.parametrize("isa", ["AVX512_CORE", "AVX2"])
+def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
+    """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at
+    load, the weights then take 7 bits, and the rows stay within the quality gate."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa, "BOUQUET_CACHE_DIR": str(tmp_path)}
+    if isa == "AVX2":
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    env.pop("BOUQUET_CPU_FEATURES", None)
+    result = subprocess.run([sys.executable, "-c", NO_VNNI], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    limit, cosine = result.stdout.split()
+    assert limit == "63" and "weights use 7 bits" in result.stderr
+    assert float(cosine) >= 0.99
+
+
+def _family_rows(model_path: Path, dtype: str, texts: list[str]) -> tuple[np.ndarray, Engine]:
+    engine = Engine(EngineConfig(model_path=model_path, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
+    try:
+        ids = TextTokenizer(engine.spec.tokenizer_file, engine.max_seq_length).encode(texts)
+        return embed_ids(engine, ids), engine
+    finally:
+        engine.close()
+
+
+def test_minilm_in_int8_meets_the_quality_gate(minilm_path: Path) -> None:
+    texts = [*documents(24), *queries(24)]  # documents run past the 256-token limit: truncated
+    int8_rows, engine = _family_rows(minilm_path, "int8", texts)
+    float_rows, _ = _family_rows(minilm_path, "float32", texts)
+    cosines = row_cosines(int8_rows, float_rows)
+    assert cosines.min() >= 0.99 and cosines.mean() >= 0.997
+    linears = [module for module in engine.model.modules() if isinstance(module, Linear)]
+    assert len(linears) == 6 * 4 and all(linear.int8 is not None for linear in linears)
+    assert all(linear.weight.numel() == 0 and linear.packed_weight is None for linear in linears)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_in_int8_stays_close_to_its_float32(tmp_path, minilm_path: Path, family: str) -> None:
+    model_path = build_family(family, tmp_path, minilm_path, tiny=True)
+    texts = [*documents(6), *queries(6)]
+    int8_rows, _ = _family_rows(model_path, "int8", texts)
+    float_rows, _ = _family_rows(model_path, "float32", texts)
+    assert row_cosines(int8_rows, float_rows).min() >= 0.98  # random tiny weights: looser than a trained model
+
+
+def test_a_sparse_model_keeps_its_vocabulary_head_in_float32(tmp_path, minilm_path: Path) -> None:
+    model_path = build_splade(tmp_path, minilm_path)
+    engine = Engine(EngineConfig(model_path=model_path, device="cpu", dtype="int8", cpu_warmup_tokens=0))
+    try:
+        head = engine.pooler.sparse_head
+        head_linears = [module for module in head.modules() if isinstance(module, Linear)]
+        assert head_linears and all(linear.int8 is None for linear in head_linears)
+        body = [m for m in engine.model.modules() if isinstance(m, Linear) and all(m is not h for h in head_linears)]
+        assert body and all(linear.int8 is not None for linear in body)
+    finally:
+        engine.close()
+
+
+def test_int8_is_cpu_only() -> None:
+    with pytest.raises(ValueError, match="int8 runs on the CPU only"):
+        EngineConfig(model_path=Path("."), device="cuda", dtype="int8")
+
+
+def test_a_served_int8_model_says_so_and_embeds(minilm_path: Path) -> None:
+    port = free_port()
+    process: Process = start_serve(port, "--device", "cpu", "--dtype", "int8")
+    try:
+        process.wait_ready()
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{base}/info", timeout=60) as reply:
+            assert json.loads(reply.read())["model_dtype"] == "int8"
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=60) as reply:
+            assert [card["dtype"] for card in json.loads(reply.read())["data"]] == ["int8"]
+        body = json.dumps({"input": ["a query", "a document"], "model": minilm_path.name}).encode()
+        request = urllib.request.Request(f"{base}/v1/embeddings", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            rows = np.array([item["embedding"] for item in json.loads(reply.read())["data"]])
+        float_rows, _ = _family_rows(minilm_path, "float32", ["a query", "a document"])
+        assert row_cosines(rows, float_rows).min() >= 0.99
+    finally:
+        assert process.stop() == 0
