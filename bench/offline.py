@@ -1,12 +1,14 @@
 """Offline embedding throughput: `bouquet embed` against sentence-transformers on the same real texts.
 
 Both run in this process on the same corpus (standard-library docstrings: documents, and their first lines as
-queries), in float32 and bfloat16, interleaved repetition by repetition so that the shared machine's noise
+queries), in float32, bfloat16 and int8, interleaved repetition by repetition so that the shared machine's noise
 hits both alike; medians are reported. Tokens are real (non-padding) tokens after truncation to the model's
-limit. The bfloat16 and float32 ceilings (a square matrix product, and the model's widest Linear on its
-oneDNN-prepacked weight) are measured in the same run.
+limit. The ceilings (a square matrix product, and the model's widest Linear on its oneDNN-prepacked weight, or
+in int8 bouquet's int8 linear and oneDNN's int8 product alone) are measured in the same run. bouquet's int8 is
+set against sentence-transformers in float32 here, and against sentence-transformers' own int8 (ONNX Runtime's
+dynamic quantization, bench/st_onnx_int8.py) where `.venv-onnx` has it.
 
-    .venv/bin/python bench/offline.py [--repeats 5] [--texts documents,queries]
+    .venv/bin/python bench/offline.py [--repeats 5] [--texts documents,queries] [--dtypes float32,bfloat16,int8]
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import corpus
+import numpy as np
 import torch
 
 from bouquet.config import EmbedConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
+from bouquet.layers.int8_linear import int8_linear, quantize_rows, quantize_weight, weight_limit
 from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.offline.embed import embed_file
 from bouquet.tokenizer import TextTokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# What sentence-transformers runs where bouquet runs int8 (its own int8 is ONNX's: bench/st_onnx_int8.py).
+ST_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "float32"}
+ONNX_PYTHON = Path(__file__).resolve().parent.parent / ".venv-onnx" / "bin" / "python"
 
 
 def matmul_ceiling(dtype: torch.dtype, repeats: int = 20) -> float:
@@ -50,6 +57,18 @@ def packed_linear_ceiling(dtype: torch.dtype, tokens: int = 4096, repeats: int =
         layer(x)  # oneDNN builds and caches the primitive for this shape on the first call
         times = [_timed(lambda: layer(x)) for _ in range(repeats)]
     return 2 * tokens * 384 * 1536 / statistics.median(times) / 1e9
+
+
+def int8_ceilings(tokens: int = 4096, repeats: int = 20) -> tuple[float, float]:
+    """GOP/s of bouquet's int8 linear (row quantization, product, dequantization) and of oneDNN's int8 product
+    alone (`torch._int_mm`), at MiniLM's widest product over a step's worth of tokens."""
+    weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_limit())
+    x = torch.randn(tokens, 384)
+    rows = quantize_rows(x)
+    operations = 2 * tokens * 384 * 1536 / 1e9
+    linear = [_timed(lambda: int8_linear(x, weight)) for _ in range(repeats)]
+    product = [_timed(lambda: torch._int_mm(rows.values, weight.transposed)) for _ in range(repeats)]
+    return operations / statistics.median(linear), operations / statistics.median(product)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -121,9 +140,9 @@ def measure(texts: list[str], model_path: Path, args: argparse.Namespace, workdi
     runners: dict[tuple[str, str], BouquetRunner | SentenceTransformersRunner] = {}
     for dtype in args.dtypes.split(","):
         runners["bouquet", dtype] = BouquetRunner(texts, workdir, dtype, args.batch_tokens, model_path)
-        st = SentenceTransformersRunner(texts, dtype, model_path, args.st_search_texts)
+        st = SentenceTransformersRunner(texts, ST_DTYPES[dtype], model_path, args.st_search_texts)
         runners["sentence-transformers", dtype] = st
-        print(f"sentence-transformers {dtype}: best batch size {st.batch_size}")
+        print(f"sentence-transformers {ST_DTYPES[dtype]} (beside bouquet {dtype}): best batch size {st.batch_size}")
     for runner in runners.values():
         runner()  # warm-up
     samples: Samples = {key: [] for key in runners}
@@ -153,7 +172,31 @@ def bench_corpus(name: str, texts: list[str], args: argparse.Namespace, workdir:
         runs = " ".join(f"{tokens / t:.0f}" for t in times)
         print(f"{system:<24}{dtype:<10}{rate:>10.0f}{gflop * rate / tokens:>9.0f}   {runs}")
     for dtype in args.dtypes.split(","):
-        print(f"ratio bouquet / sentence-transformers, {dtype}: {ratio(samples, dtype):.2f}x")
+        print(f"ratio bouquet {dtype} / sentence-transformers {ST_DTYPES[dtype]}: {ratio(samples, dtype):.2f}x")
+    if "int8" in args.dtypes.split(","):
+        onnx_int8(texts, tokens, samples, args, workdir)
+
+
+def onnx_int8(texts: list[str], tokens: int, samples: Samples, args: argparse.Namespace, workdir: Path) -> None:
+    """sentence-transformers' ONNX int8 on the same texts, in `.venv-onnx`'s Python, after bouquet's runs."""
+    if not ONNX_PYTHON.exists():
+        print(f"sentence-transformers ONNX int8: not measured ({ONNX_PYTHON} missing; see bench/st_onnx_int8.py)")
+        return
+    texts_file = workdir / "onnx-texts.json"
+    texts_file.write_text(json.dumps(texts))
+    worker = Path(__file__).resolve().parent / "st_onnx_int8.py"
+    command = [str(ONNX_PYTHON), str(worker), str(default_model_path()), str(workdir), str(texts_file)]
+    result = subprocess.run([*command, str(args.repeats)], capture_output=True, text=True)
+    if result.returncode != 0:
+        print(f"sentence-transformers ONNX int8: failed ({result.stderr.strip().splitlines()[-1:]})")
+        return
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    onnx_rate = tokens / float(np.median(found["seconds"]))
+    ours = tokens / statistics.median(samples["bouquet", "int8"])
+    runs = " ".join(f"{tokens / t:.0f}" for t in found["seconds"])
+    print(f"sentence-transformers ONNX int8 ({found['config']}, batch {found['batch_size']}): {onnx_rate:.0f} tokens/s"
+          f"   runs {runs}")  # fmt: skip
+    print(f"ratio bouquet int8 / sentence-transformers ONNX int8: {ours / onnx_rate:.2f}x (its runs after ours)")
 
 
 def add_measure_arguments(parser: argparse.ArgumentParser, repeats: int, st_search_texts: int) -> None:
@@ -165,7 +208,7 @@ def add_measure_arguments(parser: argparse.ArgumentParser, repeats: int, st_sear
         default=st_search_texts,
         help="texts timed to pick sentence-transformers' batch size",
     )
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--batch-tokens", type=int, default=EmbedConfig.batch_tokens)
 
 
@@ -177,6 +220,10 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for dtype in args.dtypes.split(","):
+        if dtype == "int8":
+            linear, product = int8_ceilings()
+            print(f"int8 ceiling: bouquet's int8 linear {linear:.0f} GOP/s, oneDNN's int8 product alone {product:.0f}")
+            continue
         print(f"matrix-product ceiling {dtype}: {matmul_ceiling(DTYPES[dtype]):.0f} GFLOP/s, "
               f"oneDNN packed linear {packed_linear_ceiling(DTYPES[dtype]):.0f}")  # fmt: skip
     texts = {"documents": corpus.documents(), "queries": corpus.queries()}

