@@ -177,7 +177,7 @@ def _median_ms(seconds: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--docs", type=int, default=512)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--per-request", type=int, default=16)
@@ -198,7 +198,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a stopped bench stops its server too
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {_load()}")
-    for dtype in args.dtypes.split(","):
+    for dtype in dict.fromkeys(PEER_DTYPES.get(dtype, dtype) for dtype in args.dtypes.split(",")):
         print(f"matrix-product ceiling {dtype}: {offline.matmul_ceiling(offline.DTYPES[dtype]):.0f} GFLOP/s")
     work = workload(args)
     for dtype in args.dtypes.split(","):
