@@ -86,18 +86,6 @@ def test_dequantize_applies_zero_points_scales_bias_and_activation_in_place(acti
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-6)
 
 
-def test_a_residual_is_added_in_the_dequantizing_pass() -> None:
-    generator = torch.Generator().manual_seed(3)
-    x, residual = torch.randn(2, 9, 64, generator=generator), torch.randn(2, 9, 48, generator=generator)
-    layer = Linear(64, 48)
-    layer.quantize_int8(FULL_WEIGHT_LIMIT)
-    assert layer.int8 is not None
-    fused = layer(x, residual=residual)
-    torch.testing.assert_close(fused, int8_linear(x, layer.int8) + residual, rtol=1e-6, atol=1e-6)
-    float_layer = Linear(64, 48)
-    torch.testing.assert_close(float_layer(x, residual=residual), residual + float_layer(x))
-
-
 def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> None:
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(40, 384, generator=generator)

@@ -22,9 +22,7 @@
 #endif
 #define INLINE static inline __attribute__((always_inline))
 
-// ACT_RESIDUAL: no activation, and a residual row added (a post-norm block's `residual + dense(x)`), so that the
-// sum is made in the same pass.
-enum { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_RESIDUAL = 4 };
+enum { ACT_NONE = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3 };
 // Below this many elements a pass runs on the calling thread alone: waking a team costs more than it saves.
 enum { PARALLEL_ELEMENTS = 32768 };
 
@@ -104,25 +102,21 @@ void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t s
 typedef float aliased_float __attribute__((may_alias));
 // The row's zero point comes off exactly, in int32: q @ w - zero * sum(w) over each output channel's weights.
 INLINE void dequantize_row_with(void* data, int64_t cols, float row_scale, int32_t row_zero, const float* col_scales,
-                                const int32_t* col_sums, const float* bias, const float* residual,
-                                const int activation) {
+                                const int32_t* col_sums, const float* bias, const int activation) {
     const int32_t* products = (const int32_t*)data;
     aliased_float* out = (aliased_float*)data;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
         float product = (float)(products[c] - row_zero * col_sums[c]);
-        float v = activate(product * (row_scale * col_scales[c]) + bias[c], activation);
-        out[c] = activation == ACT_RESIDUAL ? v + residual[c] : v;
+        out[c] = activate(product * (row_scale * col_scales[c]) + bias[c], activation);
     }
 }
 
-#define DEQUANTIZE_ROW(act) \
-    dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, residual, act)
+#define DEQUANTIZE_ROW(act) dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, act)
 CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
                                   const float* col_scales, const int32_t* col_sums, const float* bias,
-                                  const float* residual, int activation) {
+                                  int activation) {
     switch (activation) {
-        case ACT_RESIDUAL: DEQUANTIZE_ROW(ACT_RESIDUAL); break;
         case ACT_GELU: DEQUANTIZE_ROW(ACT_GELU); break;
         case ACT_GELU_TANH: DEQUANTIZE_ROW(ACT_GELU_TANH); break;
         case ACT_RELU: DEQUANTIZE_ROW(ACT_RELU); break;
@@ -131,13 +125,11 @@ CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int
 }
 
 // data: [rows, cols] int32 in, float32 out (contiguous); row_scales, row_zeros: [rows]; col_scales, col_sums
-// (each output channel's int8 weights summed), bias: [cols]; residual: [rows, cols] float32 (contiguous), read only
-// with ACT_RESIDUAL.
+// (each output channel's int8 weights summed), bias: [cols].
 void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row_scales, const int32_t* row_zeros,
-                        const float* col_scales, const int32_t* col_sums, const float* bias, const float* residual,
-                        int32_t activation) {
+                        const float* col_scales, const int32_t* col_sums, const float* bias, int32_t activation) {
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
     for (int64_t r = 0; r < rows; ++r)
         dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums, bias,
-                       residual ? residual + r * cols : residual, activation);
+                       activation);
 }

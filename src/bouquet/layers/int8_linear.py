@@ -31,7 +31,6 @@ FULL_WEIGHT_LIMIT = 127
 REDUCED_WEIGHT_LIMIT = 63
 # The kernel's activation codes, by the names LinearActivation fuses.
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
-_RESIDUAL = 4  # no activation, a residual added
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ def _library() -> ctypes.CDLL:
     ]  # fmt: skip
     library.bouquet_dequantize.restype = None
     library.bouquet_dequantize.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 6, ctypes.c_int32,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32,
     ]  # fmt: skip
     return library
 
@@ -99,37 +98,26 @@ def quantize_rows(x: torch.Tensor) -> Int8Rows:
     return rows
 
 
-def dequantize(
-    products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activation: str, residual: torch.Tensor | None = None
-) -> torch.Tensor:
+def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activation: str) -> torch.Tensor:
     """[T, N] int32 -> [T, N] float32 in the same memory: act(scale[t] * w_scale[n] * (product - zero[t] *
-    w_sum[n]) + bias[n]), plus `residual` [T, N] where given (then without an activation)."""
+    w_sum[n]) + bias[n])."""
     num_rows, cols = products.shape
-    code = ACTIVATIONS[activation]
-    if residual is not None:
-        assert code == 0 and residual.shape == products.shape, "a residual is added to a linear without activation"
-        residual = residual.float().contiguous()
-        code = _RESIDUAL
     _library().bouquet_dequantize(
         products.data_ptr(), num_rows, cols, rows.scales.data_ptr(), rows.zeros.data_ptr(),
-        weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(),
-        None if residual is None else residual.data_ptr(), code,
+        weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(), ACTIVATIONS[activation],
     )  # fmt: skip
     return products.view(torch.float32)
 
 
-def int8_linear(
-    x: torch.Tensor, weight: Int8Weight, activation: str = "none", residual: torch.Tensor | None = None
-) -> torch.Tensor:
-    """act(x @ W.T + b) (+ residual) with int8 products: x [..., K] float32 -> [..., N] float32."""
+def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -> torch.Tensor:
+    """act(x @ W.T + b) with int8 products: x [..., K] float32 -> [..., N] float32."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     if flat.dtype != torch.float32 or flat.stride(-1) != 1:
         flat = flat.float().contiguous()
     rows = quantize_rows(flat)
     products = torch._int_mm(rows.values, weight.transposed)
-    flat_residual = None if residual is None else residual.reshape(products.shape)
-    return dequantize(products, rows, weight, activation, flat_residual).view(*shape[:-1], -1)
+    return dequantize(products, rows, weight, activation).view(*shape[:-1], -1)
 
 
 @functools.cache

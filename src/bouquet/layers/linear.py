@@ -48,14 +48,10 @@ class Linear(nn.Linear):
         self.packed_weight = None
         self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W.T + b, plus `residual` where given: in int8 added in the dequantizing pass, while the output is
-        in cache. (oneDNN's binary epilogue would do the same in float, but each step count would then need a
-        second primitive built and cached: engine/memory.py.)"""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
-            return int8_linear(x, self.int8, residual=residual)
-        y = self._linear(x, _NO_EPILOGUE)
-        return y if residual is None else residual + y
+            return int8_linear(x, self.int8)
+        return self._linear(x, _NO_EPILOGUE)
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
         x = x.to(self.weight.dtype)
