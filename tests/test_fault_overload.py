@@ -149,8 +149,10 @@ def test_overload_is_refused_early_and_short_requests_keep_a_short_wait(retry_af
     assert statistics.median(seconds for _, seconds in load.probes) <= 1.0
     assert idle_after <= 1.0 + 0.1  # the quiet window's sampling
     # +45-90 MB before the idle trim collected refused requests' cycles (gateway/memory_trim.py); +860 MB before
-    # admission control.
-    assert rss_end <= 1.2 * rss_start
+    # admission control. What stays after the trim is a high-water mark, not a leak: on a Zen 5 VM whose clients
+    # got 1,600-1,800 requests refused in 20 s, +26-31 MB, and +32 MB after 45 s and 3,252 requests
+    # (docs/memory.md); under 20% on the slower CPUs before.
+    assert rss_end <= 1.3 * rss_start
 
 
 def _stop(*processes: Process) -> None:
