@@ -32,7 +32,7 @@ from bouquet.layers.int8_linear import (
     quantize_weight,
     weight_limit,
 )
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.tokenizer import TextTokenizer
 
 REFERENCE_ACTIVATIONS = {
@@ -116,12 +116,16 @@ from bouquet.batch import Batch
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
 from bouquet.layers.int8_linear import weight_limit
+from bouquet.layers.linear import QKVLinear
 print(weight_limit())
 ids = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 1997, 1996, 2173, 102]]
 rows = {}
 for dtype in ("int8", "float32"):
     engine = Engine(EngineConfig(default_model_path(), "cpu", dtype, cpu_warmup_tokens=32))
     rows[dtype] = engine.embed(Batch.pack(ids))
+    if dtype == "int8":
+        qkv = [m for m in engine.model.modules() if isinstance(m, QKVLinear)]
+        print(len(qkv), sum(m.int8 is None for m in qkv))
     engine.close()
 a, b = rows["int8"], rows["float32"]
 print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min()))
@@ -131,15 +135,16 @@ print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis
 @pytest.mark.parametrize("isa", ["AVX512_CORE", "AVX2"])
 def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
     """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at
-    load, the weights then take 7 bits, and the rows stay within the quality gate."""
+    load, the weights then take 7 bits, the QKV projections stay float32, and the rows stay within the gate."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa, "BOUQUET_CACHE_DIR": str(tmp_path)}
     if isa == "AVX2":
         env["ATEN_CPU_CAPABILITY"] = "avx2"
     env.pop("BOUQUET_CPU_FEATURES", None)
     result = subprocess.run([sys.executable, "-c", NO_VNNI], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    limit, cosine = result.stdout.split()
+    limit, qkv, kept_float, cosine = result.stdout.split()
     assert limit == "63" and "weights use 7 bits" in result.stderr
+    assert qkv == kept_float == "6"  # the QKV projections stay float32 with 7-bit weights
     assert float(cosine) >= 0.99
 
 
@@ -159,8 +164,11 @@ def test_minilm_in_int8_meets_the_quality_gate(minilm_path: Path) -> None:
     cosines = row_cosines(int8_rows, float_rows)
     assert cosines.min() >= 0.99 and cosines.mean() >= 0.997
     linears = [module for module in engine.model.modules() if isinstance(module, Linear)]
-    assert len(linears) == 6 * 4 and all(linear.int8 is not None for linear in linears)
-    assert all(linear.weight.numel() == 0 and linear.packed_weight is None for linear in linears)
+    float_qkv = weight_limit() < FULL_WEIGHT_LIMIT  # 7-bit weights: the QKV projections stay float32
+    quantized = [linear for linear in linears if not (float_qkv and isinstance(linear, QKVLinear))]
+    assert len(linears) == 6 * 4 and len(quantized) == (18 if float_qkv else 24)
+    assert all(linear.int8 is not None for linear in quantized)
+    assert all(linear.weight.numel() == 0 and linear.packed_weight is None for linear in quantized)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -177,8 +177,11 @@ class Engine:
         model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)
         pooler = load_pooler(self.spec, model, self.device)
         if self.config.dtype == "int8":
-            count = quantize_cpu_linears(model, heads=pooler)
-            logger.info("int8: %d linears quantized (per-channel weights, per-token activations)", count)
+            quantized, kept = quantize_cpu_linears(model, heads=pooler)
+            logger.info(
+                "int8: %d linears quantized (per-channel weights, per-token activations)%s", quantized,
+                f", {kept} QKV projections kept in float32 (7-bit weights on this CPU)" if kept else "",
+            )  # fmt: skip
         backend = self._create_backend(model)
         runner = ModelRunner(model, pooler, backend, self.device)
         runner.token_buckets = self.config.cpu_token_buckets if self.device.type == "cpu" else 0

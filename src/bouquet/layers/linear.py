@@ -18,7 +18,14 @@ from torch import nn
 
 from bouquet.cpu_features import cpu_features
 from bouquet.layers.activation import get_activation
-from bouquet.layers.int8_linear import ACTIVATIONS, Int8Weight, int8_linear, quantize_weight, weight_limit
+from bouquet.layers.int8_linear import (
+    ACTIVATIONS,
+    FULL_WEIGHT_LIMIT,
+    Int8Weight,
+    int8_linear,
+    quantize_weight,
+    weight_limit,
+)
 
 # oneDNN's linear with a fused pointwise epilogue: the activation is applied while the output tile is
 # still in cache, which saves a whole pass over the [T, intermediate] tensor on the CPU.
@@ -81,6 +88,12 @@ class LinearActivation(Linear):
         return self.activation(self._linear(x, _NO_EPILOGUE))
 
 
+class QKVLinear(Linear):
+    """A layer's fused query, key and value projection. The linear int8 hurts most (it reads the normalised residual
+    stream, whose outlier channels set each token's scale): with 7-bit weights (CPUs without VNNI) it stays in
+    float32, which keeps MiniLM's queries within the quality gate there (docs/benchmarks.md, "int8 on the CPU")."""
+
+
 def onednn_runs(weight: torch.Tensor) -> bool:
     """Whether oneDNN's linear takes this CPU weight: float32 wherever torch has oneDNN, bfloat16 only on CPUs
     whose features allow it (cpu_features.py)."""
@@ -96,13 +109,15 @@ def prepack_cpu_linears(model: nn.Module) -> None:
             module.prepack()
 
 
-def quantize_cpu_linears(model: nn.Module, heads: nn.Module) -> int:
+def quantize_cpu_linears(model: nn.Module, heads: nn.Module) -> tuple[int, int]:
     """Quantizes every Linear of `model` to int8 but those `heads` also holds (a SPLADE masked-LM head runs on
-    every token but scores the vocabulary: kept in float32 as the issue's quality gate asks of heads). Returns how
-    many it quantized."""
+    every token but scores the vocabulary: heads stay float32) and, with 7-bit weights, the QKV projections.
+    Returns (quantized, kept in float32)."""
     in_heads = {id(module) for module in heads.modules()}
     limit = weight_limit()
     linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_heads]
+    kept = [m for m in linears if limit < FULL_WEIGHT_LIMIT and isinstance(m, QKVLinear)]
     for linear in linears:
-        linear.quantize_int8(limit)
-    return len(linears)
+        if linear not in kept:
+            linear.quantize_int8(limit)
+    return len(linears) - len(kept), len(kept)

@@ -16,7 +16,7 @@ from torch import nn
 
 from bouquet.layers.attention import Attention
 from bouquet.layers.heads import ClassifierHead, MaskedLMHead, take_head_weights, take_masked_lm_head
-from bouquet.layers.linear import Linear, LinearActivation
+from bouquet.layers.linear import Linear, LinearActivation, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 from bouquet.model_dir import PoolingMethod, num_labels
@@ -89,7 +89,7 @@ class BertAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
-        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.qkv_proj = QKVLinear(config.hidden_size, 3 * config.hidden_size)
         self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, causal=False)
         self.output = BertResidualOutput(config.hidden_size, config.hidden_size, config.layer_norm_eps)
 

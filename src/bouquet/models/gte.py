@@ -18,7 +18,7 @@ from torch import nn
 
 from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import drop_ignored, strip_prefixes
@@ -66,7 +66,7 @@ class GteAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.qkv_proj = QKVLinear(config.hidden_size, 3 * config.hidden_size)
         self.o_proj = Linear(config.hidden_size, config.hidden_size)
         self.rotary = rotary
         self.attn = Attention(config.num_heads, config.num_heads, config.head_dim, causal=False)

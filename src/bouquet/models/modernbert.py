@@ -19,7 +19,7 @@ from torch import nn
 from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
 from bouquet.layers.heads import NormedClassifierHead, take_head_weights
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.rotary import RotaryEmbedding, rope_theta
 from bouquet.layers.weights import drop_ignored, strip_prefixes
@@ -97,7 +97,7 @@ class ModernBertAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
-        self.Wqkv = Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
+        self.Wqkv = QKVLinear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.Wo = Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.rotary = rotary
         window = (config.window, config.window) if local else None

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.layers.attention import Attention
-from bouquet.layers.linear import Linear, LinearActivation
+from bouquet.layers.linear import LinearActivation, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
 from bouquet.model_dir import PoolingMethod
@@ -101,7 +101,7 @@ class MPNetAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
-        self.qkv_proj = Linear(config.hidden_size, 3 * config.hidden_size)
+        self.qkv_proj = QKVLinear(config.hidden_size, 3 * config.hidden_size)
         self.attn = Attention(self.num_heads, self.num_heads, self.head_dim, causal=False, position_bias=True)
         self.output = BertResidualOutput(config.hidden_size, config.hidden_size, config.layer_norm_eps)
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from bouquet.layers.activation import get_activation
 from bouquet.layers.attention import Attention
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
 from bouquet.layers.weights import fuse
@@ -61,7 +61,7 @@ class NomicBertAttention(nn.Module):
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
         width = config.num_heads * config.head_dim
-        self.Wqkv = Linear(config.hidden_size, 3 * width, bias=False)
+        self.Wqkv = QKVLinear(config.hidden_size, 3 * width, bias=False)
         self.out_proj = Linear(width, config.hidden_size, bias=False)
         self.rotary = rotary
         self.attn = Attention(config.num_heads, config.num_heads, config.head_dim, causal=False)

@@ -17,7 +17,7 @@ from torch import nn
 
 from bouquet.layers.attention import Attention
 from bouquet.layers.heads import LinearHead, lm_head_rows, take_head_weights
-from bouquet.layers.linear import Linear
+from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.layers.mlp import GatedMLP
 from bouquet.layers.norms import RMSNorm
 from bouquet.layers.rotary import RotaryEmbedding, config_rope_theta
@@ -68,7 +68,7 @@ class Qwen3Attention(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.head_dim = config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.qkv_proj = QKVLinear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
