@@ -38,8 +38,11 @@ bench: $(STAMP)
 # torch (named again in its install so pip keeps it). The torchvision, torchaudio and torchcodec it pulls in are
 # built for other torch releases and break `import vllm`: removed. orjson, and tcmalloc where apt can add it,
 # are what vLLM's own CPU guide and log ask for (bench/peers.py preloads tcmalloc when the system has it).
+# sentence-transformers' own int8 (ONNX Runtime), for bench/offline.py's int8: kept apart so that its optimum and
+# onnxruntime never move the test environment's packages (bench/st_onnx_int8.py).
 PEERS := .venv-peers
 VLLM := .venv-vllm
+ONNX := .venv-onnx
 peers:
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
@@ -50,3 +53,6 @@ peers:
 	$(VLLM)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM)/bin/python -c 'import torch, vllm; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 	ldconfig -p | grep -q libtcmalloc_minimal.so.4 || apt-get install -y -qq libtcmalloc-minimal4 || true
+	test -x $(ONNX)/bin/python || $(PYTHON) -m venv $(ONNX)
+	$(ONNX)/bin/python -m pip install --quiet torch==2.13.0
+	$(ONNX)/bin/python -m pip install --quiet torch==2.13.0 'sentence-transformers[onnx]'

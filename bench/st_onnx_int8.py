@@ -1,8 +1,9 @@
 """sentence-transformers' own int8 path, for bench/offline.py: `backend="onnx"` with the model exported by
 `export_dynamic_quantized_onnx_model` (ONNX Runtime's dynamic int8 quantization), run by a Python that has
-`sentence-transformers[onnx]` (its optimum and onnxruntime clash with bouquet's pins, so it lives in `.venv-onnx`):
+`sentence-transformers[onnx]`, kept in `.venv-onnx` (`make peers`) so that its optimum and onnxruntime never move
+the test environment's packages:
 
-    python3.11 -m venv .venv-onnx && .venv-onnx/bin/pip install torch==2.13.0 'sentence-transformers[onnx]'
+    make peers   # or: python3.11 -m venv .venv-onnx, then its pip: torch==2.13.0 'sentence-transformers[onnx]'
     .venv-onnx/bin/python bench/st_onnx_int8.py MODEL_DIR WORK_DIR TEXTS.json REPEATS   # prints JSON
 
 The quantization config is the one sentence-transformers names for this CPU: "avx512_vnni" where the CPU has
