@@ -176,7 +176,8 @@ def test_embed_all_is_the_last_hidden_state_of_every_token(server: str, referenc
         expected = last_hidden_state(model, tokenizer.encode(text).ids)  # [CLS] and [SEP] included
         np.testing.assert_allclose(np.array(states), expected, rtol=1e-4, atol=1e-4)
     status, single = post(f"{server}/embed_all", {"inputs": texts[0]})
-    assert status == 200 and np.allclose(np.array(single[0]), np.array(answer[0]), atol=1e-6)
+    # alone or in a batch, the text's max_seqlen bucket (so `auto`'s attention backend) may differ: 1e-5, as below
+    assert status == 200 and np.allclose(np.array(single[0]), np.array(answer[0]), atol=1e-5)
     ids = tokenizer.encode(LONG_CHUNK * 2).ids
     status, by_ids = post(f"{server}/embed_all", {"inputs": [ids[:20]]})
     assert status == 200 and np.allclose(np.array(by_ids[0]), last_hidden_state(model, ids[:20]), atol=1e-4)

@@ -270,7 +270,10 @@ def test_runner_graph_path_matches_eager(engine_name: str, request: pytest.Fixtu
     try:
         with torch.inference_mode():
             for batch in batches * 3:  # each bucket: eager, then captured, then replayed
+                # Both runners share the model's attention layers: each binds its backend before it runs (an
+                # `auto` backend that dispatches by length carries metadata the capturable one cannot read).
                 expected = ModelRunner(engine.model, engine.pooler, engine.attn_backend, engine.device).execute(batch)
+                runner.set_backend(backend)
                 got = runner.execute(batch)
                 np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
     finally:

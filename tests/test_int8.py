@@ -91,9 +91,10 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     x = torch.randn(40, 384, generator=generator)
     w = torch.randn(1152, 384, generator=generator) * 0.05
     b = torch.randn(1152, generator=generator)
-    weight = quantize_weight(w, b, FULL_WEIGHT_LIMIT)
+    limit = weight_limit()  # 7 bits where this CPU's products would saturate at full range
+    weight = quantize_weight(w, b, limit)
     assert weight.transposed.dtype == torch.int8 and weight.transposed.shape == (384, 1152)
-    assert torch.equal(weight.scales, w.abs().amax(dim=1) / 127)  # per output channel
+    assert torch.equal(weight.scales, w.abs().amax(dim=1) / limit)  # per output channel
     assert torch.equal(weight.sums, weight.transposed.sum(dim=0, dtype=torch.int32))
     rows = quantize_rows(x)
     centred = rows.values.long() - rows.zeros[:, None].long()
@@ -101,7 +102,7 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     y = int8_linear(x[None], weight)[0]  # leading dimensions kept
     torch.testing.assert_close(y, (exact + b.double()).float(), rtol=1e-5, atol=1e-5)
     reference = F.linear(x, w, b)
-    assert (y - reference).norm() / reference.norm() < 0.02
+    assert (y - reference).norm() / reference.norm() < (0.02 if limit == FULL_WEIGHT_LIMIT else 0.03)
 
 
 def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:
@@ -188,6 +189,8 @@ def test_a_sparse_model_keeps_its_vocabulary_head_in_float32(tmp_path, minilm_pa
         head_linears = [module for module in head.modules() if isinstance(module, Linear)]
         assert head_linears and all(linear.int8 is None for linear in head_linears)
         body = [m for m in engine.model.modules() if isinstance(m, Linear) and all(m is not h for h in head_linears)]
+        if weight_limit() < FULL_WEIGHT_LIMIT:  # 7-bit weights: the QKV projections stay float32
+            body = [linear for linear in body if not isinstance(linear, QKVLinear)]
         assert body and all(linear.int8 is not None for linear in body)
     finally:
         engine.close()
