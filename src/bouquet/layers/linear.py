@@ -6,8 +6,8 @@ and a large float32 batch runs through MKL's sgemm, about 25% slower here than o
 (docs/benchmarks.md has the measurements). oneDNN runs bfloat16 only on CPUs with AVX-512 BW/VL/DQ or
 AVX-NE-CONVERT (torch refuses to reorder otherwise): elsewhere bfloat16 weights stay unpacked, through ATen's
 plain product.
-With `--dtype int8` every Linear but the heads' is quantized at load (`quantize_cpu_linears`) and runs
-layers/int8_linear.py's products instead; its float weight is dropped.
+With `--dtype int8` every Linear but the heads' (and, on CPUs without VNNI, the QKV projections) is quantized at
+load (`quantize_cpu_linears`) and runs layers/int8_linear.py's products instead; its float weight is dropped.
 """
 
 from __future__ import annotations
