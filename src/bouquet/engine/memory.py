@@ -77,8 +77,9 @@ def distinct_linears(model: nn.Module, heads: nn.Module) -> list[Linear]:
     in_heads = {id(module) for module in heads.modules()}
     kinds: dict[tuple[object, ...], Linear] = {}
     for module in model.modules():
-        prepared = module.packed_weight is not None or module.int8 is not None if isinstance(module, Linear) else False
-        if prepared and id(module) not in in_heads:
+        if not isinstance(module, Linear) or id(module) in in_heads:
+            continue
+        if module.packed_weight is not None or module.int8 is not None:
             kind = (type(module), module.in_features, module.out_features, module.bias is not None,
                     repr(getattr(module, "epilogue", None)), module.weight.dtype, module.int8 is None)  # fmt: skip
             kinds.setdefault(kind, module)

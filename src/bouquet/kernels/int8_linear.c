@@ -28,11 +28,11 @@ enum { PARALLEL_ELEMENTS = 32768 };
 
 int bouquet_omp_max_threads(void) { return omp_get_max_threads(); }
 
-// 2^x for x in float32's range, by 2^round(x) (exponent bits) times a degree-6 polynomial on [-0.5, 0.5]:
-// relative error under 2e-7, branch-free so that GCC vectorizes the loops that call it.
 INLINE float max_of(float a, float b) { return a > b ? a : b; }  // maxps; fmaxf's NaN rules keep it a call
 INLINE float min_of(float a, float b) { return a < b ? a : b; }
 
+// 2^x for x in float32's range, by 2^round(x) (exponent bits) times a degree-6 polynomial on [-0.5, 0.5]:
+// relative error under 2e-7, branch-free so that GCC vectorizes the loops that call it.
 INLINE float exp2_approx(float x) {
     x = min_of(max_of(x, -126.0f), 126.0f);
     float k = rintf(x);
