@@ -2,9 +2,9 @@
 // kernels/build.py:
 //   bouquet_quantize_rows: float32 activations -> int8, one scale and zero point per row (per token), so one
 //     outlier token costs no other token its precision;
-//   bouquet_dequantize: the int32 product -> float32, in place: less the row's zero point, times the row's scale
-//     and the output channel's, plus the bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row
-//     is still in cache.
+//   bouquet_dequantize: the product (int32, or float32 holding integers where oneDNN's prepacked matmul gave it)
+//     -> float32, in place: less the row's zero point, times the row's scale and the output channel's, plus the
+//     bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row is still in cache.
 // Each is one pass over memory where torch's ops took three to five (abs, amax, divide, round, clamp, cast;
 // cast, multiply, add, activation).
 //
@@ -96,26 +96,33 @@ void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t s
     for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * stride, cols, q + r * cols, scales + r, zeros + r);
 }
 
-// `data` holds one row of int32 on entry and of float32 on return, element by element in place (through a
-// may_alias type, so that the compiler knows the two views share memory). Inlined once per activation, so that
-// each loop has no branch in it.
+// `data` holds one row of products on entry and of float32 on return, element by element in place (through a
+// may_alias type, so that the compiler knows the two views share memory). Inlined once per activation and
+// product type, so that each loop has no branch in it.
 typedef float aliased_float __attribute__((may_alias));
-// The row's zero point comes off exactly, in int32: q @ w - zero * sum(w) over each output channel's weights.
+// The row's zero point comes off each channel's weight sum: q @ w - zero * sum(w). With int32 products that is
+// exact; float32 products hold the same integers exactly below 2^24 (a 384-wide row of codes centred on their
+// zero point stays far below it) and round as a float32 linear's own sum would above.
 INLINE void dequantize_row_with(void* data, int64_t cols, float row_scale, int32_t row_zero, const float* col_scales,
-                                const int32_t* col_sums, const float* bias, const int activation) {
-    const int32_t* products = (const int32_t*)data;
+                                const int32_t* col_sums, const float* bias, const int activation,
+                                const int float_products) {
+    const int32_t* integers = (const int32_t*)data;
+    const aliased_float* floats = (const aliased_float*)data;
     aliased_float* out = (aliased_float*)data;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-        float product = (float)(products[c] - row_zero * col_sums[c]);
+        float product = float_products ? floats[c] - (float)(row_zero * col_sums[c])
+                                       : (float)(integers[c] - row_zero * col_sums[c]);
         out[c] = activate(product * (row_scale * col_scales[c]) + bias[c], activation);
     }
 }
 
-#define DEQUANTIZE_ROW(act) dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, act)
+#define DEQUANTIZE_ROW(act)                                                                                        \
+    (float_products ? dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, act, 1)     \
+                    : dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, act, 0))
 CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
                                   const float* col_scales, const int32_t* col_sums, const float* bias,
-                                  int activation) {
+                                  int activation, int float_products) {
     switch (activation) {
         case ACT_GELU: DEQUANTIZE_ROW(ACT_GELU); break;
         case ACT_GELU_TANH: DEQUANTIZE_ROW(ACT_GELU_TANH); break;
@@ -124,12 +131,13 @@ CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int
     }
 }
 
-// data: [rows, cols] int32 in, float32 out (contiguous); row_scales, row_zeros: [rows]; col_scales, col_sums
-// (each output channel's int8 weights summed), bias: [cols].
+// data: [rows, cols] int32 or (float_products) float32 in, float32 out (contiguous); row_scales, row_zeros:
+// [rows]; col_scales, col_sums (each output channel's int8 weights summed), bias: [cols].
 void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row_scales, const int32_t* row_zeros,
-                        const float* col_scales, const int32_t* col_sums, const float* bias, int32_t activation) {
+                        const float* col_scales, const int32_t* col_sums, const float* bias, int32_t activation,
+                        int32_t float_products) {
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
     for (int64_t r = 0; r < rows; ++r)
         dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums, bias,
-                       activation);
+                       activation, float_products);
 }

@@ -2,7 +2,8 @@
 
 y = dequantize(int8(x) @ int8(W).T) + b: weights symmetric per output channel (scale = the channel's largest
 magnitude / limit), activations asymmetric per row (per token: a scale and an integer zero point), the product
-accumulated exactly in int32 by oneDNN (`torch._int_mm`), then the zero point taken off with each channel's
+accumulated exactly in int32 by oneDNN (`torch._int_mm`, or oneDNN's matmul on a prepacked weight, which runs on
+AMX where the CPU has it: layers/int8_products.py times both), then the zero point taken off with each channel's
 weight sum, scaled back to float32 by the row's and the channel's scales, with the bias and the layer's
 activation applied in the same pass (kernels/int8_linear.c). No calibration data: a row's scale comes from the
 row itself, so one outlier token costs no other token its precision. Asymmetric rows, rather than symmetric ones,
@@ -16,6 +17,7 @@ weights (|w| <= 63) cannot, as 2 x 255 x 63 < 32,767 (ONNX Runtime's `reduce_ran
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -31,22 +33,24 @@ FULL_WEIGHT_LIMIT = 127
 REDUCED_WEIGHT_LIMIT = 63
 # The kernel's activation codes, by the names LinearActivation fuses.
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
+# The int8 products: `torch._int_mm` (oneDNN's s8 x s8 -> s32 GEMM on the plain weight) and oneDNN's matmul
+# primitive on its own prepacked layout (`onednn::qlinear_pointwise`). layers/int8_products.py times both.
+INT_MM_PRODUCT, ONEDNN_PRODUCT = "int_mm", "onednn"
 
 
 @dataclass(frozen=True)
 class Int8Weight:
     """A linear's weight in int8: `transposed` [in, out] (the layout `torch._int_mm` multiplies by, a view of the
-    [out, in] rows), with one float32 scale per output channel and each channel's int8 weights summed (what an
-    activation row's zero point contributes to its products)."""
+    [out, in] rows) or, once packed for oneDNN's matmul, `packed` (and `transposed` empty: one copy is kept),
+    with one float32 scale per output channel and each channel's int8 weights summed (what an activation row's
+    zero point contributes to its products)."""
 
-    transposed: torch.Tensor  # [K, N] int8
+    transposed: torch.Tensor  # [K, N] int8, or [0, 0] once packed
     scales: torch.Tensor  # [N] float32
     sums: torch.Tensor  # [N] int32
     bias: torch.Tensor  # [N] float32 (zeros where the layer has none)
-
-    @property
-    def in_features(self) -> int:
-        return self.transposed.shape[0]
+    in_features: int
+    packed: torch.Tensor | None = None  # oneDNN's prepacked weight (opaque)
 
 
 def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int) -> Int8Weight:
@@ -58,7 +62,33 @@ def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int)
     rows = (weight * inverse[:, None]).round_().clamp_(-limit, limit).to(torch.int8)
     bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
     sums = rows.sum(dim=1, dtype=torch.int32)
-    return Int8Weight(rows.t(), scales.contiguous(), sums, bias)
+    return Int8Weight(rows.t(), scales.contiguous(), sums, bias, weight.shape[1])
+
+
+def onednn_product_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def pack_for_onednn(weight: Int8Weight) -> Int8Weight:
+    """The weight in oneDNN's matmul layout (`qlinear_prepack`); the plain int8 copy is dropped."""
+    packed = torch.ops.onednn.qlinear_prepack(weight.transposed.t().contiguous(), None)
+    return dataclasses.replace(weight, transposed=torch.empty(0, 0, dtype=torch.int8), packed=packed)
+
+
+def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`), or float32 holding the same
+    integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
+    if weight.packed is None:
+        return torch._int_mm(values, weight.transposed)
+    unit_scales, zero_points = _unit_quantization(weight.scales.numel())
+    return torch.ops.onednn.qlinear_pointwise(
+        values, 1.0, 0, weight.packed, unit_scales, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+@functools.cache
+def _unit_quantization(channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(channels), torch.zeros(channels, dtype=torch.int64)
 
 
 @functools.cache
@@ -70,7 +100,7 @@ def _library() -> ctypes.CDLL:
     ]  # fmt: skip
     library.bouquet_dequantize.restype = None
     library.bouquet_dequantize.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
     ]  # fmt: skip
     return library
 
@@ -99,12 +129,14 @@ def quantize_rows(x: torch.Tensor) -> Int8Rows:
 
 
 def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activation: str) -> torch.Tensor:
-    """[T, N] int32 -> [T, N] float32 in the same memory: act(scale[t] * w_scale[n] * (product - zero[t] *
-    w_sum[n]) + bias[n])."""
+    """[T, N] int32 (or float32 holding integers) -> [T, N] float32 in the same memory: act(scale[t] *
+    w_scale[n] * (product - zero[t] * w_sum[n]) + bias[n])."""
+    assert products.dtype in (torch.int32, torch.float32) and products.is_contiguous()
     num_rows, cols = products.shape
     _library().bouquet_dequantize(
         products.data_ptr(), num_rows, cols, rows.scales.data_ptr(), rows.zeros.data_ptr(),
         weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(), ACTIVATIONS[activation],
+        products.dtype == torch.float32,
     )  # fmt: skip
     return products.view(torch.float32)
 
@@ -116,15 +148,16 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -
     if flat.dtype != torch.float32 or flat.stride(-1) != 1:
         flat = flat.float().contiguous()
     rows = quantize_rows(flat)
-    products = torch._int_mm(rows.values, weight.transposed)
+    products = int8_product(rows.values, weight)
     return dequantize(products, rows, weight, activation).view(*shape[:-1], -1)
 
 
 @functools.cache
-def weight_limit() -> int:
-    """127 where oneDNN's int8 product is exact at full range on this CPU, else 63 (see the module docstring).
-    Measured once per process, on worst-case operands (every pair of products at its largest magnitude)."""
-    limit = on_passing_thread(_measure_weight_limit)
+def weight_limit(product: str = INT_MM_PRODUCT) -> int:
+    """127 where this int8 product is exact at full range on this CPU, else 63 (see the module docstring).
+    Measured once per process and product, on worst-case operands (every pair of products at its largest
+    magnitude)."""
+    limit = on_passing_thread(lambda: _measure_weight_limit(product))
     if limit != FULL_WEIGHT_LIMIT:
         logger.warning(
             "int8: this CPU's int8 products saturate at full-range weights (no VNNI): weights use 7 bits (|w| <= %d)",
@@ -133,12 +166,15 @@ def weight_limit() -> int:
     return limit
 
 
-def _measure_weight_limit() -> int:
+def _measure_weight_limit(product: str) -> int:
     torch.set_num_threads(1)
     depth, width = 64, 32
     x = torch.full((4, depth), 127, dtype=torch.int8)
     x[1::2] = -128
     w = torch.full((width, depth), FULL_WEIGHT_LIMIT, dtype=torch.int8)
     w[1::2] = -FULL_WEIGHT_LIMIT
-    exact = torch.equal(torch._int_mm(x, w.t()), x.int() @ w.int().t())
+    weight = Int8Weight(w.t(), torch.ones(width), w.sum(dim=1, dtype=torch.int32), torch.zeros(width), depth)
+    if product == ONEDNN_PRODUCT:
+        weight = pack_for_onednn(weight)
+    exact = torch.equal(int8_product(x, weight).to(torch.int64), x.long() @ w.long().t())
     return FULL_WEIGHT_LIMIT if exact else REDUCED_WEIGHT_LIMIT
