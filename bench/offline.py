@@ -29,7 +29,16 @@ import torch
 
 from bouquet.config import EmbedConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
-from bouquet.layers.int8_linear import int8_linear, quantize_rows, quantize_weight, weight_limit
+from bouquet.layers.int8_linear import (
+    ONEDNN_PRODUCT,
+    int8_linear,
+    int8_product,
+    pack_for_onednn,
+    quantize_rows,
+    quantize_weight,
+    weight_limit,
+)
+from bouquet.layers.int8_products import available_products
 from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.offline.embed import embed_file
 from bouquet.tokenizer import TextTokenizer
@@ -59,16 +68,20 @@ def packed_linear_ceiling(dtype: torch.dtype, tokens: int = 4096, repeats: int =
     return 2 * tokens * 384 * 1536 / statistics.median(times) / 1e9
 
 
-def int8_ceilings(tokens: int = 4096, repeats: int = 20) -> tuple[float, float]:
-    """GOP/s of bouquet's int8 linear (row quantization, product, dequantization) and of oneDNN's int8 product
-    alone (`torch._int_mm`), at MiniLM's widest product over a step's worth of tokens."""
-    weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_limit())
+def int8_ceilings(product: str, tokens: int = 4096, repeats: int = 20) -> tuple[float, float]:
+    """GOP/s of bouquet's int8 linear (row quantization, product, dequantization) and of the int8 product alone
+    (`torch._int_mm`, or oneDNN's matmul on the prepacked weight), at MiniLM's widest product over a step's worth
+    of tokens."""
+    weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_limit(product))
+    if product == ONEDNN_PRODUCT:
+        weight = pack_for_onednn(weight)
     x = torch.randn(tokens, 384)
     rows = quantize_rows(x)
     operations = 2 * tokens * 384 * 1536 / 1e9
+    int8_linear(x, weight)  # oneDNN builds its primitive for the shape on the first call
     linear = [_timed(lambda: int8_linear(x, weight)) for _ in range(repeats)]
-    product = [_timed(lambda: torch._int_mm(rows.values, weight.transposed)) for _ in range(repeats)]
-    return operations / statistics.median(linear), operations / statistics.median(product)
+    alone = [_timed(lambda: int8_product(rows.values, weight)) for _ in range(repeats)]
+    return operations / statistics.median(linear), operations / statistics.median(alone)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -221,8 +234,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for dtype in args.dtypes.split(","):
         if dtype == "int8":
-            linear, product = int8_ceilings()
-            print(f"int8 ceiling: bouquet's int8 linear {linear:.0f} GOP/s, oneDNN's int8 product alone {product:.0f}")
+            for product in available_products():
+                linear, alone = int8_ceilings(product)
+                print(f"int8 ceiling ({product}): bouquet's int8 linear {linear:.0f} GOP/s, product alone {alone:.0f}")
             continue
         print(f"matrix-product ceiling {dtype}: {matmul_ceiling(DTYPES[dtype]):.0f} GFLOP/s, "
               f"oneDNN packed linear {packed_linear_ceiling(DTYPES[dtype]):.0f}")  # fmt: skip

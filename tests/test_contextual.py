@@ -220,13 +220,13 @@ def test_bad_contextual_bodies_get_openai_error_bodies(server: str, body: dict, 
 @pytest.mark.parametrize(
     ("body", "status", "error_type"),
     [
-        ({}, 422, "validation"),  # a required field missing: a body of the wrong shape
-        ({"inputs": 5}, 422, "validation"),
-        ({"inputs": []}, 400, "empty"),
-        ({"inputs": "a " * 400, "truncate": False}, 413, "validation"),
-        ({"inputs": "a", "prompt_name": "query"}, 413, "validation"),
-        ({"inputs": "a", "truncation_direction": "up"}, 413, "validation"),
-        ({"inputs": "a", "normalize": True}, 422, "validation"),  # not a field of TEI's EmbedAllRequest
+        ({}, 422, "Validation"),  # a required field missing: a body of the wrong shape
+        ({"inputs": 5}, 422, "Validation"),
+        ({"inputs": []}, 400, "Empty"),
+        ({"inputs": "a " * 400, "truncate": False}, 413, "Validation"),
+        ({"inputs": "a", "prompt_name": "query"}, 413, "Validation"),
+        ({"inputs": "a", "truncation_direction": "up"}, 413, "Validation"),
+        ({"inputs": "a", "normalize": True}, 422, "Validation"),  # not a field of TEI's EmbedAllRequest
     ],
 )
 def test_bad_embed_all_bodies_get_tei_error_bodies(server: str, body: dict, status: int, error_type: str) -> None:

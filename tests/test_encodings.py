@@ -111,6 +111,23 @@ def test_floats_match_numpy_and_torch():
                                   bf16.float().numpy())  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("encoding", "torch_dtype"), [(Encoding.FP8_E4M3, torch.float8_e4m3fn), (Encoding.FP8_E5M2, torch.float8_e5m2)]
+)
+def test_fp8_is_torchs_conversion_bit_for_bit(encoding: Encoding, torch_dtype: torch.dtype):
+    """vLLM's embed_dtype fp8_e4m3 / fp8_e5m2 send torch's conversion's bytes: round to nearest even, subnormals,
+    e4m3fn saturating at 448, e5m2 overflowing to infinity, NaN kept; and back, each code's value."""
+    generator = np.random.default_rng(0)
+    scales = (1e-5, 1e-3, 2e-2, 0.3, 5, 200, 3e4, 1e6)
+    spread = np.concatenate([generator.standard_normal(20_000) * scale for scale in scales])
+    edges = [0.0, np.inf, np.nan, 448, 449, 463.9, 464, 480, 57344, 61439, 61440, 65536, 2**-9, 3 * 2**-10, 2**-17]
+    values = np.concatenate([spread, edges, np.negative(edges)]).astype(np.float32)[None]
+    expected = torch.from_numpy(values).to(torch_dtype).view(torch.uint8).numpy()
+    np.testing.assert_array_equal(encode_rows(values, encoding), expected)
+    codes = np.arange(256, dtype=np.uint8)[None]
+    np.testing.assert_array_equal(decode_rows(codes, encoding, 256), torch.from_numpy(codes).view(torch_dtype).float())
+
+
 def test_rows_from_bytes_checks_the_length():
     bits = encode_rows(random_rows(3, 20), Encoding.UBINARY)
     assert rows_from_bytes(bits.tobytes(), Encoding.UBINARY, 3, 20).shape == (3, 3)
@@ -124,11 +141,14 @@ def test_request_fields_name_what_they_refuse():
         assert parse_tei({"inputs": "a", "encoding_format": name}).response_format == response_format
     half = parse_openai({"input": "a", "encoding_format": "base64", "embed_dtype": "float16", "endianness": "big"})
     assert half.response_format == ResponseFormat(Encoding.FLOAT16, base64=True, big_endian=True)
+    for name, encoding in [("fp8_e4m3", Encoding.FP8_E4M3), ("fp8_e5m2", Encoding.FP8_E5M2)]:
+        fp8 = parse_openai({"input": "a", "encoding_format": "base64", "embed_dtype": name})
+        assert fp8.response_format == ResponseFormat(encoding, base64=True)
     defaults = {"input": "a", "encoding_format": "int8", "embed_dtype": "float32", "endianness": "native"}
     assert parse_openai(defaults).response_format == FORMATS["int8"]
     refused = [
         ({"encoding_format": "int4"}, "invalid_value", "encoding_format"),
-        ({"encoding_format": "base64", "embed_dtype": "fp8_e4m3"}, "invalid_value", "embed_dtype"),
+        ({"encoding_format": "base64", "embed_dtype": "fp8"}, "invalid_value", "embed_dtype"),
         ({"encoding_format": "base64", "endianness": "middle"}, "invalid_value", "endianness"),
         ({"encoding_format": "int8", "embed_dtype": "float16"}, "unsupported_parameter", "embed_dtype"),
         ({"embed_dtype": "bfloat16"}, "unsupported_parameter", "embed_dtype"),
@@ -230,7 +250,9 @@ def test_every_encoding_decodes_back_to_the_float_rows(servers, route, dimension
 def test_base64_takes_vllms_embed_dtype_and_endianness(servers, route):
     url, _ = servers
     floats = np.array(embeddings(url, route, {"encoding_format": "float"})[0], np.float32)
-    for embed_dtype, tolerance in [("float32", 1e-6), ("float16", 1e-3), ("bfloat16", 8e-3)]:
+    # fp8: half a step at MiniLM's largest values (|x| < 0.25: steps of 1/64 in e4m3, 1/32 in e5m2)
+    dtypes = [("float32", 1e-6), ("float16", 1e-3), ("bfloat16", 8e-3), ("fp8_e4m3", 8e-3), ("fp8_e5m2", 1.6e-2)]
+    for embed_dtype, tolerance in dtypes:
         for endianness, byteorder in [("native", "<"), ("little", "<"), ("big", ">")]:
             fields = {"encoding_format": "base64", "embed_dtype": embed_dtype, "endianness": endianness}
             rows, _ = embeddings(url, route, fields)
@@ -291,7 +313,7 @@ def test_the_replica_sends_the_encoded_bytes(servers, minilm_tokenizer):
     ("fields", "code", "param"),
     [
         ({"encoding_format": "int4"}, "invalid_value", "encoding_format"),
-        ({"encoding_format": "base64", "embed_dtype": "fp8_e5m2"}, "invalid_value", "embed_dtype"),
+        ({"encoding_format": "base64", "embed_dtype": "fp8_e5m3"}, "invalid_value", "embed_dtype"),
         ({"encoding_format": "binary", "endianness": "big"}, "unsupported_parameter", "endianness"),
     ],
 )
@@ -305,7 +327,7 @@ def test_a_bad_value_is_a_400_naming_its_field(servers, route, fields, code, par
         assert param in error["message"]
     else:  # TEI's body and statuses on TEI's routes: a bad value 413 Validation, a field out of place 422
         error = json.loads(data)
-        assert (status, error["error_type"]) == (413 if code == "invalid_value" else 422, "validation")
+        assert (status, error["error_type"]) == (413 if code == "invalid_value" else 422, "Validation")
         assert param in error["error"]
 
 

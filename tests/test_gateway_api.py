@@ -178,25 +178,25 @@ BAD_INPUTS = [
     ("/v1/embeddings", {"input": "a", "add_special_tokens": False}, 400, "unsupported_parameter"),
     ("/v1/embeddings", {"input": "a", "truncate_prompt_tokens": 0}, 400, "invalid_value"),
     # TEI's routes: its body and statuses (router/src/http/server.rs: an empty batch 400, a limit 413)
-    ("/tokenize", {"inputs": ["a"] * (MAX_INPUTS + 1)}, 413, "validation"),
-    ("/embed", {"inputs": _LONG, "truncate": False}, 413, "validation"),
-    ("/embed", {"inputs": [[101] * 300], "truncate": False}, 413, "validation"),
-    ("/embed", {"inputs": []}, 400, "empty"),
-    ("/", {"inputs": ""}, 400, "empty"),
-    ("/", {"inputs": 5}, 422, "validation"),
-    ("/embed", {"inputs": "a", "dimensions": 385}, 413, "validation"),
-    ("/embed", {"inputs": "a", "unknown": True}, 422, "validation"),
-    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, 400, "empty"),
-    ("/similarity", {"inputs": "a"}, 422, "validation"),
-    ("/decode", {"ids": [[1, 2], "x"]}, 422, "validation"),
-    ("/decode", {"ids": [30522]}, 413, "validation"),
+    ("/tokenize", {"inputs": ["a"] * (MAX_INPUTS + 1)}, 413, "Validation"),
+    ("/embed", {"inputs": _LONG, "truncate": False}, 413, "Validation"),
+    ("/embed", {"inputs": [[101] * 300], "truncate": False}, 413, "Validation"),
+    ("/embed", {"inputs": []}, 400, "Empty"),
+    ("/", {"inputs": ""}, 400, "Empty"),
+    ("/", {"inputs": 5}, 422, "Validation"),
+    ("/embed", {"inputs": "a", "dimensions": 385}, 413, "Validation"),
+    ("/embed", {"inputs": "a", "unknown": True}, 422, "Validation"),
+    ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, 400, "Empty"),
+    ("/similarity", {"inputs": "a"}, 422, "Validation"),
+    ("/decode", {"ids": [[1, 2], "x"]}, 422, "Validation"),
+    ("/decode", {"ids": [30522]}, 413, "Validation"),
     ("/v1/embeddings", {"input": [[101, 30522, 102]]}, 400, "invalid_token_id"),
     ("/v1/embeddings", {"input": [101, -1, 102]}, 400, "invalid_token_id"),
     ("/v1/embeddings", {"input": "a", "dimensions": 0}, 400, "invalid_value"),
     ("/v1/embeddings", {"input": "a", "dimensions": 385}, 400, "invalid_value"),
     ("/v1/embeddings", {"input": "a", "encoding_format": "int4"}, 400, "invalid_value"),
     ("/v1/embeddings", {"input": "a", "model": "text-embedding-3-small"}, 404, "model_not_found"),
-    ("/embed", {"inputs": "a", "prompt_name": "query"}, 413, "validation"),
+    ("/embed", {"inputs": "a", "prompt_name": "query"}, 413, "Validation"),
     ("/v1/embeddings", {"input": "a" * (MAX_PAYLOAD + 1)}, 413, "payload_too_large"),
 ]
 
@@ -311,7 +311,7 @@ def test_gzip_bodies(server, sentence_transformer):
     assert send(b"\x1f\x8b not gzip", "gzip")[0] == 400
     bomb = gzip.compress(json.dumps({"inputs": ["a" * (2 * MAX_PAYLOAD)]}).encode())  # small sent, large inflated
     status, error = send(bomb, "gzip")
-    assert status == 413 and error["error_type"] == "validation" and "limit" in error["error"]  # TEI's body
+    assert status == 413 and error["error_type"] == "Validation" and "limit" in error["error"]  # TEI's body
 
 
 def test_a_batch_mixing_texts_and_token_ids_as_tei_takes_it(server, sentence_transformer):

@@ -168,20 +168,20 @@ def test_bad_rerank_requests_get_their_4xx(server: str, case: str) -> None:
 # TEI's routes answer TEI's body, {"error", "error_type"}, with TEI's status for the kind of error.
 BAD_TEI = {
     "an embedding model asked to rerank": (
-        "/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 424, "backend",
+        "/rerank", {"query": "q", "texts": ["a"], "model": "all-MiniLM-L6-v2"}, 424, "Backend",
     ),
-    "an embedding model asked to predict": ("/predict", {"inputs": "a", "model": "all-MiniLM-L6-v2"}, 424, "backend"),
-    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 422, "validation"),  # axum's missing field
-    "texts not a list": ("/rerank", {"query": "q", "texts": "a", "model": "tiny-reranker"}, 422, "validation"),
+    "an embedding model asked to predict": ("/predict", {"inputs": "a", "model": "all-MiniLM-L6-v2"}, 424, "Backend"),
+    "no query": ("/rerank", {"texts": ["a"], "model": "tiny-reranker"}, 422, "Validation"),  # axum's missing field
+    "texts not a list": ("/rerank", {"query": "q", "texts": "a", "model": "tiny-reranker"}, 422, "Validation"),
     "left truncation of pairs": (
-        "/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 422, "validation",
+        "/rerank", {"query": "q", "texts": ["a"], "truncation_direction": "left"}, 422, "Validation",
     ),
-    "no inputs": ("/predict", {"model": "tiny-reranker"}, 422, "validation"),
-    "an empty batch": ("/predict", {"inputs": [], "model": "tiny-reranker"}, 400, "empty"),
-    "three texts": ("/predict", {"inputs": ["a", "b", "c"], "model": "tiny-reranker"}, 422, "validation"),
-    "a batch of bare strings": ("/predict", {"inputs": [["a"], "b"], "model": "tiny-reranker"}, 422, "validation"),
+    "no inputs": ("/predict", {"model": "tiny-reranker"}, 422, "Validation"),
+    "an empty batch": ("/predict", {"inputs": [], "model": "tiny-reranker"}, 400, "Empty"),
+    "three texts": ("/predict", {"inputs": ["a", "b", "c"], "model": "tiny-reranker"}, 422, "Validation"),
+    "a batch of bare strings": ("/predict", {"inputs": [["a"], "b"], "model": "tiny-reranker"}, 422, "Validation"),
     "a pair truncated from the left": (
-        "/predict", {"inputs": ["a", "b"], "truncation_direction": "left", "model": "tiny-reranker"}, 422, "validation",
+        "/predict", {"inputs": ["a", "b"], "truncation_direction": "left", "model": "tiny-reranker"}, 422, "Validation",
     ),
 }  # fmt: skip
 

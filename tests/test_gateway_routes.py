@@ -192,4 +192,4 @@ def test_long_input_chunk_embeds_the_whole_text_in_averaged_windows(server, sent
     truncated = call(f"{server}/v1/embeddings", {"input": [text]})[2]["data"][0]["embedding"]
     assert row_cosines(row[None], np.array([truncated], np.float32)).min() < 0.999  # the whole text, not its start
     status, _, error = call(f"{server}/embed", {"inputs": text, "truncate": False})
-    assert status == 413 and error["error_type"] == "validation"  # truncate=false stays an error
+    assert status == 413 and error["error_type"] == "Validation"  # truncate=false stays an error

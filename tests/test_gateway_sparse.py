@@ -132,9 +132,9 @@ def test_info_and_models_say_what_each_model_serves(server: str) -> None:
 
 def test_routes_a_model_cannot_serve_name_its_task(server: str) -> None:
     status, error = post(f"{server}/embed_sparse", {"inputs": "a", "model": "all-MiniLM-L6-v2"})
-    assert (status, error["error_type"]) == (424, "backend") and "task 'embed'" in error["error"]
+    assert (status, error["error_type"]) == (424, "Backend") and "task 'embed'" in error["error"]
     status, error = post(f"{server}/embed", {"inputs": "a", "model": "tiny-splade"})
-    assert (status, error["error_type"]) == (424, "backend") and "/embed_sparse" in error["error"]
+    assert (status, error["error_type"]) == (424, "Backend") and "/embed_sparse" in error["error"]
     status, error = post(f"{server}/v1/embeddings", {"input": "a", "model": "tiny-splade"})
     assert (status, error["error"]["code"]) == (400, "wrong_task") and "task 'sparse'" in error["error"]["message"]
     status, error = post(f"{server}/rerank", {"query": "a", "texts": ["b"], "model": "tiny-splade"})
@@ -144,12 +144,12 @@ def test_routes_a_model_cannot_serve_name_its_task(server: str) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "error_type"),
     [
-        ({"inputs": []}, 400, "empty"),
-        ({"inputs": ["a", ""]}, 400, "empty"),
-        ({"inputs": "a", "normalize": True}, 422, "validation"),  # not a field of TEI's /embed_sparse
-        ({"inputs": "a", "dimensions": 8}, 422, "validation"),
-        ({"inputs": ["a", [101, 102]]}, 422, "validation"),  # texts and token ids in one batch
-        ({"inputs": 5}, 422, "validation"),
+        ({"inputs": []}, 400, "Empty"),
+        ({"inputs": ["a", ""]}, 400, "Empty"),
+        ({"inputs": "a", "normalize": True}, 422, "Validation"),  # not a field of TEI's /embed_sparse
+        ({"inputs": "a", "dimensions": 8}, 422, "Validation"),
+        ({"inputs": ["a", [101, 102]]}, 422, "Validation"),  # texts and token ids in one batch
+        ({"inputs": 5}, 422, "Validation"),
     ],
 )
 def test_bad_bodies_get_teis_errors(server: str, body: dict, status: int, error_type: str) -> None:

@@ -474,9 +474,9 @@ def test_tei_integration_requests(server, sentence_transformer):
 def test_tei_router_behaviour(server, sentence_transformer):
     # huggingface/text-embeddings-inference router/src/http/server.rs: rerank, tokenize, decode, info, health, errors
     status, _, error = call(f"{server}/rerank", {"model": MODEL, "query": "q", "texts": ["a"]})
-    assert status == 424 and error["error_type"] == "backend"  # "model is not a re-ranker model"
+    assert status == 424 and error["error_type"] == "Backend"  # "model is not a re-ranker model"
     status, _, error = call(f"{server}/embed", {"inputs": []})
-    assert status == 400 and error["error_type"] == "empty"
+    assert status == 400 and error["error_type"] == "Empty"
     tokens = ok(f"{server}/tokenize", {"inputs": "test me"})
     assert tokens[0][0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
     assert tokens[0][1] == {"id": 3231, "text": "test", "special": False, "start": 0, "stop": 4}

@@ -122,6 +122,19 @@ _REPLICA_PROCESS = (
     _option("--tls-key", "PEM private key of --tls-cert", type=Path),
     _option("--tls-client-ca", "PEM CA: gateways must present a certificate it signed (mutual TLS)", type=Path),
 )
+_SERVED_NAME = _option(
+    "--served-model-name",
+    "another name requests may give the model (a client's default such as text-embedding-3-small); the first is the "
+    "one answers report; /v1/models lists each (repeat)",
+    action="append",
+)
+# serve's: each name for one of its models.
+_SERVE_SERVED_NAME = _option(
+    "--served-model-name",
+    "NAME, or MODEL=NAME with several --model (MODEL: the model directory's name): another name requests may give "
+    "that model; the first of a model's is the one answers report; /v1/models lists each (repeat)",
+    action="append",
+)
 REPLICA_OPTIONS = (*ENGINE_OPTIONS, *SCHEDULER_OPTIONS, _DRAIN, _LOG_LEVEL)  # what `serve` passes each replica
 # `serve` takes several models, each on replicas of its own; every other replica option applies to them all.
 _SERVE_MODELS = _option(
@@ -279,11 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_embed_parser(commands)
     replica = commands.add_parser("replica", help="serve one model over gRPC: token-budget scheduler plus engine")
-    _add(replica, [*REPLICA_OPTIONS, *_REPLICA_PROCESS])
+    _add(replica, [*REPLICA_OPTIONS, *_REPLICA_PROCESS, _SERVED_NAME])
     serve = commands.add_parser("serve", help="gateway plus N local replicas: the HTTP server")
     _add(serve.add_argument_group("each replica (see `bouquet replica`)"), _SERVE_REPLICA_OPTIONS)
     _add(serve.add_argument_group("each gateway (see `bouquet gateway`)"), GATEWAY_LIMIT_OPTIONS)
-    _add(serve, [*_SERVE_FIELDS, _API_KEY, _API_KEY_FILE])
+    _add(serve, [*_SERVE_FIELDS, _SERVE_SERVED_NAME, _API_KEY, _API_KEY_FILE])
     gateway = commands.add_parser("gateway", help="the HTTP gateway alone, in front of running replicas")
     _add(gateway, [*GATEWAY_OPTIONS, _WORKERS, _API_KEY, _API_KEY_FILE])
     return parser
@@ -375,7 +388,29 @@ def scheduler_config(args: argparse.Namespace, device: str) -> SchedulerConfig:
 
 
 def replica_config(args: argparse.Namespace) -> ReplicaConfig:
-    return ReplicaConfig(token=_replica_token(), **_given(args, [*_REPLICA_PROCESS, _DRAIN]))
+    names = tuple(args.served_model_name or ())
+    return ReplicaConfig(token=_replica_token(), served_model_names=names, **_given(args, [*_REPLICA_PROCESS, _DRAIN]))
+
+
+def served_names_by_model(models: list[str], given: list[str]) -> list[tuple[str, ...]]:
+    """serve's --served-model-name values split per model: MODEL=NAME names the model whose directory is called
+    MODEL (or is MODEL as given); a bare NAME is the only model's."""
+    keys = [{model, Path(model).name} for model in models]
+    names: list[list[str]] = [[] for _ in models]
+    for value in given:
+        key, separator, name = value.rpartition("=")
+        if not separator and len(models) > 1:
+            raise ValueError(f"--served-model-name {value!r}: with several --model, write MODEL=NAME")
+        index = next((i for i, k in enumerate(keys) if key in k), None) if separator else 0
+        if index is None:
+            known = ", ".join(Path(model).name for model in models)
+            raise ValueError(f"--served-model-name {value!r}: no --model called {key!r} (models: {known})")
+        names[index].append(name)
+    flat = [name for model_names in names for name in model_names]
+    duplicates = sorted({name for name in flat if flat.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"--served-model-name: {', '.join(duplicates)} given for more than one model")
+    return [tuple(model_names) for model_names in names]
 
 
 def _replica_token() -> str | None:
@@ -429,7 +464,11 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     # Each model's replicas serve the directory resolved here; every child drains in the time serve waits for it.
     models = [str(model) for model in args.model or [default_model_path()]]
     values = {**vars(args), "model": models, "drain_seconds": config.drain_seconds}
-    replica_args = tuple(_argv(REPLICA_OPTIONS, {**values, "model": model}) for model in models)
+    names = served_names_by_model(models, args.served_model_name or [])
+    replica_args = tuple(
+        (*_argv(REPLICA_OPTIONS, {**values, "model": model}), *_SERVED_NAME.argv(model_names))
+        for model, model_names in zip(models, names, strict=True)
+    )
     return replace(config, replica_args=replica_args, gateway_args=_argv(GATEWAY_OPTIONS, values))
 
 

@@ -227,6 +227,13 @@ def check_pair(cert: Path | None, key: Path | None, what: str) -> None:
         raise ValueError(f"{what}: give a certificate and its key together")
 
 
+def check_served_names(names: tuple[str, ...]) -> None:
+    if any(not name.strip() or name != name.strip() for name in names):
+        raise ValueError(f"a served model name must be non-empty, without surrounding spaces: {list(names)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a served model name is given twice: {list(names)}")
+
+
 @dataclass(frozen=True)
 class ReplicaConfig:
     """The process around the scheduler: where it listens and how long it drains."""
@@ -238,9 +245,11 @@ class ReplicaConfig:
     tls_cert: Path | None = None  # PEM: serve TLS with this certificate and key; None: plaintext
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # PEM: gateways must present a certificate this CA signed (mutual TLS)
+    served_model_names: tuple[str, ...] = ()  # names requests may give the model, the first the one reported
 
     def __post_init__(self) -> None:
         check_pair(self.tls_cert, self.tls_key, "replica TLS")
+        check_served_names(self.served_model_names)
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
         if self.drain_seconds < 0:

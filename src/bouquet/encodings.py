@@ -10,6 +10,7 @@ JSON list of its numbers (`FORMATS`).
 from __future__ import annotations
 
 import base64
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ class Encoding(IntEnum):
     BINARY = 5
     UBINARY = 6
     UBINARY_LSB = 7
+    FP8_E4M3 = 8
+    FP8_E5M2 = 9
 
 
 _INT8_SCALE = 127.0
@@ -69,6 +72,79 @@ def _bfloat16_rows(rows: np.ndarray) -> np.ndarray:  # [B, D] uint16: bfloat16's
     return np.where(np.isnan(rows), np.uint32(0x7FC0), rounded).astype(np.uint16)
 
 
+@dataclass(frozen=True)
+class Float8:
+    """An 8-bit float format: 1 sign bit, `exponent_bits`, `mantissa_bits`, the exponent's `bias`; `max_bits`, the
+    float32 magnitude's bits from which on a value is out of range, and the code it becomes then (`overflow`).
+    Both as torch converts, which is what vLLM sends: e4m3fn has no infinity and saturates (anything from 464 up,
+    infinity included, is 448, 0x7E); e5m2 has IEEE's infinity (0x7C)."""
+
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max_bits: int
+    overflow: int
+    nan: int = 0x7F
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:  # [B, D] float32 -> [B, D] uint8
+        """Round to nearest even, subnormals included, by float32 bit arithmetic (numpy has no float8)."""
+        bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32)
+        sign = ((bits >> np.uint32(24)) & np.uint32(0x80)).astype(np.uint8)
+        magnitude = bits & np.uint32(0x7FFFFFFF)
+        shift = 23 - self.mantissa_bits
+        # Normal: rebias the exponent, then round the dropped bits to nearest, ties to the even result.
+        odd = (magnitude >> np.uint32(shift)) & np.uint32(1)
+        rebias = np.uint32(((self.bias - 127) << 23) % (1 << 32))
+        normal = (magnitude + rebias + np.uint32((1 << (shift - 1)) - 1) + odd) >> np.uint32(shift)
+        # Subnormal: adding a float32 whose last mantissa bit weighs the format's smallest step makes the FPU
+        # round to that step (to nearest, ties to even); its bits less the float's are the code.
+        step_bits = np.uint32((127 + shift - (self.bias - 1)) << 23)
+        step = np.array([step_bits], dtype=np.uint32).view(np.float32)[0]
+        subnormal = (magnitude.view(np.float32) + step).view(np.uint32) - step_bits
+        smallest_normal = np.uint32((128 - self.bias) << 23)
+        out = np.where(magnitude < smallest_normal, subnormal, normal)
+        out = np.where(magnitude >= np.uint32(self.max_bits), np.uint32(self.overflow), out)
+        out = np.where(magnitude > np.uint32(0x7F800000), np.uint32(self.nan), out)
+        return out.astype(np.uint8) | sign
+
+    def decode(self, data: np.ndarray, _dimension: int = 0) -> np.ndarray:  # [B, D] uint8 -> [B, D] float32
+        return _float8_values(self)[data.view(np.uint8)]
+
+    def table(self) -> np.ndarray:
+        """The 256 values, by the format's definition (e4m3fn: no infinity, 0x7F and 0xFF NaN; e5m2: IEEE's)."""
+        codes = np.arange(256, dtype=np.int64)
+        exponent = (codes >> self.mantissa_bits) & ((1 << self.exponent_bits) - 1)
+        mantissa = (codes & ((1 << self.mantissa_bits) - 1)).astype(np.float64) / (1 << self.mantissa_bits)
+        magnitude = np.where(
+            exponent == 0,
+            np.ldexp(mantissa, 1 - self.bias),
+            np.ldexp(1 + mantissa, (exponent - self.bias).astype(np.int32)),
+        )
+        values = np.where(codes & 0x80, -magnitude, magnitude)
+        top_exponent = exponent == (1 << self.exponent_bits) - 1
+        if self.has_infinity:
+            values = np.where(top_exponent, np.where(mantissa == 0, np.inf, np.nan), values)
+            values = np.where(top_exponent & (codes & 0x80 > 0), -values, values)
+        else:
+            values = np.where((codes & 0x7F) == self.nan, np.nan, values)
+        return values.astype(np.float32)
+
+    @property
+    def has_infinity(self) -> bool:
+        return self.overflow != 0x7E
+
+
+@functools.cache
+def _float8_values(form: Float8) -> np.ndarray:
+    return form.table()
+
+
+# torch's float8_e4m3fn (max 448) and float8_e5m2 (max 57,344; from 61,440 up infinity): vLLM's `embed_dtype`
+# fp8_e4m3 and fp8_e5m2.
+FLOAT8_E4M3 = Float8(exponent_bits=4, mantissa_bits=3, bias=7, max_bits=0x43E80000, overflow=0x7E)
+FLOAT8_E5M2 = Float8(exponent_bits=5, mantissa_bits=2, bias=15, max_bits=0x47800000, overflow=0x7C)
+
+
 def _unpack_bits(bits: np.ndarray, dimension: int, bitorder: str) -> np.ndarray:  # [B, D] float32 of -1 and +1
     return np.unpackbits(bits, axis=1, count=dimension, bitorder=bitorder).astype(np.float32) * 2 - 1
 
@@ -105,6 +181,8 @@ LAYOUTS: dict[Encoding, Layout] = {
     ),
     Encoding.UBINARY: Layout(np.dtype("u1"), 8, _ubinary_rows, lambda data, d: _unpack_bits(data, d, "big")),
     Encoding.UBINARY_LSB: Layout(np.dtype("u1"), 8, _ubinary_lsb_rows, lambda data, d: _unpack_bits(data, d, "little")),
+    Encoding.FP8_E4M3: Layout(np.dtype("u1"), 1, FLOAT8_E4M3.encode, FLOAT8_E4M3.decode),
+    Encoding.FP8_E5M2: Layout(np.dtype("u1"), 1, FLOAT8_E5M2.encode, FLOAT8_E5M2.decode),
 }
 
 
@@ -164,5 +242,7 @@ EMBED_DTYPES: dict[str, Encoding] = {
     "float32": Encoding.FLOAT32,
     "float16": Encoding.FLOAT16,
     "bfloat16": Encoding.BFLOAT16,
+    "fp8_e4m3": Encoding.FP8_E4M3,
+    "fp8_e5m2": Encoding.FP8_E5M2,
 }
 ENDIANNESS: dict[str, bool] = {"native": sys.byteorder == "big", "little": False, "big": True}  # -> big_endian

@@ -445,7 +445,7 @@ async def _similarity(gateway: Gateway, request: Request) -> Response:
 
 
 async def _similarity_body(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
-    job = text_tools.parse_similarity(body)
+    job = text_tools.parse_similarity(body, strict=not gateway.config.allow_unknown_fields)
     gateway.check_inputs(job.num_inputs)
     _, rows, _ = await _unless_disconnected(request, gateway.embed(job))
     return _json(text_tools.similarities(rows))
@@ -477,7 +477,7 @@ async def _rerank(gateway: Gateway, request: Request) -> Response:
     body = await gateway.read_json(request)
     if "documents" in body:
         return await _openai_errors(_cohere_rerank(gateway, request, body))
-    job, return_text = rerank.parse_tei_rerank(body)
+    job, return_text = rerank.parse_tei_rerank(body, strict=not gateway.config.allow_unknown_fields)
     _, scores, _ = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.tei_response(scores, job, return_text))
 
@@ -487,13 +487,13 @@ async def _v1_rerank(gateway: Gateway, request: Request) -> Response:
 
 
 async def _cohere_rerank(gateway: Gateway, request: Request, body: dict[str, Any]) -> Response:
-    job, top_n, return_documents = rerank.parse_cohere_rerank(body)
+    job, top_n, return_documents = rerank.parse_cohere_rerank(body, strict=not gateway.config.allow_unknown_fields)
     model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.cohere_response(scores, job, model, tokens, top_n, return_documents))
 
 
 async def _score(gateway: Gateway, request: Request) -> Response:
-    job = rerank.parse_score(await gateway.read_json(request))
+    job = rerank.parse_score(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
     model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.score_response(scores, model, tokens))
 
@@ -563,10 +563,12 @@ async def _tei_tokenize(gateway: Gateway, request: Request) -> Response:
     return _json(tokens)
 
 
-def _model_card(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
-    """OpenAI's model object, plus what a client needs to use it: family, pooling, limit, width."""
+def _model_card(gateway: Gateway, model: ServedModel, name: str | None = None) -> dict[str, Any]:
+    """OpenAI's model object under `name` (default: the model's id), plus what a client needs to use it: family,
+    pooling, limit, width; `root` is the model's own name (vLLM's, for a served name)."""
     return {
-        "id": model.id, "object": "model", "created": 0, "owned_by": "bouquet", "family": model.family,
+        "id": name or model.id, "object": "model", "created": 0, "owned_by": "bouquet", "root": model.name,
+        "family": model.family,
         "task": model.task, "sparse": bool(model.sparse_dimension),
         "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
         "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
@@ -582,11 +584,14 @@ def _model_stats(gateway: Gateway, model: ServedModel) -> dict[str, Any]:
 
 
 async def _models(gateway: Gateway, request: Request) -> Response:
-    return _json({"object": "list", "data": [_model_card(gateway, model) for model in gateway.catalog.ordered]})
+    cards = [_model_card(gateway, model, name) for model in gateway.catalog.ordered for name in model.listed_names]
+    return _json({"object": "list", "data": cards})
 
 
 async def _model(gateway: Gateway, request: Request) -> Response:
-    return _json(_model_card(gateway, gateway.catalog.get(request.path_params["model"])))
+    name = request.path_params["model"]
+    model = gateway.catalog.get(name)
+    return _json(_model_card(gateway, model, name if name in model.listed_names else None))
 
 
 async def _info(gateway: Gateway, request: Request) -> Response:

@@ -104,24 +104,25 @@ _UNREADABLE_BODY = ("invalid_json", "invalid_utf8", "invalid_gzip")  # 400 on ev
 
 
 def tei_error(error: ApiError) -> tuple[int, str]:
-    """TEI's status and `error_type` for `error`."""
+    """TEI's status and `error_type` for `error`: its router's ErrorType variant names as serde writes them
+    (capitalised); kinds TEI has no variant for keep the OpenAI type."""
     if error.code == "empty_input":
-        return 400, "empty"
+        return 400, "Empty"
     if error.code == "missing_required_parameter":
-        return 422, "validation"  # a body without a required field is one of the wrong shape (axum's 422)
+        return 422, "Validation"  # a body without a required field is one of the wrong shape (axum's 422)
     if error.code == "wrong_task":
-        return 424, "backend"  # TEI: "model is not a re-ranker model" and the like
+        return 424, "Backend"  # TEI: "model is not a re-ranker model" and the like
     if isinstance(error, Unavailable) and error.code == "no_healthy_replica":
-        return 503, "unhealthy"
+        return 503, "Unhealthy"
     if isinstance(error, Unavailable):
-        return 424, "backend"
+        return 424, "Backend"
     if isinstance(error, Overloaded):
-        return 429, "overloaded"
+        return 429, "Overloaded"
     if error.code == "unsupported_parameter":
-        return 422, "validation"  # a field the route does not have: a body of the wrong shape
+        return 422, "Validation"  # a field the route does not have: a body of the wrong shape
     if isinstance(error, InvalidRequest) and error.status == 400 and error.code not in _UNREADABLE_BODY:
-        return 413, "validation"  # TEI's Validation: a bad dimensions or prompt_name, an id out of the vocabulary
-    return error.status, "validation" if error.status in (400, 413, 422) else error.type
+        return 413, "Validation"  # TEI's Validation: a bad dimensions or prompt_name, an id out of the vocabulary
+    return error.status, "Validation" if error.status in (400, 413, 422) else error.type
 
 
 def tei_error_response(error: ApiError) -> Response:

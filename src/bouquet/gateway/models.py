@@ -49,6 +49,7 @@ class ServedModel:
     tokenizer: ModelTokenizer | None  # None: the replica sent none and no local directory has it; token ids only
     labels: tuple[str, ...] = ()  # a score model's label names by index (TEI's /predict)
     sparse_dimension: int = 0  # a sparse row's width (SPLADE, bge-m3's sparse head); 0: no sparse rows
+    served_names: tuple[str, ...] = ()  # the replica's --served-model-name, each listed by /v1/models
 
     @property
     def routes(self) -> str:
@@ -75,6 +76,11 @@ class ServedModel:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+    @property
+    def listed_names(self) -> tuple[str, ...]:
+        """The names /v1/models lists: each served name, else the id."""
+        return self.served_names or (self.id,)
 
     def prompt(self, prompt_name: str | None) -> str:
         """`prompt_name`'s text, else the model's default prompt, else none."""
@@ -120,7 +126,9 @@ class ModelCatalog:
             return known
         model = self._create(info)
         for name in model.names:
-            self._models.setdefault(name, model)
+            other = self._models.setdefault(name, model)
+            if other is not model:
+                logger.warning("the name %r is %r's already; %r is not served under it", name, other.name, model.name)
         self.ordered.append(model)
         # the default is the first model given, not whichever replica happened to answer first
         given = {name: index for index, name in enumerate(self._specs)}
@@ -167,8 +175,10 @@ class ModelCatalog:
         template = pair_template(info.architecture, info.task or "embed")
         tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
+        served_names = tuple(info.served_names)
+        aliases = tuple(dict.fromkeys([*served_names, *(_BUNDLED_NAMES if bundled else ())]))  # served first: the id
         return ServedModel(
-            name=info.model_name, aliases=_BUNDLED_NAMES if bundled else (), dimension=info.dimension,
+            name=info.model_name, aliases=aliases, dimension=info.dimension, served_names=served_names,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
             family=info.family, architecture=info.architecture, task=info.task or "embed",
             score_activation=info.score_activation or "Identity", normalize=info.normalize, dtype=info.dtype,

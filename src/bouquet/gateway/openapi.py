@@ -430,6 +430,7 @@ TASK: Schema = {"type": "string", "enum": ["embed", "score", "sparse"], "descrip
 SPARSE: Schema = {**BOOLEAN, "description": "whether /embed_sparse serves it (SPLADE, or bge-m3's sparse head)"}
 MODEL_CARD = _named("Model", _response({
     "id": STRING, "object": {"type": "string", "enum": ["model"]}, "created": INTEGER, "owned_by": STRING,
+    "root": {**STRING, "description": "the model's own name; id is one of its --served-model-name where given"},
     "family": STRING, "task": TASK, "sparse": SPARSE, "architecture": STRING,
     "pooling": STRING, "normalize": BOOLEAN, "dimension": COUNT, "max_input_length": COUNT, "dtype": STRING,
     "replicas": {**COUNT, "description": "healthy replicas serving it"},
@@ -478,9 +479,9 @@ for _cls in _error_classes():
 OPENAI_ERROR_TYPES.setdefault(405, set()).add(errors.InvalidRequest.type)  # app._not_found's 405
 # TEI's `error_type` for each status on TEI's routes, as errors.tei_error maps them.
 TEI_ERROR_TYPES: dict[int, tuple[str, ...]] = {
-    400: ("empty", "validation"), 401: ("authentication_error",), 404: ("invalid_request_error",),
-    408: ("invalid_request_error",), 413: ("validation",), 415: ("invalid_request_error",), 422: ("validation",),
-    424: ("backend",), 429: ("overloaded",), 503: ("unhealthy",),
+    400: ("Empty", "Validation"), 401: ("authentication_error",), 404: ("invalid_request_error",),
+    408: ("invalid_request_error",), 413: ("Validation",), 415: ("invalid_request_error",), 422: ("Validation",),
+    424: ("Backend",), 429: ("Overloaded",), 503: ("Unhealthy",),
 }  # fmt: skip
 
 
@@ -514,7 +515,7 @@ STATUS_TEXT = {
 }
 # What else TEI's mapping (errors.tei_error) answers with a status, on TEI's routes.
 _TEI_ANSWERED = {
-    400: "error_type empty for an empty input, validation for unreadable JSON",
+    400: "error_type Empty for an empty input, Validation for unreadable JSON",
     413: "also TEI's validation errors: a bad dimensions, prompt_name, token id or truncation_direction",
     422: "also a missing field, or one the route does not take",
 }

@@ -44,9 +44,10 @@ class RerankJob:
     instruction: str | None = None  # a decoder reranker's, in its pair template; None: the model's default
 
 
-def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
+def parse_tei_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, bool]:
     """TEI's body, and whether to return each text."""
-    refuse_unknown(body, _TEI_FIELDS)
+    if strict:
+        refuse_unknown(body, _TEI_FIELDS)
     if truncation_direction(body) != "right":
         message = "truncation_direction 'left' is not supported for pairs: the longer part is cut from its end"
         raise InvalidRequest(message, "unsupported_parameter", "truncation_direction")
@@ -63,9 +64,10 @@ def parse_tei_rerank(body: dict[str, Any]) -> tuple[RerankJob, bool]:
     return job, bool(optional_field(body, "return_text", bool))
 
 
-def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bool]:
+def parse_cohere_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None, bool]:
     """Cohere's, Jina's and vLLM's body (documents as strings or {"text": ...}), its top_n and return_documents."""
-    refuse_unknown(body, _RERANK_FIELDS)
+    if strict:
+        refuse_unknown(body, _RERANK_FIELDS)
     query = _text(body, "query")
     documents = [_document_text(document, index) for index, document in enumerate(_list(body, "documents"))]
     top_n = optional_field(body, "top_n", int)
@@ -81,10 +83,11 @@ def parse_cohere_rerank(body: dict[str, Any]) -> tuple[RerankJob, int | None, bo
     return job, top_n, True if return_documents is None else return_documents
 
 
-def parse_score(body: dict[str, Any]) -> RerankJob:
+def parse_score(body: dict[str, Any], strict: bool = True) -> RerankJob:
     """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
     body = _score_aliases(body)
-    refuse_unknown(body, _SCORE_FIELDS)
+    if strict:
+        refuse_unknown(body, _SCORE_FIELDS)
     first, second = body.get("text_1"), body.get("text_2")
     queries = [_text(body, "text_1")] if isinstance(first, str) else _texts(first, "text_1")
     documents = [_text(body, "text_2")] if isinstance(second, str) else _texts(second, "text_2")

@@ -24,7 +24,8 @@ _SIMILARITY_PARAMETERS = frozenset({"truncate", "truncation_direction", "prompt_
 
 async def vllm_tokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's /tokenize: `{"prompt"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
-    refuse_unknown(body, _VLLM_TOKENIZE_FIELDS)
+    if not gateway.config.allow_unknown_fields:
+        refuse_unknown(body, _VLLM_TOKENIZE_FIELDS)
     prompt = optional_field(body, "prompt", str)
     if not prompt:
         raise InvalidRequest("'prompt' is required and must not be empty", "empty_input", "prompt")
@@ -39,7 +40,8 @@ async def vllm_tokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, Any
 
 async def vllm_detokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, str]:
     """vLLM's /detokenize: `{"model", "tokens"}` -> `{"prompt"}`, special tokens kept as HF's decode keeps them."""
-    refuse_unknown(body, _VLLM_DETOKENIZE_FIELDS)
+    if not gateway.config.allow_unknown_fields:
+        refuse_unknown(body, _VLLM_DETOKENIZE_FIELDS)
     tokens = body.get("tokens")
     if tokens is None:
         raise InvalidRequest("'tokens' is required", "missing_required_parameter", "tokens")
@@ -54,7 +56,8 @@ async def vllm_detokenize(gateway: Gateway, body: dict[str, Any]) -> dict[str, s
 
 async def decode(gateway: Gateway, body: dict[str, Any]) -> list[str]:
     """TEI's /decode: `{"ids": [...] | [[...], ...], "skip_special_tokens"}` -> one string per sequence."""
-    refuse_unknown(body, _DECODE_FIELDS)
+    if not gateway.config.allow_unknown_fields:
+        refuse_unknown(body, _DECODE_FIELDS)
     ids = body.get("ids")
     if ids is None:
         raise InvalidRequest("'ids' is required", "missing_required_parameter", "ids")
@@ -70,10 +73,11 @@ async def decode(gateway: Gateway, body: dict[str, Any]) -> list[str]:
     return await model.require_tokenizer().decode(batch, skip is not False)
 
 
-def parse_similarity(body: dict[str, Any]) -> EmbedJob:
+def parse_similarity(body: dict[str, Any], strict: bool = True) -> EmbedJob:
     """TEI's /similarity: `{"inputs": {"source_sentence", "sentences"}, "parameters": {...}}` as one embedding job,
     the source first, rows not normalised (the cosine does that)."""
-    refuse_unknown(body, _SIMILARITY_FIELDS)
+    if strict:
+        refuse_unknown(body, _SIMILARITY_FIELDS)
     inputs = body.get("inputs")
     if not isinstance(inputs, dict):
         raise Unprocessable("'inputs' must be an object with source_sentence and sentences", "invalid_type", "inputs")
@@ -85,7 +89,8 @@ def parse_similarity(body: dict[str, Any]) -> EmbedJob:
     parameters = {} if body.get("parameters") is None else body["parameters"]  # false, 0 or "" are no object
     if not isinstance(parameters, dict):
         raise Unprocessable("'parameters' must be an object", "invalid_type", "parameters")
-    refuse_unknown(parameters, _SIMILARITY_PARAMETERS)
+    if strict:
+        refuse_unknown(parameters, _SIMILARITY_PARAMETERS)
     truncate = optional_field(parameters, "truncate", bool)
     return EmbedJob(
         model=optional_field(body, "model", str),

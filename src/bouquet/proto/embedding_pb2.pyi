@@ -4,7 +4,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -19,6 +19,8 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BINARY: _ClassVar[Encoding]
     UBINARY: _ClassVar[Encoding]
     UBINARY_LSB: _ClassVar[Encoding]
+    FP8_E4M3: _ClassVar[Encoding]
+    FP8_E5M2: _ClassVar[Encoding]
 FLOAT32: Encoding
 FLOAT16: Encoding
 BFLOAT16: Encoding
@@ -27,6 +29,8 @@ UINT8: Encoding
 BINARY: Encoding
 UBINARY: Encoding
 UBINARY_LSB: Encoding
+FP8_E4M3: Encoding
+FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
     __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans")
@@ -79,7 +83,7 @@ class InfoRequest(_message.Message):
     def __init__(self, include_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension")
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +108,7 @@ class InfoResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     SCORE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     SPARSE_DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    SERVED_NAMES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dimension: int
@@ -121,4 +126,5 @@ class InfoResponse(_message.Message):
     task: str
     score_activation: str
     sparse_dimension: int
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ...) -> None: ...
+    served_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -91,7 +91,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self._info = embedding_pb2.InfoResponse()
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
 
-    def attach(self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str) -> None:
+    def attach(
+        self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str, served_names: tuple[str, ...] = ()
+    ) -> None:
         spec = engine.spec
         self._info = embedding_pb2.InfoResponse(
             model_name=spec.name, architecture=spec.architecture, dimension=engine.dimension,
@@ -99,6 +101,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
             max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
             task=engine.task, score_activation=spec.score_activation, sparse_dimension=engine.sparse_dimension,
+            served_names=served_names,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
@@ -212,9 +215,11 @@ class ReplicaServer:
         await self.server.start()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    async def attach(self, engine: StepEngine, config: SchedulerConfig, dtype: str, device: str) -> Scheduler:
+    async def attach(
+        self, engine: StepEngine, config: SchedulerConfig, dtype: str, device: str, served_names: tuple[str, ...] = ()
+    ) -> Scheduler:
         self.scheduler = Scheduler(engine, config, self.metrics)
-        self.servicer.attach(engine, self.scheduler, dtype, device)
+        self.servicer.attach(engine, self.scheduler, dtype, device, served_names)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         return self.scheduler
 
@@ -299,7 +304,9 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
         # scans them holds the interpreter, so every step's dispatch and the event loop, for 65-85 ms.
         gc.collect()
         gc.freeze()
-        await replica.attach(engine, scheduler_config, engine_config.dtype, engine_config.device)
+        await replica.attach(
+            engine, scheduler_config, engine_config.dtype, engine_config.device, config.served_model_names
+        )
         where = config.listen if config.listen.startswith("unix:") else f"port {replica.port}"
         print(f"bouquet replica: serving {engine.spec.name} on {where}", file=sys.stderr, flush=True)
         await stop.wait()
