@@ -40,6 +40,7 @@ import torch
 
 from bouquet.config import default_model_path
 from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.layers.int8_products import available_products
 from bouquet.tokenizer import TextTokenizer
 
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's limit (sentence-transformers' max_seq_length)
@@ -143,8 +144,9 @@ def report(dtype: str, found: list[System], work: Workload, ceilings: list[float
     print(f"\n== bouquet {dtype}, peers {peer_dtype}: oneDNN packed-linear ceiling in {peer_dtype} {ceiling:.0f} "
           f"GFLOP/s (median; rounds {listed})")  # fmt: skip
     if dtype == "int8":
-        linear, product = offline.int8_ceilings()
-        print(f"int8 ceiling: bouquet's int8 linear {linear:.0f} GOP/s, oneDNN's int8 product alone {product:.0f}")
+        for product in available_products():
+            linear, alone = offline.int8_ceilings(product)
+            print(f"int8 ceiling ({product}): bouquet's int8 linear {linear:.0f} GOP/s, the product alone {alone:.0f}")
     print(f"documents: {sum(map(len, work.requests))} texts, {work.doc_tokens} real tokens, {args.per_request} "
           f"a request, {args.concurrency} concurrent; medians of {args.rounds} rounds")  # fmt: skip
     for system in found:

@@ -39,7 +39,8 @@ from bouquet.gateway.testing import children, free_port, start_serve
 INTERNAL = {"token_buckets", "seq_buckets", "max_graphs", "max_steps_in_flight", "sort_window", "worker_args",
             "replica_args", "gateway_args", "token", "replica_token"}  # fmt: skip
 # Flags whose parsed name is not the field's name.
-FIELD_OF = {"model": "model_path", "input": "input_path", "output": "output_path"}
+FIELD_OF = {"model": "model_path", "input": "input_path", "output": "output_path",
+            "served_model_name": "served_model_names"}  # fmt: skip
 GATEWAY_FIELD_OF = {"replica": "replicas", "model": "model_dirs"}
 SERVE_PICKS = {"--listen", "--metrics-port", "--replica"}  # serve gives these itself, per child
 # What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS).
@@ -193,6 +194,7 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
         "--cpu-workers": "1", "--cpu-lone-step-tokens": "64", "--cpu-token-buckets": "8", "--cpu-warmup-tokens": "256",
         "--max-batch-tokens": "512",
         "--max-batch-seqs": "32", "--max-queue-tokens": "100000", "--drain-seconds": "20.0", "--log-level": "INFO",
+        "--served-model-name": "text-embedding-3-small",
     }  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, sparse, text_tools
+from bouquet.gateway.api import cohere
 from bouquet.gateway.app import create_app
 from bouquet.gateway.openapi import openapi_spec
 from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
@@ -39,7 +40,7 @@ from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
-RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict"}
+RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict", "/v2/rerank"}
 SPARSE = "tiny-splade"
 CHECKS = [
     not_a_server_error,
@@ -103,6 +104,8 @@ def _properties(name: str, *inner: str) -> set[str]:
         ("PredictRequest", (), predict._FIELDS),
         ("ScoreRequest", (), rerank._SCORE_FIELDS | set(rerank._SCORE_ALIASES)),  # vLLM's names for the sides
         ("DetokenizeRequest", (), text_tools._VLLM_DETOKENIZE_FIELDS),
+        ("CohereV2EmbedRequest", (), cohere.EMBED_FIELDS),
+        ("CohereV2RerankRequest", (), cohere.RERANK_FIELDS),
     ],
 )
 def test_request_fields_are_the_parsers(schema_name: str, inner: tuple[str, ...], fields: frozenset[str]) -> None:

@@ -31,6 +31,7 @@ from bouquet.config import GatewayConfig
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import contextual, long_inputs, predict, request_ids, rerank, sparse, text_tools
 from bouquet.gateway.admission import Admission
+from bouquet.gateway.api import cohere
 from bouquet.gateway.chunking import embed_chunked
 from bouquet.gateway.errors import (
     ApiError,
@@ -44,6 +45,7 @@ from bouquet.gateway.errors import (
     Unavailable,
     Unprocessable,
     UnsupportedMedia,
+    cohere_error_response,
     error_response,
     tei_error_response,
 )
@@ -377,12 +379,12 @@ Handler = Callable[[Gateway, Request], Awaitable[Response]]
 
 def _endpoint(
     route: str, handler: Handler, *, public: bool = False, work: bool = False, tei: bool = False,
-    replicas: bool = True,
+    replicas: bool = True, errors: Callable[[ApiError], Response] | None = None,
 ) -> Callable[[Request], Awaitable[Response]]:  # fmt: skip
     """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`; on the
     replicas unless `replicas` is False (the tokenizer's routes). `tei`: a text-embeddings-inference route, whose
-    errors have TEI's body and status."""
-    answer_error = tei_error_response if tei else error_response
+    errors have TEI's body and status; `errors`: another API's error body (Cohere's)."""
+    answer_error = errors or (tei_error_response if tei else error_response)
 
     async def endpoint(request: Request) -> Response:
         gateway: Gateway = request.app.state.gateway
@@ -490,6 +492,20 @@ async def _cohere_rerank(gateway: Gateway, request: Request, body: dict[str, Any
     job, top_n, return_documents = rerank.parse_cohere_rerank(body, strict=not gateway.config.allow_unknown_fields)
     model, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
     return _json(rerank.cohere_response(scores, job, model, tokens, top_n, return_documents))
+
+
+async def _cohere_v2_embed(gateway: Gateway, request: Request) -> Response:
+    parsed = cohere.parse_embed(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    model = gateway.catalog.get(parsed.job.model)
+    job = replace(parsed.job, prompt_name=cohere.prompt_name(model.prompts, parsed.input_type))
+    _, rows, tokens = await _unless_disconnected(request, gateway.embed(job))
+    return _json(cohere.embed_response(rows, parsed, tokens))
+
+
+async def _cohere_v2_rerank(gateway: Gateway, request: Request) -> Response:
+    job, top_n = cohere.parse_rerank(await gateway.read_json(request), strict=not gateway.config.allow_unknown_fields)
+    _, scores, tokens = await _unless_disconnected(request, rerank.score(gateway, job))
+    return _json(cohere.rerank_response(scores, top_n, tokens))
 
 
 async def _score(gateway: Gateway, request: Request) -> Response:
@@ -700,6 +716,16 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
         # Cohere's, Jina's and vLLM's
         Route("/v1/rerank", _endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
         Route("/score", _endpoint("/score", _score, work=True), methods=["POST"]),
+        Route(
+            "/v2/embed",
+            _endpoint("/v2/embed", _cohere_v2_embed, work=True, errors=cohere_error_response),
+            methods=["POST"],
+        ),
+        Route(
+            "/v2/rerank",
+            _endpoint("/v2/rerank", _cohere_v2_rerank, work=True, errors=cohere_error_response),
+            methods=["POST"],
+        ),
         Route("/v1/score", _endpoint("/v1/score", _score, work=True), methods=["POST"]),
         # Perplexity's
         Route(

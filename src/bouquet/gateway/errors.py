@@ -125,6 +125,12 @@ def tei_error(error: ApiError) -> tuple[int, str]:
     return error.status, "Validation" if error.status in (400, 413, 422) else error.type
 
 
+def cohere_error_response(error: ApiError) -> Response:
+    """Cohere's error body, `{"message"}`, which its SDK raises as the status's error class."""
+    body = orjson.dumps({"message": error.message})
+    return Response(body, error.status, error.headers, media_type="application/json")
+
+
 def tei_error_response(error: ApiError) -> Response:
     status, error_type = tei_error(error)
     body = orjson.dumps({"error": error.message, "error_type": error_type})

@@ -267,6 +267,50 @@ COHERE_RERANK_FIELDS: dict[str, Schema] = {
     "instruction": INSTRUCTION,
     **ACTIVATION_FIELDS,
 }
+_COHERE_TEXTS = _array(TEXT, 1)
+COHERE_V2_EMBED_FIELDS: dict[str, Schema] = {
+    "model": MODEL,
+    "texts": {**_COHERE_TEXTS, "description": "the texts (or `inputs`)"},
+    "inputs": _array(
+        _object(
+            {
+                "content": _array(
+                    _object({"type": {"type": "string", "enum": ["text"]}, "text": STRING}, ("type", "text")), 1
+                )
+            },
+            ("content",),
+        ),
+        1,
+        description="each input's text content, joined (images are refused)",
+    ),
+    "images": nullable({**_array(STRING), "maxItems": 0, "description": "refused unless empty: no image model"}),
+    "input_type": nullable(
+        {
+            "type": "string",
+            "enum": ["search_query", "search_document", "classification", "clustering"],
+            "description": "the model's prompt of that role (query, document / passage, ...)",
+        }
+    ),
+    "embedding_types": nullable(
+        _array(
+            {"type": "string", "enum": ["float", "int8", "uint8", "binary", "ubinary", "base64"]},
+            1,
+            description="default: float",
+        )
+    ),
+    "output_dimension": nullable({"type": "integer", "minimum": 1}),
+    "max_tokens": nullable({"type": "integer", "minimum": 1, "description": "keep each input's first N tokens"}),
+    "truncate": nullable({"type": "string", "enum": ["NONE", "START", "END"], "default": "END"}),
+    "priority": nullable({**INTEGER, "description": "accepted, not used"}),
+}
+COHERE_V2_RERANK_FIELDS: dict[str, Schema] = {
+    "model": MODEL,
+    "query": TEXT,
+    "documents": _array(TEXT, 1),
+    "top_n": nullable({"type": "integer", "minimum": 1, "description": "default: every document"}),
+    "max_tokens_per_doc": {"nullable": True, "enum": [None], "description": "refused: pairs are cut to the limit"},
+    "priority": nullable({**INTEGER, "description": "accepted, not used"}),
+}
 SCORE_FIELDS: dict[str, Schema] = {
     "text_1": {**TEXTS, "description": "one text scored against each text_2, or as many as text_2, pair by pair"},
     "text_2": TEXTS,
@@ -337,6 +381,11 @@ PREDICT_REQUEST = _named("PredictRequest", _request(PREDICT_FIELDS, ("inputs",))
 DETOKENIZE_REQUEST = _named("DetokenizeRequest", _request(VLLM_DETOKENIZE_FIELDS, ("tokens",)))
 TEI_RERANK_REQUEST = _named("TEIRerankRequest", _request(TEI_RERANK_FIELDS, ("query", "texts")))
 COHERE_RERANK_REQUEST = _named("CohereRerankRequest", _request(COHERE_RERANK_FIELDS, ("query", "documents")))
+COHERE_V2_EMBED_REQUEST = _named("CohereV2EmbedRequest", _request(
+    COHERE_V2_EMBED_FIELDS, (), description="exactly one of texts and inputs",
+    oneOf=[{"required": ["texts"]}, {"required": ["inputs"]}],
+))  # fmt: skip
+COHERE_V2_RERANK_REQUEST = _named("CohereV2RerankRequest", _request(COHERE_V2_RERANK_FIELDS, ("query", "documents")))
 RERANK_REQUEST: Schema = {
     "description": "TEI's body (`texts`; TEI's answer and errors), or Cohere's and Jina's (`documents`; theirs)",
     "oneOf": [TEI_RERANK_REQUEST, COHERE_RERANK_REQUEST],
@@ -420,6 +469,25 @@ COHERE_RANKING = _named("CohereRanking", _response({
                 ("index", "relevance_score"))
     ),
     "usage": USAGE,
+}))  # fmt: skip
+_COHERE_META = _named("CohereMeta", _response({
+    "api_version": _response({"version": {"type": "string", "enum": ["2"]}}),
+    "billed_units": _object({"input_tokens": COUNT, "search_units": COUNT}),
+}))  # fmt: skip
+_INTEGERS = _array(_array(INTEGER))
+COHERE_V2_EMBEDDINGS = _named("CohereV2Embeddings", _response({
+    "id": STRING,
+    "embeddings": _object({"float": _array(_array(NUMBER)), "int8": _INTEGERS, "uint8": _INTEGERS,
+                           "binary": _INTEGERS, "ubinary": _INTEGERS, "base64": _array(STRING)},
+                          description="the types asked for (embedding_types)"),
+    "texts": _array(STRING),
+    "meta": _COHERE_META,
+    "response_type": {"type": "string", "enum": ["embeddings_by_type"]},
+}))  # fmt: skip
+COHERE_V2_RANKING = _named("CohereV2Ranking", _response({
+    "id": STRING,
+    "results": _array(_response({"index": COUNT, "relevance_score": NUMBER})),
+    "meta": _COHERE_META,
 }))  # fmt: skip
 SCORES = _named("Scores", _response({
     "id": STRING, "object": {"type": "string", "enum": ["list"]}, "created": COUNT, "model": STRING,
@@ -541,7 +609,7 @@ class Operation:
     ok: dict[str, Schema]  # media type -> the 200 body
     request: Schema | None = None
     statuses: frozenset[int] = frozenset()  # besides CONNECTION, and 401 where the key applies
-    errors: str = "openai"  # "openai", "tei", or "both" (/rerank and /tokenize: by the body)
+    errors: str = "openai"  # "openai", "tei", "both" (/rerank and /tokenize: by the body), or "cohere"
     public: bool = False  # no API key asked (TEI keeps these open)
     parameters: tuple[Schema, ...] = ()
 
@@ -605,6 +673,11 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation("/detokenize", "post", "vLLM: token ids back to text", "vLLM", _json(DETOKENIZED),
               DETOKENIZE_REQUEST, COMPUTE),
+    # Cohere's v2, with its error body
+    Operation("/v2/embed", "post", "Cohere v2: embed texts, in each embedding type asked for", "Cohere",
+              _json(COHERE_V2_EMBEDDINGS), COHERE_V2_EMBED_REQUEST, COMPUTE, "cohere"),
+    Operation("/v2/rerank", "post", "Cohere v2: rerank documents with a cross-encoder", "Cohere",
+              _json(COHERE_V2_RANKING), COHERE_V2_RERANK_REQUEST, COMPUTE, "cohere"),
     # Perplexity's
     Operation("/v1/contextualizedembeddings", "post", "Perplexity: late-chunked chunk embeddings per document",
               "Perplexity", _json(CONTEXTUAL), CONTEXTUAL_REQUEST, COMPUTE),
@@ -634,13 +707,15 @@ def _error(operation: Operation, status: int) -> Schema:
     body: OpenAI's to Cohere's body (`documents`) and to vLLM's (`prompt`), once the body is read."""
     own = operation.statuses | (set() if operation.public else {401})
     shapes = []
-    if operation.errors != "openai" and status in own:
+    if operation.errors in ("tei", "both") and status in own:
         shapes.append(tei_error(status))
+    if operation.errors == "cohere" and status in own:
+        shapes.append(_named(f"CohereError{status}", _response({"message": STRING})))
     both = operation.errors == "both" and status in OPENAI_ERROR_TYPES
     if operation.errors == "openai" or status in CONNECTION or both:
         shapes.append(openai_error(status))
     text = STATUS_TEXT[status]
-    if operation.errors != "openai" and status in _TEI_ANSWERED:
+    if operation.errors in ("tei", "both") and status in _TEI_ANSWERED:
         text += f" ({_TEI_ANSWERED[status]})"
     headers = {"x-request-id": _header("x-request-id")}
     if status == 401:
@@ -686,7 +761,7 @@ def openapi_spec() -> dict[str, Any]:
             "A body is read as JSON whatever its Content-Type, and may be gzip-compressed "
             "(Content-Encoding: gzip; another encoding is a 415).",
         },
-        "tags": [{"name": name} for name in ("OpenAI", "TEI", "Rerank", "vLLM", "Perplexity", "Operations")],
+        "tags": [{"name": n} for n in ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Perplexity", "Operations")],
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "--api-key"}},
             "headers": _HEADERS,

@@ -1,0 +1,188 @@
+"""Cohere's API v2, as its SDK's `ClientV2` calls it: `POST /v2/embed` and `POST /v2/rerank`.
+
+`/v2/embed` takes `texts` (or `inputs` of text content), `input_type` (search_query, search_document,
+classification, clustering: the model's sentence-transformers prompt of that role where it has one, else none),
+`embedding_types` (any of float, int8, uint8, binary, ubinary, base64: each computed from the same float rows,
+in bouquet's encodings), `output_dimension`, `max_tokens` (keep the first N tokens) and `truncate` (END, the
+default; START; NONE: an input over the limit is an error). Images are refused: no image model is served yet.
+`/v2/rerank` takes `query`, `documents` (strings) and `top_n`, and answers the results without documents, as v2 does.
+Errors have Cohere's body, `{"message": ...}` (errors.cohere_error_response), with the status of the error."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bouquet.encodings import Encoding, encode_rows
+from bouquet.gateway.errors import InvalidRequest, Unprocessable
+from bouquet.gateway.rerank import RerankJob, parse_cohere_rerank
+from bouquet.gateway.schemas import EmbedJob, optional_field, refuse_unknown
+
+EMBED_FIELDS = frozenset({
+    "model", "texts", "inputs", "images", "input_type", "embedding_types", "output_dimension", "max_tokens",
+    "truncate", "priority",
+})  # fmt: skip
+RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "max_tokens_per_doc", "priority"})
+# Each embedding type: the encoding its rows take, and whether each row is a base64 string of its bytes.
+EMBEDDING_TYPES: dict[str, tuple[Encoding, bool]] = {
+    "float": (Encoding.FLOAT32, False),
+    "int8": (Encoding.INT8, False),
+    "uint8": (Encoding.UINT8, False),
+    "binary": (Encoding.BINARY, False),
+    "ubinary": (Encoding.UBINARY, False),
+    "base64": (Encoding.FLOAT32, True),
+}
+# input_type -> the sentence-transformers prompt names that play its role, the first a model has is used.
+INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "search_query": ("query", "search_query"),
+    "search_document": ("document", "passage", "search_document", "doc"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+TRUNCATE = ("NONE", "START", "END")
+
+
+@dataclass(frozen=True)
+class CohereEmbed:
+    job: EmbedJob  # float32 rows; each embedding type is encoded from them
+    input_type: str | None
+    embedding_types: tuple[str, ...]
+
+
+def parse_embed(body: dict[str, Any], strict: bool = True) -> CohereEmbed:
+    if strict:
+        refuse_unknown(body, EMBED_FIELDS)
+    optional_field(body, "priority", int)  # Cohere's scheduling hint: checked, not used
+    if body.get("images"):
+        raise InvalidRequest("images are not supported: no image model is served", "unsupported_parameter", "images")
+    texts = _texts(body)
+    input_type = optional_field(body, "input_type", str)
+    if input_type is not None and input_type not in INPUT_TYPE_PROMPTS:
+        known = ", ".join(INPUT_TYPE_PROMPTS)
+        raise InvalidRequest(f"'input_type' must be one of {known}, got {input_type!r}", "invalid_value", "input_type")
+    truncate = (optional_field(body, "truncate", str) or "END").upper()
+    if truncate not in TRUNCATE:
+        raise InvalidRequest(f"'truncate' must be one of {TRUNCATE}, got {truncate!r}", "invalid_value", "truncate")
+    max_tokens = _positive(body, "max_tokens")
+    job = EmbedJob(
+        model=optional_field(body, "model", str),
+        texts=texts,
+        token_ids=None,
+        dimensions=_positive(body, "output_dimension"),
+        truncate=truncate != "NONE",
+        truncation_direction="left" if truncate == "START" else "right",
+        truncate_tokens=max_tokens,
+        long_input="truncate" if truncate == "NONE" else None,  # over the limit stays an error, never chunked
+    )
+    return CohereEmbed(job, input_type, _embedding_types(body))
+
+
+def prompt_name(prompts: dict[str, str], input_type: str | None) -> str | None:
+    """The model's prompt for `input_type`'s role, or None (then the model's default prompt applies)."""
+    names = INPUT_TYPE_PROMPTS.get(input_type or "", ())
+    return next((name for name in names if name in prompts), None)
+
+
+def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[str, Any]:
+    """Cohere's EmbedByTypeResponse: every type asked for, each computed from the float rows."""
+    embeddings: dict[str, Any] = {}
+    for name in request.embedding_types:
+        encoding, as_base64 = EMBEDDING_TYPES[name]
+        encoded = encode_rows(rows, encoding)
+        if as_base64:
+            encoded = [base64.b64encode(row.tobytes()).decode("ascii") for row in encoded]
+        embeddings[name] = encoded
+    return {
+        "id": str(uuid.uuid4()),
+        "embeddings": embeddings,
+        "texts": request.job.texts,
+        "meta": _meta(tokens),
+        "response_type": "embeddings_by_type",
+    }
+
+
+def parse_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None]:
+    if strict:
+        refuse_unknown(body, RERANK_FIELDS)
+    optional_field(body, "priority", int)
+    if body.get("max_tokens_per_doc") is not None:
+        message = "'max_tokens_per_doc' is not supported: each pair is cut to the model's limit"
+        raise InvalidRequest(message, "unsupported_parameter", "max_tokens_per_doc")
+    fields = {name: value for name, value in body.items() if name in {"model", "query", "documents", "top_n"}}
+    job, top_n, _ = parse_cohere_rerank(fields)
+    return job, top_n
+
+
+def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> dict[str, Any]:
+    """Cohere's V2RerankResponse: the best `top_n` documents' indices and relevance, best first."""
+    order = np.argsort(-scores, kind="stable")[:top_n]
+    results = [{"index": int(index), "relevance_score": float(scores[index])} for index in order]
+    return {"id": str(uuid.uuid4()), "results": results, "meta": _meta(tokens, "search_units")}
+
+
+def _meta(tokens: int, unit: str = "input_tokens") -> dict[str, Any]:
+    billed = {"input_tokens": tokens} if unit == "input_tokens" else {"search_units": 1}
+    return {"api_version": {"version": "2"}, "billed_units": billed}
+
+
+def _texts(body: dict[str, Any]) -> list[str]:
+    """`texts`, or `inputs`' text content (each input a `content` list of `{"type": "text", "text": ...}`): exactly
+    one of them, as the SDK sends (it leaves out what is not given, so a null is a client's mistake here)."""
+    if "texts" in body and "inputs" in body:
+        raise InvalidRequest("give 'texts' or 'inputs', not both", "invalid_value", "inputs")
+    if "inputs" not in body:
+        if "texts" not in body:
+            raise InvalidRequest("'texts' (or 'inputs') is required", "missing_required_parameter", "texts")
+        return _strings(body["texts"], "texts")
+    inputs = body["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise Unprocessable("'inputs' must be a non-empty list of {content: [...]}", "invalid_type", "inputs")
+    return [_input_text(item, index) for index, item in enumerate(inputs)]
+
+
+def _strings(value: Any, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(text, str) for text in value):
+        raise Unprocessable(f"'{name}' must be a list of strings", "invalid_type", name)
+    if not value or not all(value):
+        raise InvalidRequest(f"'{name}' must not be empty, nor hold an empty string", "empty_input", name)
+    return value
+
+
+def _input_text(item: Any, index: int) -> str:
+    content = item.get("content") if isinstance(item, dict) else None
+    if not isinstance(content, list) or not content:
+        raise Unprocessable(f"'inputs[{index}].content' must be a non-empty list", "invalid_type", "inputs")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            message = f"'inputs[{index}]': only text content ({{'type': 'text', 'text': ...}}) is supported"
+            raise InvalidRequest(message, "unsupported_parameter", "inputs")
+        parts.append(part["text"])
+    text = " ".join(parts)
+    if not text:
+        raise InvalidRequest(f"'inputs[{index}]' holds no text", "empty_input", "inputs")
+    return text
+
+
+def _embedding_types(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("embedding_types")
+    if value is None:
+        return ("float",)
+    if not isinstance(value, list) or not value or not all(isinstance(name, str) for name in value):
+        raise Unprocessable("'embedding_types' must be a non-empty list of strings", "invalid_type", "embedding_types")
+    unknown = [name for name in value if name not in EMBEDDING_TYPES]
+    if unknown:
+        known = ", ".join(EMBEDDING_TYPES)
+        raise InvalidRequest(f"unknown embedding_types {unknown}; known: {known}", "invalid_value", "embedding_types")
+    return tuple(dict.fromkeys(value))
+
+
+def _positive(body: dict[str, Any], name: str) -> int | None:
+    value = optional_field(body, name, int)
+    if value is not None and value < 1:
+        raise InvalidRequest(f"'{name}' must be at least 1, got {value}", "invalid_value", name)
+    return value
