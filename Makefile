@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 IN ?= examples/texts.jsonl
 OUT ?= embeddings.npy
 
-.PHONY: embed serve test lint bench peers
+.PHONY: embed serve test test-long lint bench peers
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+
+# The tests marked long (pyproject.toml): CI runs them after `make test`.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long
 
 bench: $(STAMP)
 	$(PY) bench/offline.py

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from gpu_check import eager_rows, graph_stats
 
 from bouquet.engine.cuda_graphs import Bucket, GraphStats
@@ -15,6 +16,7 @@ from bouquet.engine.cuda_graphs import Bucket, GraphStats
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.long
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out-dir", str(tmp_path)],

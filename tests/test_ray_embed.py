@@ -64,6 +64,7 @@ def reference(source: Path, minilm_fp32, minilm_tokenizer) -> np.ndarray:
     return np.load(output)
 
 
+@pytest.mark.long
 def test_an_actor_killed_mid_run_jsonl_to_parquet(cluster, tmp_path: Path, source, reference) -> None:
     """The CLI's job (`map_batches(Embedder, ...)` on an actor pool, as a user's pipeline runs it), one actor of two
     dying on its second batch: every line exactly once in the shards, with `bouquet embed`'s vectors."""
