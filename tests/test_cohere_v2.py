@@ -1,7 +1,8 @@
-"""Cohere's API v2 through the real `cohere` SDK's `ClientV2` against `bouquet serve` (the bundled MiniLM and a tiny
-cross-encoder saved by sentence-transformers): `/v2/embed` in every embedding type, each computed from the float
-rows that match sentence-transformers, `output_dimension`, `input_type` as the model's prompt of that role;
-`/v2/rerank` with CrossEncoder's scores, best first; errors in Cohere's body, raised as the SDK's classes."""
+"""Cohere's API v2 through the real `cohere` SDK's `ClientV2` against the gateway app and real replicas in this
+process (tests/in_process.py; the bundled MiniLM and a tiny cross-encoder saved by sentence-transformers):
+`/v2/embed` in every embedding type, each computed from the float rows that match sentence-transformers,
+`output_dimension`, `input_type` as the model's prompt of that role; `/v2/rerank` with CrossEncoder's scores,
+best first; errors in Cohere's body, raised as the SDK's classes."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import cohere
 import numpy as np
 import pytest
 from conftest import row_cosines
+from in_process import BASE_URL, api
 from test_cross_encoders import LIMIT, _tiny_classifier
 
+from bouquet.config import EngineConfig
 from bouquet.encodings import Encoding, encode_rows
+from bouquet.engine.engine import Engine
 from bouquet.gateway.api.cohere import prompt_name
-from bouquet.gateway.testing import Process, free_port, start_serve
 
 EMBEDDER, RERANKER = "all-MiniLM-L6-v2", "tiny-reranker"
 TEXTS = ["Packed sequences run without padding.", "The weather in Lisbon is mild in December.", "one"]
@@ -35,15 +38,15 @@ def reranker_dir(tmp_path_factory, minilm_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(minilm_path: Path, reranker_dir: Path) -> Iterator[cohere.ClientV2]:
-    port = free_port()
-    models = ("--model", str(minilm_path), "--model", str(reranker_dir))
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--api-key", "co-key", *models)
+def client(minilm_path: Path, minilm_fp32: Engine, reranker_dir: Path) -> Iterator[cohere.ClientV2]:
+    """In process (tests/in_process.py): real replicas over the two engines and the gateway app, with an API key;
+    the SDK on an httpx client that hands its requests to the app."""
+    reranker = Engine(EngineConfig(reranker_dir, "cpu", "float32", cpu_warmup_tokens=0))
     try:
-        process.wait_ready()
-        yield cohere.ClientV2(api_key="co-key", base_url=f"http://127.0.0.1:{port}", timeout=60, max_retries=0)
+        with api([minilm_fp32, reranker], model_dirs=(minilm_path,), api_key="co-key") as http:
+            yield cohere.ClientV2(api_key="co-key", base_url=BASE_URL, httpx_client=http, timeout=60)
     finally:
-        assert process.stop() == 0
+        reranker.close()
 
 
 def test_embed_in_every_type(client: cohere.ClientV2, sentence_transformer) -> None:

@@ -1,17 +1,20 @@
 """`--allow-unknown-fields` relaxes the refusal of fields a route does not read on every route, not only the
 embedding ones: a sloppy client's extra field is ignored and the request answered as without it. (Without the
-flag each route refuses it: tests/test_gateway_api.py and the per-route tests.)"""
+flag each route refuses it: tests/test_gateway_api.py and the per-route tests.) The API runs in this process
+(tests/in_process.py): real replicas and the real gateway app, without a `bouquet serve` start."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from in_process import api
 from test_cross_encoders import LIMIT, _tiny_classifier
-from test_gateway_api import post
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
 
 EXTRA = {"x_client_trace": "abc", "user": "someone"}  # fields no route reads
 EMBEDDER, RERANKER = "all-MiniLM-L6-v2", "tiny-reranker"
@@ -36,37 +39,37 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, minilm_path: Path) -> Iterator[str]:
+def client(tmp_path_factory, minilm_path: Path, minilm_fp32: Engine) -> Iterator[httpx.Client]:
+    """In process (tests/in_process.py): the bundled model's engine and a tiny cross-encoder's, each behind a real
+    replica, in front of them the gateway app with --allow-unknown-fields."""
     from sentence_transformers import CrossEncoder
 
     root = tmp_path_factory.mktemp("unknown-fields")
     hf_dir = _tiny_classifier("bert", root / "hf", minilm_path, labels=1)
     CrossEncoder(str(hf_dir), device="cpu", max_length=LIMIT).save(str(root / RERANKER))
-    port = free_port()
-    models = ("--model", str(minilm_path), "--model", str(root / RERANKER))
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--allow-unknown-fields", *models)
+    reranker = Engine(EngineConfig(root / RERANKER, "cpu", "float32", cpu_warmup_tokens=0))
     try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
+        with api([minilm_fp32, reranker], model_dirs=(minilm_path,), allow_unknown_fields=True) as client:
+            yield client
     finally:
-        assert process.stop() == 0
+        reranker.close()
 
 
 @pytest.mark.parametrize("case", list(ROUTES))
-def test_every_route_ignores_fields_it_does_not_read(server: str, case: str) -> None:
+def test_every_route_ignores_fields_it_does_not_read(client: httpx.Client, case: str) -> None:
     route = case.split(" ")[0]
     body = ROUTES[case]
-    status, plain = post(f"{server}{route}", body, key=None)
-    assert status == 200, plain
-    status, relaxed = post(f"{server}{route}", {**body, **EXTRA}, key=None)
-    assert status == 200, relaxed
-    assert _without_ids(relaxed) == _without_ids(plain)
+    plain = client.post(route, json=body)
+    assert plain.status_code == 200, plain.text
+    relaxed = client.post(route, json={**body, **EXTRA})
+    assert relaxed.status_code == 200, relaxed.text
+    assert _without_ids(relaxed.json()) == _without_ids(plain.json())
 
 
-def test_similarity_parameters_ignore_fields_too(server: str) -> None:
+def test_similarity_parameters_ignore_fields_too(client: httpx.Client) -> None:
     body = {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"truncate": True, **EXTRA}}
-    status, answer = post(f"{server}/similarity", body, key=None)
-    assert status == 200 and len(answer) == 1, answer
+    answer = client.post("/similarity", json=body)
+    assert answer.status_code == 200 and len(answer.json()) == 1, answer.text
 
 
 def _without_ids(answer: object) -> object:
