@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import threading
 import time
 
@@ -62,5 +63,7 @@ def test_a_hung_replica_is_routed_around():
     print(f"hung replica: {len(latencies)} requests, {len(failures)} failed, max latency {max(latencies):.2f} s")
     assert failures == [] and len(latencies) > 50
     # A request caught on the hung replica is moved once a keepalive ping goes unanswered (1-2 s) and keeps its place
-    # in line at the other: 1.7-2.2 s here, never the hang's 20 s.
-    assert max(latencies) <= 3.0, sorted(latencies)[-5:]
+    # in line at the other: 1.7-2.2 s on Zen 5, never the hang's 20 s. The bound allows for a slower machine's own
+    # request time (4.1 s max against a 1.6 s median under AVX2 emulation on a slow VM).
+    typical = statistics.median(latencies)
+    assert max(latencies) <= max(3.0, 2.0 + 2 * typical) < HANG_SECONDS, (typical, sorted(latencies)[-5:])
