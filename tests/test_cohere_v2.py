@@ -108,6 +108,8 @@ def test_rerank_scores_as_the_cross_encoder_best_first(client: cohere.ClientV2, 
         (lambda c: c.rerank(model=EMBEDDER, query="q", documents=["a"]), cohere.BadRequestError, "task"),
         (lambda c: c.rerank(model=RERANKER, query="q", documents=["a"], max_tokens_per_doc=8),
          cohere.BadRequestError, "max_tokens_per_doc"),
+        (lambda c: c.embed(model=EMBEDDER, texts=["a"], input_type="search_query", priority=1),
+         cohere.BadRequestError, "priority"),
     ],
 )  # fmt: skip
 def test_errors_have_coheres_body(client: cohere.ClientV2, call, error, says: str) -> None:

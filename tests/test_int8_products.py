@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bouquet import machine_cache
 from bouquet.cpu_features import cpu_features
 from bouquet.layers import int8_products
 from bouquet.layers.int8_linear import (
@@ -49,7 +50,7 @@ def test_both_products_give_the_same_integers() -> None:
 
 @needs_onednn
 def test_the_product_is_measured_once_then_read_from_the_cache(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(int8_products, "cache_dir", lambda: tmp_path / "kernels")
+    monkeypatch.setattr(machine_cache, "cache_dir", lambda: tmp_path / "kernels")
     shapes = [(64, 96), (96, 64)]
     measured = int8_products.choose_int8_product(shapes, threads=1)
     (path,) = (tmp_path / "int8").glob("cpu-*.json")
@@ -64,7 +65,7 @@ def test_the_product_is_measured_once_then_read_from_the_cache(tmp_path: Path, m
 
 
 def test_a_cpu_with_one_product_measures_nothing(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(int8_products, "cache_dir", lambda: tmp_path / "kernels")
+    monkeypatch.setattr(machine_cache, "cache_dir", lambda: tmp_path / "kernels")
     monkeypatch.setattr(int8_products, "available_products", lambda: [INT_MM_PRODUCT])
     assert int8_products.choose_int8_product([(64, 96)], threads=1) == INT_MM_PRODUCT
     assert not (tmp_path / "int8").exists()

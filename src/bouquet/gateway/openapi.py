@@ -301,7 +301,7 @@ COHERE_V2_EMBED_FIELDS: dict[str, Schema] = {
     "output_dimension": nullable({"type": "integer", "minimum": 1}),
     "max_tokens": nullable({"type": "integer", "minimum": 1, "description": "keep each input's first N tokens"}),
     "truncate": nullable({"type": "string", "enum": ["NONE", "START", "END"], "default": "END"}),
-    "priority": nullable({**INTEGER, "description": "accepted, not used"}),
+    "priority": {"nullable": True, "enum": [None], "description": "refused: first come, first served"},
 }
 COHERE_V2_RERANK_FIELDS: dict[str, Schema] = {
     "model": MODEL,
@@ -309,7 +309,7 @@ COHERE_V2_RERANK_FIELDS: dict[str, Schema] = {
     "documents": _array(TEXT, 1),
     "top_n": nullable({"type": "integer", "minimum": 1, "description": "default: every document"}),
     "max_tokens_per_doc": {"nullable": True, "enum": [None], "description": "refused: pairs are cut to the limit"},
-    "priority": nullable({**INTEGER, "description": "accepted, not used"}),
+    "priority": {"nullable": True, "enum": [None], "description": "refused: first come, first served"},
 }
 SCORE_FIELDS: dict[str, Schema] = {
     "text_1": {**TEXTS, "description": "one text scored against each text_2, or as many as text_2, pair by pair"},

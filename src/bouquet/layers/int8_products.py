@@ -12,19 +12,14 @@ cached per machine (CPU model and features, torch release, shapes, threads) like
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from bouquet.cpu_features import cpu_features
-from bouquet.kernels.build import cache_dir
 from bouquet.kernels.openmp import on_passing_thread
 from bouquet.layers.int8_linear import (
     FULL_WEIGHT_LIMIT,
@@ -35,6 +30,7 @@ from bouquet.layers.int8_linear import (
     pack_for_onednn,
     quantize_weight,
 )
+from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
 
@@ -118,19 +114,8 @@ def _linear_call(product: str, shape: Shape, tokens: int) -> Callable[[], object
 
 
 def _cache_path(shapes: list[Shape], threads: int, products: list[str]) -> Path:
-    features = cpu_features()
-    key = {
-        "cpu": features.model_name,
-        "features": sorted(features.flags),
-        "torch": torch.__version__,
-        "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
-        "shapes": sorted(shapes),
-        "tokens": MEASURED_TOKENS,
-        "threads": threads,
-        "products": products,
-    }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir().parent / "int8" / f"cpu-{digest}.json"
+    key = {"shapes": sorted(shapes), "tokens": MEASURED_TOKENS, "threads": threads, "products": products}
+    return measurement_path("int8", key)
 
 
 def _read_cache(path: Path) -> dict[str, float] | None:
@@ -141,12 +126,4 @@ def _read_cache(path: Path) -> dict[str, float] | None:
 
 
 def _write_cache(path: Path, seconds: dict[str, float]) -> None:
-    """Written under a temporary name and renamed, as replicas may start together; a failure is only logged."""
-    document = {"seconds": seconds, "cpu": cpu_features().describe()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
-            json.dump(document, file, indent=1)
-        os.replace(file.name, path)
-    except OSError as error:
-        logger.warning("int8 products: could not cache the measurement in %s: %s", path, error)
+    write_measurement(path, {"seconds": seconds})

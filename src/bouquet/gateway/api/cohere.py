@@ -56,7 +56,7 @@ class CohereEmbed:
 def parse_embed(body: dict[str, Any], strict: bool = True) -> CohereEmbed:
     if strict:
         refuse_unknown(body, EMBED_FIELDS)
-    optional_field(body, "priority", int)  # Cohere's scheduling hint: checked, not used
+    _refuse_priority(body)
     if body.get("images"):
         raise InvalidRequest("images are not supported: no image model is served", "unsupported_parameter", "images")
     texts = _texts(body)
@@ -108,7 +108,7 @@ def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[
 def parse_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None]:
     if strict:
         refuse_unknown(body, RERANK_FIELDS)
-    optional_field(body, "priority", int)
+    _refuse_priority(body)
     if body.get("max_tokens_per_doc") is not None:
         message = "'max_tokens_per_doc' is not supported: each pair is cut to the model's limit"
         raise InvalidRequest(message, "unsupported_parameter", "max_tokens_per_doc")
@@ -122,6 +122,14 @@ def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> dict[
     order = np.argsort(-scores, kind="stable")[:top_n]
     results = [{"index": int(index), "relevance_score": float(scores[index])} for index in order]
     return {"id": str(uuid.uuid4()), "results": results, "meta": _meta(tokens, "search_units")}
+
+
+def _refuse_priority(body: dict[str, Any]) -> None:
+    """Cohere's scheduling hint: the scheduler here is first come, first served, so a priority is refused by name
+    rather than silently ignored."""
+    if body.get("priority") is not None:
+        message = "'priority' is not supported: requests are served first come, first served"
+        raise InvalidRequest(message, "unsupported_parameter", "priority")
 
 
 def _meta(tokens: int, unit: str = "input_tokens") -> dict[str, Any]:

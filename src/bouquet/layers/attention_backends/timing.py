@@ -9,11 +9,8 @@ is also what `--attention-table FILE` takes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -21,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from bouquet.cpu_features import cpu_features
-from bouquet.kernels.build import cache_dir
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape
 from bouquet.layers.context import ForwardContext
+from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
 
@@ -129,19 +125,13 @@ def measure_timings(
 
 def cpu_cache_path(shape: AttentionShape, lengths: tuple[int, ...], threads: int, backends: list[str]) -> Path:
     """Where this machine's table for `shape` lives: keyed by everything that changes the timings."""
-    features = cpu_features()
     key = {
-        "cpu": features.model_name,
-        "features": sorted(features.flags),
-        "torch": torch.__version__,
-        "aten_capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
         "shape": {name: str(value) for name, value in asdict(shape).items()},
         "lengths": lengths,
         "threads": threads,
         "backends": backends,
     }
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir().parent / "attention" / f"cpu-{digest}.json"
+    return measurement_path("attention", key)
 
 
 def read_cached_timings(path: Path) -> dict[int, dict[str, float]] | None:
@@ -154,16 +144,8 @@ def read_cached_timings(path: Path) -> dict[int, dict[str, float]] | None:
 
 
 def write_cached_table(path: Path, table_json: str, timings: dict[int, dict[str, float]]) -> None:
-    """The table and its timings; written under a temporary name and renamed, as replicas may start together.
-    A cache that cannot be written is only logged: the next start measures again."""
-    document = {**json.loads(table_json), "timings": timings, "cpu": cpu_features().describe()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
-            json.dump(document, file, indent=1)
-        os.replace(file.name, path)
-    except OSError as error:
-        logger.warning("attention auto: could not cache the measured table in %s: %s", path, error)
+    """The table and its timings (machine_cache.write_measurement: written atomically, a failure only logged)."""
+    write_measurement(path, {**json.loads(table_json), "timings": timings})
 
 
 def _synchronize(device: torch.device) -> None:
