@@ -13,7 +13,9 @@ and in int8, normalised as served, and the rows are compared one by one by cosin
   float32 rows are shown beside int8's, as a measure of the model's own sensitivity;
 - retrieval: bench/encoding_recall.py's set (every docstring paragraph a document, every first line a query),
   each query ranking the documents by dot product of normalised rows; recall@10 of int8's ten nearest documents
-  against float32's ten nearest, averaged over the queries.
+  against float32's ten nearest, averaged over the queries; then the same for sentence-transformers' own int8
+  (ONNX Runtime's dynamic quantization of its ONNX export, bench/st_onnx_int8.py) against its ONNX float32, where
+  `.venv-onnx` has it: the int8 users get from the field today.
 
 Goals: min cosine >= 0.99 on MiniLM's documents and on its queries, recall@10 >= 0.98; the last lines say PASS or
 FAIL for each. The CPU and the int8 weight limit in use (127; 63 on a CPU without VNNI) come first.
@@ -24,6 +26,8 @@ FAIL for each. The CPU and the int8 weight limit in use (127; 63 on a CPU withou
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,6 +47,7 @@ from bouquet.tokenizer import TextTokenizer
 MIN_COSINE_GOAL = 0.99
 RECALL_GOAL = 0.98
 K = 10
+ONNX_PYTHON = Path(__file__).resolve().parent.parent / ".venv-onnx" / "bin" / "python"
 TINY = True  # random models at full shape are chaotic (module docstring)
 
 
@@ -148,7 +153,34 @@ def recall(path: Path) -> list[str]:
           f"{compared.int8.seconds:.1f} s int8")  # fmt: skip
     print(f"row cosines: documents {min_mean(compared.cosines[0])}, queries {min_mean(compared.cosines[1])}")
     print(f"recall@{K} of int8's top {K} against float32's: {value:.5f}")
+    field_int8(documents, queries, path)
     return [verdict(f"recall@{K} against float32", value, RECALL_GOAL)]
+
+
+def field_int8(documents: list[str], queries: list[str], path: Path) -> None:
+    """The same gate for sentence-transformers' own int8 (its ONNX export, ONNX Runtime's dynamic quantization)
+    against its own ONNX float32, where `.venv-onnx` has it (`make peers`): what users get from the field today."""
+    if not ONNX_PYTHON.exists():
+        print(f"sentence-transformers ONNX int8: not measured ({ONNX_PYTHON} missing; `make peers`)")
+        return
+    with tempfile.TemporaryDirectory(prefix="int8-onnx-") as work:
+        texts_file, out = Path(work) / "texts.json", Path(work) / "rows.npz"
+        texts_file.write_text(json.dumps(documents + queries))
+        worker = Path(__file__).resolve().parent / "st_onnx_int8.py"
+        command = [str(ONNX_PYTHON), str(worker), "rows", str(path), work, str(texts_file), str(out)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            print(f"sentence-transformers ONNX int8: failed ({result.stderr.strip().splitlines()[-1:]})")
+            return
+        found = np.load(out)
+        float32, int8 = found["float32"], found["int8"]
+    config = json.loads(result.stdout.strip().splitlines()[-1])["config"]
+    split = len(documents)
+    truth = encoding_recall.top_k(float32[split:] @ float32[:split].T, K)
+    value = encoding_recall.recall(encoding_recall.top_k(int8[split:] @ int8[:split].T, K), truth)
+    cosines = row_cosines(int8, float32)
+    print(f"sentence-transformers ONNX int8 ({config}) against its ONNX float32, same set: documents "
+          f"{min_mean(cosines[:split])}, queries {min_mean(cosines[split:])}; recall@{K} {value:.5f}")  # fmt: skip
 
 
 def main() -> None:

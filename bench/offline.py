@@ -198,7 +198,7 @@ def onnx_int8(texts: list[str], tokens: int, samples: Samples, args: argparse.Na
     texts_file = workdir / "onnx-texts.json"
     texts_file.write_text(json.dumps(texts))
     worker = Path(__file__).resolve().parent / "st_onnx_int8.py"
-    command = [str(ONNX_PYTHON), str(worker), str(default_model_path()), str(workdir), str(texts_file)]
+    command = [str(ONNX_PYTHON), str(worker), "time", str(default_model_path()), str(workdir), str(texts_file)]
     result = subprocess.run([*command, str(args.repeats)], capture_output=True, text=True)
     if result.returncode != 0:
         print(f"sentence-transformers ONNX int8: failed ({result.stderr.strip().splitlines()[-1:]})")

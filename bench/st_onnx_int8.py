@@ -4,7 +4,12 @@
 the test environment's packages:
 
     make peers   # or: python3.11 -m venv .venv-onnx, then its pip: torch==2.13.0 'sentence-transformers[onnx]'
-    .venv-onnx/bin/python bench/st_onnx_int8.py MODEL_DIR WORK_DIR TEXTS.json REPEATS   # prints JSON
+    .venv-onnx/bin/python bench/st_onnx_int8.py time MODEL_DIR WORK_DIR TEXTS.json REPEATS   # prints JSON
+    .venv-onnx/bin/python bench/st_onnx_int8.py rows MODEL_DIR WORK_DIR TEXTS.json OUT.npz
+
+`time` is bench/offline.py's: the seconds of each repetition. `rows` is bench/int8_quality.py's: the texts' rows
+from the ONNX float32 model and from its int8 export (`float32`, `int8` in OUT.npz), normalised, so that the
+field's own int8 is judged against its own float32 by the same gate as bouquet's.
 
 The quantization config is the one sentence-transformers names for this CPU: "avx512_vnni" where the CPU has
 VNNI, "avx512" with AVX-512 alone, else "avx2". Prints the config, the batch size found fastest and the seconds
@@ -27,20 +32,36 @@ def quantization_config() -> str:
     return "avx512" if "avx512bw" in flags else "avx2"
 
 
-def main() -> None:
+def load_models(model_dir: str, work_dir: Path) -> tuple[object, object, str]:
+    """(the ONNX float32 model, its dynamic int8 export, the quantization config)."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
-    model_dir, work_dir, texts_file, repeats = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    texts: list[str] = json.loads(Path(texts_file).read_text())
     local = work_dir / "st-onnx"
     if not local.exists():
         shutil.copytree(model_dir, local)
     config = quantization_config()
-    model = SentenceTransformer(str(local), device="cpu", backend="onnx")
-    export_dynamic_quantized_onnx_model(model, config, str(local))
-    model = SentenceTransformer(
+    float32 = SentenceTransformer(str(local), device="cpu", backend="onnx")
+    export_dynamic_quantized_onnx_model(float32, config, str(local))
+    int8 = SentenceTransformer(
         str(local), device="cpu", backend="onnx", model_kwargs={"file_name": f"onnx/model_qint8_{config}.onnx"}
     )
+    return float32, int8, config
+
+
+def rows(model_dir: str, work_dir: Path, texts: list[str], out: str) -> None:
+    import numpy as np
+
+    float32, int8, config = load_models(model_dir, work_dir)
+    encoded = {
+        name: m.encode(texts, batch_size=32, normalize_embeddings=True)
+        for name, m in (("float32", float32), ("int8", int8))
+    }
+    np.savez(out, **encoded)
+    print(json.dumps({"config": config}))
+
+
+def time_int8(model_dir: str, work_dir: Path, texts: list[str], repeats: int) -> None:
+    _, model, config = load_models(model_dir, work_dir)
     sample = texts[:256]
     model.encode(sample[:32], batch_size=32)
     timings = {}
@@ -56,6 +77,15 @@ def main() -> None:
         model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
         seconds.append(time.perf_counter() - start)
     print(json.dumps({"config": config, "batch_size": batch_size, "seconds": seconds}))
+
+
+def main() -> None:
+    mode, model_dir, work_dir, texts_file, last = sys.argv[1:6]
+    texts: list[str] = json.loads(Path(texts_file).read_text())
+    if mode == "rows":
+        rows(model_dir, Path(work_dir), texts, last)
+    else:
+        time_int8(model_dir, Path(work_dir), texts, int(last))
 
 
 if __name__ == "__main__":
