@@ -69,7 +69,11 @@ def reference_token_states(model: torch.nn.Module, ids: list[list[int]]) -> np.n
 def assert_token_states_match(
     path: Path, reference: torch.nn.Module, ids: list[list[int]], dtype: str, attention_backend: str = "auto"
 ) -> float:
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, attention_backend=attention_backend))
+    engine = Engine(
+        EngineConfig(
+            model_path=path, device="cpu", dtype=dtype, attention_backend=attention_backend, cpu_warmup_tokens=0
+        )
+    )
     try:
         cosines = row_cosines(engine_token_states(engine, ids), reference_token_states(reference, ids))
     finally:

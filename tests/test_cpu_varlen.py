@@ -293,7 +293,11 @@ def test_unavailable_kernel_makes_the_backend_unavailable(monkeypatch) -> None:
 
 def test_minilm_on_sdpa_and_cpu_varlen_agree(minilm_path, minilm_tokenizer) -> None:
     engines = [
-        Engine(EngineConfig(model_path=minilm_path, device="cpu", dtype="float32", attention_backend=name))
+        Engine(
+            EngineConfig(
+                model_path=minilm_path, device="cpu", dtype="float32", attention_backend=name, cpu_warmup_tokens=0
+            )
+        )
         for name in ("cpu_varlen", "sdpa")
     ]
     try:

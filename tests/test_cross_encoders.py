@@ -102,7 +102,7 @@ def test_modernbert_mean_pooling_biases_and_activation(tmp_path, minilm_path) ->
 
 def _assert_scores_match(model_dir: Path, expected: np.ndarray, dtype: str) -> None:
     spec = read_model_dir(model_dir)
-    engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype))
+    engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
     try:
         assert (engine.task, engine.dimension) == ("score", expected.shape[1])
         logits = engine.embed(_pairs_batch(model_dir, LIMIT))
@@ -131,4 +131,4 @@ def test_an_embedding_layout_on_a_classifier_is_refused(tmp_path, minilm_path) -
     (hf_dir / "1_Pooling").mkdir()
     (hf_dir / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "mean"}))
     with pytest.raises(ValueError, match="give the task 'embed', but BertForSequenceClassification computes 'score'"):
-        Engine(EngineConfig(model_path=hf_dir, device="cpu", dtype="float32")).close()
+        Engine(EngineConfig(model_path=hf_dir, device="cpu", dtype="float32", cpu_warmup_tokens=0)).close()

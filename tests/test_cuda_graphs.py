@@ -35,7 +35,7 @@ BUCKETS = GraphBuckets((16, 32, 64, 512), (1, 2, 4, 8))
 def random_qwen3(tmp_path_factory, minilm_path) -> Iterator[Engine]:  # last-token pooling
     path = tmp_path_factory.mktemp("qwen3")
     make_qwen3(path, minilm_path, bidirectional=True)
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     yield engine
     engine.close()
 
@@ -44,7 +44,7 @@ def random_qwen3(tmp_path_factory, minilm_path) -> Iterator[Engine]:  # last-tok
 def random_bert(tmp_path_factory, minilm_path) -> Iterator[Engine]:  # CLS pooling
     path = tmp_path_factory.mktemp("bert")
     make_bert(path, minilm_path)
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     yield engine
     engine.close()
 

@@ -22,7 +22,7 @@ def test_built_directory_loads_and_matches_sentence_transformers(tmp_path, minil
 
     model_path = build_family(family, tmp_path, minilm_path, tiny=True)
     texts = [*documents(4), *queries(4)]
-    engine = Engine(EngineConfig(model_path=model_path, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=model_path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     try:
         assert engine.max_seq_length == MAX_SEQ_LENGTH
         ids = TextTokenizer(engine.spec.tokenizer_file, engine.max_seq_length).encode(texts)

@@ -67,7 +67,7 @@ def test_limit_is_the_position_table_less_the_offset(tmp_path, mpnet) -> None:
     path = tmp_path / "model"
     shutil.copytree(mpnet[0], path)
     set_tokenizer_limit(path, None)  # the loader then caps by max_position_embeddings (514) alone
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     engine.close()
     assert engine.max_seq_length == POSITIONS - 2
 

@@ -23,7 +23,7 @@ def model_copy(tmp_path: Path, minilm_path: Path) -> Path:
 
 
 def _load(path: Path) -> Engine:
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     engine.close()
     return engine
 

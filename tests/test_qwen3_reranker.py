@@ -186,7 +186,7 @@ def engine_scores(model_dir: Path, dtype: str) -> np.ndarray:  # [N] activated a
     spec = read_model_dir(model_dir)
     assert (spec.architecture, spec.score_activation) == ("Qwen3ForSequenceClassification", "Sigmoid")
     ids = TemplatePairTokenizer(spec.tokenizer_file, QWEN3_RERANKER, LIMIT).encode_pairs(PAIRS)
-    engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype))
+    engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
     try:
         assert (engine.task, engine.dimension, engine.pooling.name) == ("score", 1, "lasttoken")
         logits = engine.embed(Batch.pack(ids, RowOptions(normalize=False)))

@@ -36,7 +36,7 @@ def _reference(model: torch.nn.Module, ids: list[list[int]], pick: int, **kwargs
 
 
 def _engine(path: Path, dtype: str) -> Engine:
-    return Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype))
+    return Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
 
 
 def _assert_engine_matches(path: Path, dtype: str, token_ids: list[list[int]], reference: np.ndarray) -> None:

@@ -39,7 +39,7 @@ SMALL_BLOCK = 7
 
 
 def _engine(model_dir: Path, dtype: str = "float32") -> Engine:
-    return Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype))
+    return Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
 
 
 @pytest.fixture(scope="module", params=list(SPLADE_CASES))

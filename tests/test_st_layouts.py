@@ -32,6 +32,9 @@ TEXTS = [
     "one",
     "The scheduler cuts batches by a token budget and runs them first come, first served.",
 ]
+# Parity tests check numbers: oneDNN's primitives are built as steps meet them, not all at start (a second per
+# engine; the warm-up itself is tested in test_memory.py).
+NO_WARMUP = ["--cpu-warmup-tokens", "0"]
 PROMPTS = {"query": "Represent this sentence for searching relevant passages: ", "document": ""}
 
 
@@ -39,7 +42,19 @@ def embed_with_bouquet(tmp_path: Path, model: Path, dtype: str, prompt_name: str
     source = tmp_path / "texts.jsonl"
     source.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS))
     out = tmp_path / "rows.npy"
-    args = ["embed", str(source), "-o", str(out), "--model", str(model), "--dtype", dtype, "--device", "cpu"]
+    args = [
+        "embed",
+        str(source),
+        "-o",
+        str(out),
+        "--model",
+        str(model),
+        "--dtype",
+        dtype,
+        "--device",
+        "cpu",
+        *NO_WARMUP,
+    ]
     assert bouquet([*args, *(["--prompt-name", prompt_name] if prompt_name else [])]) == 0
     return np.load(out)
 
@@ -148,7 +163,7 @@ def test_limit_without_sentence_transformers_metadata(tmp_path, minilm_path: Pat
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     spec = read_model_dir(model)
     assert (spec.max_seq_length, spec.pooling, spec.normalize) == (96, None, True)
-    engine = Engine(EngineConfig(model_path=model, device="cpu", dtype="float32"))
+    engine = Engine(EngineConfig(model_path=model, device="cpu", dtype="float32", cpu_warmup_tokens=0))
     engine.close()
     assert engine.pooler.spec.name == "mean"  # BERT's default, as sentence-transformers pools a bare encoder
 
@@ -236,7 +251,7 @@ def test_a_dense_module_it_cannot_run_is_refused(tmp_path, tiny_with_dense: Path
     edit, message = DENSE_REFUSALS[case]
     edit(model / "3_Dense")
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        Engine(EngineConfig(model_path=model, device="cpu", dtype="float32")).close()
+        Engine(EngineConfig(model_path=model, device="cpu", dtype="float32", cpu_warmup_tokens=0)).close()
 
 
 def test_refusal_stops_bouquet_embed_with_the_message(tmp_path, minilm_current: Path, capsys) -> None:
