@@ -1,30 +1,48 @@
 """The HTTP API in one process: real replicas (the gRPC server and scheduler over engines a test already holds)
-and the real gateway app, all on one event loop on a thread of its own, called through an httpx client whose
-transport hands each request to the app on that loop (ASGI, no socket). grpc.aio serves one event loop at a time
+and the real gateway app, all on one event loop on a thread of its own. grpc.aio serves one event loop at a time
 in a process, which is why the replicas and the gateway share this one. No process starts and no model loads
-beyond the test's engines, so a module of API tests costs its requests, not a `bouquet serve` start; clients
-that take an httpx client (openai, cohere) run on it unchanged."""
+beyond the test's engines, so a module of API tests costs its requests, not a `bouquet serve` start (a gateway
+process and a replica process per model, each importing torch and loading its model).
+
+Two ways in, to the same app:
+- `api()`: an httpx client whose transport hands each request to the app on that loop (ASGI, no socket). Clients
+  that take an httpx client (openai's `http_client=`, cohere's `httpx_client=`) run on it unchanged.
+- `served(..., listen=True)`: besides, the app behind the gateway's own HTTP server (uvicorn with the bounded
+  protocol of http_protocol.py, as server.py runs it) on a loopback port of this process, for what needs a real
+  socket: clients that take only a URL (huggingface_hub, langchain, litellm, haystack, urllib), a client that
+  hangs up mid-request, bytes exactly as sent."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 
 from bouquet import event_loop
 from bouquet.config import GatewayConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
+from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
+from bouquet.gateway.server import bind_socket
 from bouquet.replica.server import ReplicaServer
 
 BASE_URL = "http://testserver"
+READY_SECONDS = 60.0
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Served:
+    client: httpx.Client  # ASGI: no socket
+    replicas: tuple[str, ...]  # each replica's gRPC address, in the order of the engines
+    url: str = ""  # http://127.0.0.1:PORT with `listen`, else empty
 
 
 class _LoopTransport(httpx.BaseTransport):
@@ -44,9 +62,23 @@ class _LoopTransport(httpx.BaseTransport):
 
 
 @contextmanager
-def api(engines: list[Engine], served_names: tuple[str, ...] = (), **options: Any) -> Iterator[httpx.Client]:
+def api(engines: Sequence[Engine], served_names: tuple[str, ...] = (), **options: Any) -> Iterator[httpx.Client]:
     """A client of the gateway app (GatewayConfig `options`; with an `api_key`, the client sends it) in front of one
     replica per engine, once each has registered its model."""
+    with served(engines, served_names, **options) as running:
+        yield running.client
+
+
+@contextmanager
+def served(
+    engines: Sequence[Engine],
+    served_names: tuple[str, ...] = (),
+    scheduler: dict[str, int] | None = None,
+    listen: bool = False,
+    **options: Any,
+) -> Iterator[Served]:
+    """`api()`, with the replicas' addresses; `scheduler`: SchedulerConfig fields for every replica (as `bouquet
+    replica --max-batch-tokens` etc.); `listen`: the app also served on a loopback port (`Served.url`)."""
     loop = event_loop.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="api-loop", daemon=True)
     thread.start()
@@ -56,14 +88,16 @@ def api(engines: list[Engine], served_names: tuple[str, ...] = (), **options: An
         return asyncio.run_coroutine_threadsafe(coro, loop).result(120)
 
     try:
-        addresses = tuple(call(_start_replica(stack, engine, served_names)) for engine in engines)
-        app = call(_start_app(stack, GatewayConfig(replicas=addresses, **options)))
+        config = SchedulerConfig.for_device("cpu", **(scheduler or {}))
+        replicas = tuple(call(_start_replica(stack, engine, config, served_names)) for engine in engines)
+        gateway = GatewayConfig(replicas=replicas, **options)
+        app = call(_start_app(stack, gateway))
+        url = call(_listen(stack, app, gateway)) if listen else ""
         transport = _LoopTransport(httpx.ASGITransport(app=app), loop)
         key = options.get("api_key")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         with httpx.Client(transport=transport, base_url=BASE_URL, headers=headers, timeout=120) as client:
-            _wait_models(client, len(engines))
-            yield client
+            yield Served(client, replicas, url)
     finally:
         call(stack.aclose())
         loop.call_soon_threadsafe(loop.stop)
@@ -71,24 +105,48 @@ def api(engines: list[Engine], served_names: tuple[str, ...] = (), **options: An
         loop.close()
 
 
-async def _start_replica(stack: AsyncExitStack, engine: Engine, served_names: tuple[str, ...]) -> str:
+async def _start_replica(
+    stack: AsyncExitStack, engine: Engine, config: SchedulerConfig, served_names: tuple[str, ...]
+) -> str:
     server = ReplicaServer("127.0.0.1:0")
     await server.start()
     stack.push_async_callback(server.stop, 1.0)
-    await server.attach(engine, SchedulerConfig.for_device("cpu"), "float32", "cpu", served_names)
+    await server.attach(engine, config, engine.config.dtype, "cpu", served_names)
     return f"127.0.0.1:{server.port}"
 
 
 async def _start_app(stack: AsyncExitStack, config: GatewayConfig) -> Starlette:
-    """Made on the loop: the gateway's gRPC channels belong to the loop they are created on."""
+    """Made on the loop: the gateway's gRPC channels belong to the loop they are created on. Returned once every
+    replica serves and has told the gateway its model, as a test expects of a server that is up."""
     app = create_app(config)
     await stack.enter_async_context(app.router.lifespan_context(app))
+    pool = app.state.gateway.pool
+    async with asyncio.timeout(READY_SECONDS):
+        while not all(replica.healthy and replica.model is not None for replica in pool.replicas):
+            await asyncio.sleep(0.01)
     return app
 
 
-def _wait_models(client: httpx.Client, count: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(client.get("/v1/models").json().get("data", [])) < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the gateway did not list {count} models in {timeout} s")
-        time.sleep(0.02)
+async def _listen(stack: AsyncExitStack, app: Starlette, config: GatewayConfig) -> str:
+    """The app behind server.py's uvicorn set-up on a free loopback port; the lifespan is already `_start_app`'s.
+    uvicorn's `serve` installs no signal handlers off the main thread, so it runs here as it does in a gateway."""
+    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, http=protocol, ws="none", lifespan="off", access_log=False, log_config=None,
+            timeout_graceful_shutdown=int(config.drain_seconds), server_header=False, date_header=False,
+        )
+    )  # fmt: skip
+    sock = bind_socket("127.0.0.1", 0)
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    stack.push_async_callback(_stop, server, task)
+    while not server.started:
+        if task.done():
+            task.result()  # its error
+        await asyncio.sleep(0.01)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def _stop(server: uvicorn.Server, task: asyncio.Future[None]) -> None:
+    server.should_exit = True
+    await task

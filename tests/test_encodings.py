@@ -1,7 +1,7 @@
 """Compact encodings: the one module that defines them against sentence-transformers' quantize_embeddings and
-torch's bfloat16, the int8 bound on real rows, the request fields, and a real replica behind `bouquet gateway`
-answering every encoding on both routes (and through the openai client), decoded and compared with its float
-rows, with the sizes of the answers and the replica's wire."""
+torch's bfloat16, the int8 bound on real rows, the request fields, and a real replica behind the real gateway
+(both in this process, tests/in_process.py) answering every encoding on both routes (and through the openai
+client), decoded and compared with its float rows, with the sizes of the answers and the replica's wire."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import corpus
 import grpc
@@ -18,6 +19,7 @@ import openai
 import pytest
 import torch
 from conftest import row_cosines
+from in_process import served
 from sentence_transformers.util.quantization import quantize_embeddings
 
 from bouquet.batch import Batch, RowOptions
@@ -32,9 +34,9 @@ from bouquet.encodings import (
     int8_rows,
     rows_from_bytes,
 )
+from bouquet.engine.engine import Engine
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.gateway.schemas import parse_openai, parse_tei
-from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
 
@@ -162,25 +164,17 @@ def test_request_fields_name_what_they_refuse():
         parse_tei({"inputs": "a", "encoding_format": 8})
 
 
-# A real replica behind a real gateway on loopback: small batches and chunks, so a request's rows come back in
-# several replies and several steps and are put together in their encoding.
+# A real replica behind the real gateway, in this process (tests/in_process.py), the gateway on a loopback port:
+# small batches and chunks, so a request's rows come back in several replies and several steps and are put
+# together in their encoding.
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[str, str]]:
-    replica_port, gateway_port = free_port(), free_port()
-    replica = start_replica(replica_port, "--dtype", "float32", "--max-batch-tokens", "512")
-    processes: list[Process] = [replica]
-    try:
-        replica.wait_ready()
-        processes.append(start_gateway(gateway_port, [f"127.0.0.1:{replica_port}"], "--chunk-tokens", "600"))
-        processes[1].wait_ready()
-        url = f"http://127.0.0.1:{gateway_port}"
-        wait_healthy(url)
-        yield url, f"127.0.0.1:{replica_port}"
-    finally:
-        for process in reversed(processes):
-            process.stop()
+def servers(minilm_path: Path, minilm_fp32: Engine) -> Iterator[tuple[str, str]]:
+    """The gateway's URL and the replica's gRPC address."""
+    options = {"model_dirs": (minilm_path,), "chunk_tokens": 600}
+    with served([minilm_fp32], scheduler={"max_batch_tokens": 512}, listen=True, **options) as running:
+        yield running.url, running.replicas[0]
 
 
 def post(url: str, body: dict) -> tuple[int, bytes]:
