@@ -19,6 +19,7 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -26,7 +27,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bouquet import event_loop
-from bouquet.config import GatewayConfig, SchedulerConfig
+from bouquet.config import EngineConfig, GatewayConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
@@ -59,6 +60,20 @@ class _LoopTransport(httpx.BaseTransport):
             return httpx.Response(response.status_code, headers=response.headers, content=body)
 
         return asyncio.run_coroutine_threadsafe(send(), self.loop).result(120)
+
+
+@contextmanager
+def engines(*model_dirs: Path, dtype: str = "float32") -> Iterator[list[Engine]]:
+    """CPU engines for models other than the session's MiniLM (conftest), closed after. Without the start-up build
+    of oneDNN's primitives, as conftest has the replicas tests start: built as steps meet them instead."""
+    built: list[Engine] = []
+    try:
+        for model_dir in model_dirs:
+            built.append(Engine(EngineConfig(model_dir, "cpu", dtype, cpu_warmup_tokens=0)))
+        yield built
+    finally:
+        for engine in built:
+            engine.close()
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """The OpenAPI document tells the truth: it is valid OpenAPI 3.0.3; it names every route the app registers, with
 its methods, and no other; each documented request body lists the fields its parser reads; the error shapes are
-the ones errors.py writes; and schemathesis, run against a real `bouquet serve` (API key on, an embedding model and
-a cross-encoder), finds no server error, no status, media type or body the document does not state, and no request
-the document calls invalid that the server takes."""
+the ones errors.py writes; and schemathesis, run against the real gateway and replicas in this process
+(tests/in_process.py; API key on, an embedding model, a cross-encoder and a sparse model), finds no server error, no
+status, media type or body the document does not state, and no request the document calls invalid that the server
+takes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from in_process import engines, served
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import (
@@ -31,11 +33,11 @@ from schemathesis.specs.openapi.checks import (
 from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
+from bouquet.engine.engine import Engine
 from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, sparse, text_tools
 from bouquet.gateway.api import cohere
 from bouquet.gateway.app import create_app
 from bouquet.gateway.openapi import openapi_spec
-from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
 
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -166,18 +168,15 @@ def splade_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> P
 
 
 @pytest.fixture(scope="module")
-def server(reranker_dir: Path, splade_dir: Path, minilm_path: Path) -> Iterator[str]:
-    port = free_port()
-    process: Process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY,
-        "--model", str(minilm_path), "--model", str(reranker_dir), "--model", str(splade_dir),
-    )  # fmt: skip
-    try:
-        process.wait_ready()
-        wait_models(f"http://127.0.0.1:{port}", 3, API_KEY)  # all registered
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(reranker_dir: Path, splade_dir: Path, minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py): a replica per model and the gateway app with the API key, on a loopback
+    port of the gateway's own HTTP server: schemathesis sends its cases over a socket, headers as it spoiled them."""
+    models = (minilm_path, reranker_dir, splade_dir)
+    with (
+        engines(reranker_dir, splade_dir) as others,
+        served([minilm_fp32, *others], model_dirs=models, api_key=API_KEY, listen=True) as running,
+    ):
+        yield running.url
 
 
 @SCHEMA.parametrize()
