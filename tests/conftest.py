@@ -44,7 +44,9 @@ def minilm_tokenizer(minilm_path: Path) -> TextTokenizer:
 
 
 def _engine(path: Path, dtype: str) -> Iterator[Engine]:
-    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype))
+    # As for the replicas tests start (above): no start-up build of oneDNN's primitives, 6 s of every run that uses
+    # these engines (the in-process API tests serve them); steps build what they meet.
+    engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
     yield engine
     engine.close()
 

@@ -1,5 +1,6 @@
-"""`bouquet serve` over HTTP, with the openai package as the client: parity with sentence-transformers through
-every input form, TEI's routes, and every bad input answered with its 4xx while good requests go on."""
+"""The HTTP API (the gateway and a replica in this process, tests/in_process.py), with the openai package as the
+client: parity with sentence-transformers through every input form, TEI's routes, and every bad input answered with
+its 4xx while good requests go on."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import corpus
 import numpy as np
 import openai
 import pytest
 from conftest import row_cosines
+from in_process import served
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.engine.engine import Engine
 
 MODEL = "all-MiniLM-L6-v2"
 API_KEY = "test-key"
@@ -26,17 +29,12 @@ MAX_PAYLOAD = 200_000
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = free_port()
-    process: Process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--max-inputs", str(MAX_INPUTS),
-        "--max-payload-bytes", str(MAX_PAYLOAD), "--chunk-tokens", "300",
-    )  # fmt: skip
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py): a replica and the gateway app, served on a loopback port by the gateway's
+    own HTTP server (bodies sent byte for byte, a client that hangs up)."""
+    options = {"api_key": API_KEY, "max_inputs": MAX_INPUTS, "max_payload_bytes": MAX_PAYLOAD, "chunk_tokens": 300}
+    with served([minilm_fp32], model_dirs=(minilm_path,), listen=True, **options) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
