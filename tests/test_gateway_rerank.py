@@ -1,8 +1,8 @@
-"""Reranking through `bouquet serve` (a cross-encoder saved by sentence-transformers, a three-label classifier, a
-Qwen3-Reranker, beside the bundled MiniLM): TEI's /rerank and /predict, Cohere's and Jina's /v1/rerank, vLLM's
-/score, each answered in its server's shape with the scores sentence-transformers' CrossEncoder (or, for the decoder
-reranker, transformers' causal LM on its model card's template) gives; a route a model cannot serve is refused
-naming its task (TEI's 424 on TEI's routes)."""
+"""Reranking through the gateway and replicas in this process (tests/in_process.py; a cross-encoder saved by
+sentence-transformers, a three-label classifier, a Qwen3-Reranker, beside the bundled MiniLM): TEI's /rerank and
+/predict, Cohere's and Jina's /v1/rerank, vLLM's /score, each answered in its server's shape with the scores
+sentence-transformers' CrossEncoder (or, for the decoder reranker, transformers' causal LM on its model card's template)
+gives; a route a model cannot serve is refused naming its task (TEI's 424 on TEI's routes)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from in_process import engines, served
 from test_cross_encoders import LIMIT, _tiny_classifier
 from test_gateway_api import get, post
 from test_qwen3_reranker import (
@@ -23,7 +24,7 @@ from test_qwen3_reranker import (
     yes_no_ids,
 )
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.engine.engine import Engine
 
 QUERY = "what is packed attention"
 DOCUMENTS = [
@@ -85,16 +86,16 @@ OTHER_INSTRUCTION = "Find the passage that answers the question"
 
 
 @pytest.fixture(scope="module")
-def server(cross_encoder_dir: Path, classifier_dir: Path, qwen_reranker, minilm_path: Path) -> Iterator[str]:
-    port = free_port()
-    models = ("--model", str(cross_encoder_dir), "--model", str(minilm_path), "--model", str(classifier_dir))
-    models += ("--model", str(qwen_reranker[0]))
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "64", *models)
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(
+    cross_encoder_dir: Path, classifier_dir: Path, qwen_reranker, minilm_path: Path, minilm_fp32: Engine
+) -> Iterator[str]:
+    """In process (tests/in_process.py): a replica per model, the gateway app on a loopback port."""
+    models = (cross_encoder_dir, minilm_path, classifier_dir, qwen_reranker[0])
+    with (
+        engines(cross_encoder_dir, classifier_dir, qwen_reranker[0]) as others,
+        served([minilm_fp32, *others], model_dirs=models, chunk_tokens=64, listen=True) as running,
+    ):
+        yield running.url
 
 
 def test_tei_rerank(server: str, expected: np.ndarray) -> None:
