@@ -1,6 +1,7 @@
-"""The client libraries people point at an embedding server, each against a real `bouquet serve` and each result
-compared with sentence-transformers: huggingface_hub's InferenceClient (TEI's `POST /`), openai (`models.retrieve`,
-raw headers), langchain-openai, litellm (`infinity/`, `huggingface/`) and haystack's Hugging Face API embedders.
+"""The client libraries people point at an embedding server, each against the real gateway and a replica (in this
+process, tests/in_process.py) and each result compared with sentence-transformers: huggingface_hub's InferenceClient
+(TEI's `POST /`), openai (`models.retrieve`, raw headers), langchain-openai, litellm (`infinity/`, `huggingface/`) and
+haystack's Hugging Face API embedders.
 
 Nothing here reaches the internet: every client is given the loopback URL, and each library's hub lookups, cost
 maps and telemetry are switched off below (before any of them is imported; each test imports its own client, so a
@@ -18,8 +19,9 @@ import corpus
 import numpy as np
 import pytest
 from conftest import row_cosines
+from in_process import served
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.engine.engine import Engine
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else litellm fetches its cost map on import
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
@@ -34,18 +36,13 @@ MIN_COSINE = 0.99999
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """Text only (`--no-token-id-input`): every client here sends text, except langchain-openai's default, which
-    sends tiktoken ids and must be refused."""
-    port = free_port()
-    process: Process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--no-token-id-input"
-    )  # fmt: skip
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """Text only (`token_id_input=False`, as `--no-token-id-input`): every client here sends text, except
+    langchain-openai's default, which sends tiktoken ids and must be refused. In process (tests/in_process.py), on a
+    loopback port of the gateway's own HTTP server: these clients take a URL, not an httpx client."""
+    options = {"model_dirs": (minilm_path,), "api_key": API_KEY, "token_id_input": False}
+    with served([minilm_fp32], listen=True, **options) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
