@@ -1,7 +1,7 @@
-"""The routes and behaviours of the servers people switch from, on a real `bouquet serve`: TEI's `POST /`,
-`/similarity`, `/decode` and error bodies; vLLM's `/tokenize` shape, `truncate_prompt_tokens` and `normalize`;
-Infinity's `/embeddings` and `/models`; `x-request-id` on every answer; CORS for the origins allowed; public
-/metrics counting unmatched routes; and a server that takes text only."""
+"""The routes and behaviours of the servers people switch from, on the real gateway and a replica in this process
+(tests/in_process.py): TEI's `POST /`, `/similarity`, `/decode` and error bodies; vLLM's `/tokenize` shape,
+`truncate_prompt_tokens` and `normalize`; Infinity's `/embeddings` and `/models`; `x-request-id` on every answer; CORS
+for the origins allowed; public /metrics counting unmatched routes; and a server that takes text only."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import corpus
 import numpy as np
 import pytest
 from conftest import row_cosines
+from in_process import served
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.engine.engine import Engine
 
 MODEL = "all-MiniLM-L6-v2"
 API_KEY = "routes-key"
@@ -24,17 +26,11 @@ TEXTS = [*corpus.documents(3), *corpus.queries(3)]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = free_port()
-    process: Process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--cors-allow-origin", ALLOWED_ORIGIN,
-        "--no-token-id-input",
-    )  # fmt: skip
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py), on a loopback port of the gateway's own HTTP server."""
+    options = {"api_key": API_KEY, "cors_allow_origin": (ALLOWED_ORIGIN,), "token_id_input": False}
+    with served([minilm_fp32], model_dirs=(minilm_path,), listen=True, **options) as running:
+        yield running.url
 
 
 def call(
