@@ -1,8 +1,9 @@
-"""TEI's `/embed_sparse` through `bouquet serve` on three models at once: a SPLADE model (a masked LM saved by
-sentence-transformers' SparseEncoder), bge-m3's layout (dense embeddings plus `sparse_linear.pt`) and the bundled
-MiniLM (no sparse head). Rows against SparseEncoder.encode and FlagEmbedding's formula, through plain HTTP and
-haystack's HuggingFaceTEISparseTextEmbedder; a request chunked across steps put back in order; what each model
-serves in /info and /v1/models; the routes a model cannot serve refused with the model's task named."""
+"""TEI's `/embed_sparse` through the gateway and replicas in this process (tests/in_process.py) on three models at once:
+a SPLADE model (a masked LM saved by sentence-transformers' SparseEncoder), bge-m3's layout (dense embeddings plus
+`sparse_linear.pt`) and the bundled MiniLM (no sparse head). Rows against SparseEncoder.encode and FlagEmbedding's
+formula, through plain HTTP and haystack's HuggingFaceTEISparseTextEmbedder; a request chunked across steps put back in
+order; what each model serves in /info and /v1/models; the routes a model cannot serve refused with the model's task
+named."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus import documents
+from in_process import engines, served
 from sparse_models import build_bge_m3, build_splade
 from test_gateway_api import post
 from test_sparse import FLOAT32_BOUND, assert_token_weights_match, flag_embedding_rows
 
-from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
+from bouquet.engine.engine import Engine
 
 TEXTS = [*documents(10), "a", "🙂 café"]
 VOCAB = 30522
@@ -34,18 +36,14 @@ def models(tmp_path_factory, minilm_path: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(models: dict[str, Path], minilm_path: Path) -> Iterator[str]:
-    port = free_port()
-    paths = [*models.values(), minilm_path]  # the SPLADE model first: clients that name no model get it
-    arguments = [arg for path in paths for arg in ("--model", str(path))]
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--chunk-tokens", "96", *arguments)
-    try:
-        process.wait_ready()
-        url = f"http://127.0.0.1:{port}"
-        wait_models(url, 3)  # serve is ready with its first healthy replica; the others may still load
-        yield url
-    finally:
-        assert process.stop() == 0
+def server(models: dict[str, Path], minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py), on a loopback port: haystack's embedder takes a URL."""
+    paths = (*models.values(), minilm_path)  # the SPLADE model first: clients that name no model get it
+    with (
+        engines(*models.values()) as others,
+        served([*others, minilm_fp32], model_dirs=paths, chunk_tokens=96, listen=True) as running,
+    ):
+        yield running.url
 
 
 def dense_rows(answer: list[list[dict]]) -> np.ndarray:
