@@ -304,7 +304,7 @@ def test_ports_match_the_flags(rendered: dict[str, list[Doc]], name: str) -> Non
     [http] = _one(docs, "Service", "bouquet-gateway")["spec"]["ports"]
     assert http["port"] == 80
     assert _container_port(_container(gateway), http["targetPort"]) == gateway_args.port
-    assert not gateway_args.replica, "the gateways find the replicas by DNS, not by fixed address"
+    assert not gateway_args.replicas, "the gateways find the replicas by DNS, not by fixed address"
     for target in gateway_args.replicas_dns:
         dns_name, _, dns_port = target.rpartition(":")
         names = ("bouquet-replicas", f"bouquet-replicas.{NAMESPACE}", f"bouquet-replicas.{NAMESPACE}.svc")
@@ -329,10 +329,10 @@ def test_configs_build_from_the_flags(
     docs = rendered[name]
     replica = _container(_deployment(docs, "replica"))
     monkeypatch.setenv("BOUQUET_REPLICA_TOKEN", _env(replica, docs)["BOUQUET_REPLICA_TOKEN"])
-    args = _parsed(docs, "replica")
-    engine = cli.engine_config(args)
-    cli.scheduler_config(args, engine.device)
-    assert cli.replica_config(args).token == TEST_SECRETS["replica-token"]
+    sections = cli.replica_sections(_parsed(docs, "replica"))
+    engine = cli.engine_config(sections["engine"])
+    cli.scheduler_config(sections["scheduler"], engine.device)
+    assert cli.replica_config(sections["replica"]).token == TEST_SECRETS["replica-token"]
 
     gateway = _container(_deployment(docs, "gateway"))
     assert _env(gateway, docs)["BOUQUET_REPLICA_TOKEN"] == TEST_SECRETS["replica-token"], "one shared token"
@@ -455,14 +455,14 @@ def test_model_example_mounts_what_it_names(rendered: dict[str, list[Doc]]) -> N
     """--model names a directory inside a read-only mount of a PersistentVolumeClaim that is rendered with it."""
     docs = rendered["examples/model-pvc"]
     replica = _deployment(docs, "replica")
-    model = Path(_parsed(docs, "replica").model)
+    model = Path(_parsed(docs, "replica").model_path)
     volumes = {v["name"]: v for v in replica["spec"]["template"]["spec"]["volumes"]}
     [mount] = [m for m in _container(replica)["volumeMounts"] if model.is_relative_to(m["mountPath"])]
     assert mount["readOnly"] and model != Path(mount["mountPath"])
     claim = volumes[mount["name"]]["persistentVolumeClaim"]
     assert claim["readOnly"]
     assert _one(docs, "PersistentVolumeClaim", claim["claimName"])["spec"]["accessModes"] == ["ReadOnlyMany"]
-    assert _parsed(rendered["overlays/cpu"], "replica").model is None, "the overlays serve the image's model"
+    assert _parsed(rendered["overlays/cpu"], "replica").model_path is None, "the overlays serve the image's model"
 
 
 def test_cpu_overlay_sizes_the_replica(rendered: dict[str, list[Doc]]) -> None:

@@ -41,10 +41,13 @@ def test_sigterm_finishes_requests_in_flight():
         commands = children(serve.process.pid)
         assert sum("bouquet.cli replica" in command for command in commands) == 1
         # Its replica listens on a Unix socket in a directory only this user can enter, not on TCP.
-        listen = next(arg for arg in " ".join(commands).split() if arg.startswith("--listen="))
-        socket_path = Path(listen.removeprefix("--listen=unix:"))
-        assert listen.startswith("--listen=unix:") and socket_path.is_socket()
-        assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+        words = next(command for command in commands if "bouquet.cli replica" in command).split()
+        config_file = Path(words[words.index("--config") + 1])  # the replica's config, whole, beside its socket
+        listen = json.loads(config_file.read_text())["replica"]["listen"]
+        socket_path = Path(listen.removeprefix("unix:"))
+        assert listen.startswith("unix:") and socket_path.is_socket()
+        assert socket_path.parent.stat().st_mode & 0o777 == 0o700 and config_file.parent == socket_path.parent
+        assert config_file.stat().st_mode & 0o777 == 0o600
         assert sum("bouquet.cli gateway" in command for command in commands) == 2
         texts = corpus.documents(48)
         with ThreadPoolExecutor(6) as pool:

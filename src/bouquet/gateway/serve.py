@@ -14,10 +14,12 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, ServeConfig
-from bouquet.gateway.supervisor import Child, Supervisor
+from bouquet.flags import write_config_file
+from bouquet.gateway.supervisor import Child, Supervisor, log_level_args
 
 _SERVING_LINE = "bouquet replica: serving"
 
@@ -30,7 +32,7 @@ class ServeSupervisor(Supervisor):
         self._sockets = tempfile.TemporaryDirectory(prefix="bouquet-replicas-")  # mode 0700
         self.replica_addresses: dict[str, str] = {}  # replica name -> its socket, once it serves
         self.replica_serving: set[str] = set()
-        self.replica_models: dict[str, int] = {}  # replica name -> index of its model in config.replica_args
+        self.replica_models: dict[str, int] = {}  # replica name -> index of its model in config.replica_configs
 
     def start(self) -> bool:
         # Its replicas serve only its gateways: one token for this run, handed down by environment (not argv).
@@ -56,14 +58,16 @@ class ServeSupervisor(Supervisor):
     def cleanup(self) -> None:
         self._sockets.cleanup()
 
-    def _replica_command(self, model: int, listen: str) -> list[str]:
-        """The replica arguments cli.py passed on for this model, and the address serve gives this replica."""
-        args = self.config.replica_args[model]
-        return [sys.executable, "-m", "bouquet.cli", "replica", *args, f"--listen={listen}"]
+    def _replica_command(self, name: str, model: int, listen: str) -> list[str]:
+        """The replica config cli.py built for this model, with the address serve gives this replica, whole."""
+        sections = self.config.replica_configs[model]
+        sections = {**sections, "replica": {**sections["replica"], "listen": listen}}
+        path = write_config_file(Path(self._sockets.name) / f"{name}.json", sections)
+        return [sys.executable, "-m", "bouquet.cli", "replica", "--config", str(path), *log_level_args()]
 
     def _start_replicas(self) -> bool:
         env = dict(os.environ)
-        models = len(self.config.replica_args)
+        models = len(self.config.replica_configs)
         if "OMP_NUM_THREADS" not in env and self.config.device != "cuda":
             # Replicas on one CPU share its cores instead of each taking them all.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (self.config.replicas * models)))
@@ -72,7 +76,7 @@ class ServeSupervisor(Supervisor):
                 name = f"replica{index}" if models == 1 else f"model{model}-replica{index}"
                 self.replica_models[name] = model
                 self.replica_addresses[name] = f"unix:{self._sockets.name}/{name}.sock"
-                command = self._replica_command(model, self.replica_addresses[name])
+                command = self._replica_command(name, model, self.replica_addresses[name])
                 # If serve is killed, its gateways drain their requests first: the replicas serve them meanwhile.
                 child = Child(name, command, env, self._serving_reader(name), death_signal=ORPHANED_SIGNAL)
                 self.replicas.append(child)
@@ -87,8 +91,9 @@ class ServeSupervisor(Supervisor):
 
     def _start_gateways(self) -> bool:
         c = self.config
-        replicas = [f"--replica={address}" for address in self.replica_addresses.values()]
-        listening = self.start_gateways([*c.gateway_args, *replicas], c.workers, c.api_key)
+        sections = {"gateway": {**c.gateway_config["gateway"], "replicas": list(self.replica_addresses.values())}}
+        path = write_config_file(Path(self._sockets.name) / "gateway.json", sections)
+        listening = self.start_gateways(path, c.workers, c.api_key)
         return listening and self.wait(self._healthy, self.gateways, "/health to answer 200")
 
     def _healthy(self) -> bool:

@@ -12,12 +12,16 @@ import gc
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
 
 import uvicorn
 
 from bouquet import event_loop, serve_lock
 from bouquet.config import GatewayConfig
+from bouquet.flags import write_config_file
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
 from bouquet.gateway.supervisor import Supervisor
@@ -74,13 +78,26 @@ class GatewayWorkers(Supervisor):
     def __init__(self, config: GatewayConfig):
         super().__init__("bouquet gateway", _WORKERS_READY_SECONDS, config.drain_seconds)
         self.config = config
+        self._config_dir = tempfile.TemporaryDirectory(prefix="bouquet-gateway-")  # mode 0700
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self._config_dir.cleanup()
 
     def start(self) -> bool:
         c = self.config
-        if not self.start_gateways(list(c.worker_args), c.workers, c.api_key):
+        path = write_config_file(Path(self._config_dir.name) / "gateway.json", worker_sections(c))
+        if not self.start_gateways(path, c.workers, c.api_key):
             return False
         print(f"bouquet gateway: listening on http://{c.host}:{c.port} ({c.workers} workers)", file=sys.stderr)
         return True
+
+
+def worker_sections(config: GatewayConfig) -> dict[str, dict[str, object]]:
+    """What each worker's `--config` file holds: this config whole, but the secrets (they go by environment, and
+    the worker reads them from there as this process did) and the worker count."""
+    values = {field: value for field, value in asdict(config).items() if field not in ("api_key", "replica_token")}
+    return {"gateway": {**values, "workers": 1}}
 
 
 def run_gateway(config: GatewayConfig) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -14,8 +15,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import multiprocess
+
+
+def log_level_args() -> list[str]:
+    """This process's log level, for a child's command line (not part of any config)."""
+    return ["--log-level", logging.getLevelName(logging.getLogger().getEffectiveLevel())]
 
 
 def _die_with_parent(signum: int) -> Callable[[], None]:
@@ -124,9 +131,9 @@ class Supervisor:
         if self._metrics_dir is not None and child in self.gateways:
             multiprocess.mark_process_dead(child.process.pid, self._metrics_dir.name)
 
-    def start_gateways(self, args: list[str], workers: int, api_key: str | None) -> bool:
-        """`workers` `bouquet gateway` processes with `args`, on one port through SO_REUSEPORT; True once all
-        listen."""
+    def start_gateways(self, config_file: Path, workers: int, api_key: str | None) -> bool:
+        """`workers` `bouquet gateway` processes given the config in `config_file` (flags.py's JSON), on one port
+        through SO_REUSEPORT; True once all listen."""
         env = dict(os.environ)
         if api_key:
             env["BOUQUET_API_KEY"] = api_key  # not on the command line, where `ps` would show it
@@ -134,7 +141,7 @@ class Supervisor:
             # Each worker writes its metrics here and /metrics sums them, so any worker answers for all.
             self._metrics_dir = tempfile.TemporaryDirectory(prefix="bouquet-metrics-")
             env["PROMETHEUS_MULTIPROC_DIR"] = self._metrics_dir.name
-        command = [sys.executable, "-m", "bouquet.cli", "gateway", *args]
+        command = [sys.executable, "-m", "bouquet.cli", "gateway", "--config", str(config_file), *log_level_args()]
         for index in range(workers):
             self.gateways.append(Child(f"gateway{index}", command, env, self._listen_reader))
         return self.wait(lambda: self._listening.acquire(blocking=False), self.gateways, "gateways", workers)
