@@ -1,9 +1,10 @@
-"""The peers' own HTTP API tests, replayed against a real `bouquet serve`: vLLM's OpenAI-compatible pooling tests
-(embeddings, truncation, tokenization, score and rerank), text-embeddings-inference's router tests and snapshots and
-its integration tests, and Infinity's end-to-end tests. Each test names the peer test it mirrors
-(repository, path, test). The checks are re-expressed here, not copied: where a peer compares with numbers its own
-model computed, this compares with sentence-transformers (or its CrossEncoder) on the model served here, the
-bundled all-MiniLM-L6-v2 in float32, beside a tiny random-weight cross-encoder for the rerank and score routes.
+"""The peers' own HTTP API tests, replayed against the real gateway and replicas in this process (tests/in_process.py):
+vLLM's OpenAI-compatible pooling tests (embeddings, truncation, tokenization, score and rerank),
+text-embeddings-inference's router tests and snapshots and its integration tests, and Infinity's end-to-end tests. Each
+test names the peer test it mirrors (repository, path, test). The checks are re-expressed here, not copied: where a peer
+compares with numbers its own model computed, this compares with sentence-transformers (or its CrossEncoder) on the
+model served here, the bundled all-MiniLM-L6-v2 in float32, beside a tiny random-weight cross-encoder for the rerank and
+score routes.
 
 What is not replayed, and why (a peer-only extension, a model difference, a deliberate or conflicting behaviour),
 is listed in docs/peer-api-suites.md."""
@@ -23,9 +24,10 @@ import corpus
 import numpy as np
 import pytest
 from conftest import row_cosines
+from in_process import engines, served
 from test_cross_encoders import LIMIT, _tiny_classifier
 
-from bouquet.gateway.testing import Process, free_port, start_serve, wait_models
+from bouquet.engine.engine import Engine
 
 MODEL = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
@@ -61,21 +63,16 @@ def cross_encoder(cross_encoder_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def server(request, minilm_path: Path, cross_encoder_dir: Path) -> Iterator[str]:
-    """One `bouquet serve` for all three peers' tests: MiniLM and the tiny reranker, an API key (Infinity's
-    authentication test), token ids taken as input (vLLM's and TEI's tests send them). The references load while
-    it starts."""
-    port = free_port()
-    models = ("--model", str(minilm_path), "--model", str(cross_encoder_dir))
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, *models)
-    try:
-        request.getfixturevalue("sentence_transformer")
-        request.getfixturevalue("cross_encoder")
-        process.wait_ready()
-        wait_models(f"http://127.0.0.1:{port}", 2, API_KEY)  # both registered
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(minilm_path: Path, minilm_fp32: Engine, cross_encoder_dir: Path) -> Iterator[str]:
+    """One server for all three peers' tests, in process (tests/in_process.py) on a loopback port: MiniLM and the
+    tiny reranker, an API key (Infinity's authentication test), token ids taken as input (vLLM's and TEI's tests
+    send them)."""
+    models = (minilm_path, cross_encoder_dir)
+    with (
+        engines(cross_encoder_dir) as reranker,
+        served([minilm_fp32, *reranker], model_dirs=models, api_key=API_KEY, listen=True) as running,
+    ):
+        yield running.url
 
 
 def call(url: str, body: object = None, key: str | None = API_KEY) -> tuple[int, dict[str, str], object]:
