@@ -1,7 +1,8 @@
-"""Contextual (late-chunked) embeddings on /v1/contextualizedembeddings and TEI's /embed_all, through
-`bouquet serve` with the real all-MiniLM-L6-v2, against transformers: a chunk's vector is the mean of its tokens'
-states in the whole document's forward (not the chunk embedded alone), documents over the limit follow the
-documented windows (docs/contextual.md), /embed_all is the last hidden state of every token, bad bodies are 4xx."""
+"""Contextual (late-chunked) embeddings on /v1/contextualizedembeddings and TEI's /embed_all, through the gateway
+and a replica in this process (tests/in_process.py) with the real all-MiniLM-L6-v2, against transformers: a chunk's
+vector is the mean of its tokens' states in the whole document's forward (not the chunk embedded alone), documents
+over the limit follow the documented windows (docs/contextual.md), /embed_all is the last hidden state of every
+token, bad bodies are 4xx."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import row_cosines
+from in_process import served
 from test_gateway_api import API_KEY, post
 
+from bouquet.engine.engine import Engine
 from bouquet.gateway.contextual import assign_windows, windows
-from bouquet.gateway.testing import Process, free_port, start_serve
 
 LIMIT = 256  # all-MiniLM-L6-v2's, in tokens; [CLS] and [SEP] leave 254 for a window's content
 SENTENCES = [
@@ -39,17 +41,12 @@ LONG_DOCUMENT = [*SENTENCES, LONG_CHUNK, *SENTENCES[::-1], LONG_CHUNK + " " + LO
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    port = free_port()
-    # Chunks of about 300 tokens: a request of several windows travels to the replica in several gRPC calls
-    process: Process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--api-key", API_KEY, "--chunk-tokens", "300"
-    )
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py), on a loopback port. Chunks of about 300 tokens: a request of several windows
+    travels to the replica in several gRPC calls."""
+    options = {"api_key": API_KEY, "chunk_tokens": 300}
+    with served([minilm_fp32], model_dirs=(minilm_path,), listen=True, **options) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
