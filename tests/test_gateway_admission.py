@@ -1,6 +1,6 @@
-"""The in-flight token cap end to end: a real `bouquet serve`, a long request holding the cap, a second bulk one
-turned away with 429 and Retry-After while a one-text query still gets in (short requests have a lane of their
-own), and service back once the first is done."""
+"""The in-flight token cap end to end: the real gateway and a replica in this process (tests/in_process.py), a long
+request holding the cap, a second bulk one turned away with 429 and Retry-After while a one-text query still gets in
+(short requests have a lane of their own), and service back once the first is done."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import corpus
+from in_process import served
 
-from bouquet.gateway.testing import free_port, start_serve
+from bouquet.engine.engine import Engine
 
 
 def _post(url: str, body: dict) -> tuple[int, dict, dict]:
@@ -31,28 +33,21 @@ def _in_flight_tokens(base: str) -> float:
     return sum(float(line.split()[-1]) for line in lines)
 
 
-def test_over_the_in_flight_cap_is_429_with_retry_after_then_recovers() -> None:
-    port = free_port()
-    process = start_serve(
-        port, "--device", "cpu", "--dtype", "float32", "--max-inflight-tokens", "1000", "--admission-wait", "0"
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        process.wait_ready()
-        with ThreadPoolExecutor(1) as pool:
-            long = pool.submit(_post, f"{base}/v1/embeddings", {"input": corpus.documents(48)})  # ~6,000 tokens
-            deadline = time.monotonic() + 30
-            while _in_flight_tokens(base) == 0:
-                assert time.monotonic() < deadline, "the long request never got in"
-                time.sleep(0.01)
-            status, _, body = _post(f"{base}/v1/embeddings", {"input": "a query gets in while the cap is held"})
-            assert status == 200 and len(body["data"]) == 1
-            status, headers, body = _post(f"{base}/v1/embeddings", {"input": corpus.documents(16)})
-            assert status == 429
-            assert headers.get("retry-after") == "1"
-            assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "rate_limit_error"
-            assert long.result(timeout=120)[0] == 200
+def test_over_the_in_flight_cap_is_429_with_retry_after_then_recovers(minilm_path: Path, minilm_fp32: Engine) -> None:
+    options = {"model_dirs": (minilm_path,), "max_inflight_tokens": 1000, "admission_wait": 0}
+    with served([minilm_fp32], listen=True, **options) as running, ThreadPoolExecutor(1) as pool:
+        base = running.url
+        long = pool.submit(_post, f"{base}/v1/embeddings", {"input": corpus.documents(48)})  # ~6,000 tokens
+        deadline = time.monotonic() + 30
+        while _in_flight_tokens(base) == 0:
+            assert time.monotonic() < deadline, "the long request never got in"
+            time.sleep(0.01)
+        status, _, body = _post(f"{base}/v1/embeddings", {"input": "a query gets in while the cap is held"})
+        assert status == 200 and len(body["data"]) == 1
+        status, headers, body = _post(f"{base}/v1/embeddings", {"input": corpus.documents(16)})
+        assert status == 429
+        assert headers.get("retry-after") == "1"
+        assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "rate_limit_error"
+        assert long.result(timeout=120)[0] == 200
         status, _, body = _post(f"{base}/v1/embeddings", {"input": "served again once the cap is free"})
         assert status == 200 and len(body["data"][0]["embedding"]) == 384
-    finally:
-        assert process.stop() == 0
