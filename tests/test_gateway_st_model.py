@@ -1,7 +1,8 @@
-"""`bouquet serve` on two models at once, each on its own replica, routed by name: a user's sentence-transformers
-model (current layout: two Dense modules, no Normalize, prompts left out of the pooling, a 40-token limit) and
-the bundled MiniLM. Through the openai client and TEI's route: rows as sentence-transformers computes them, raw
-unless a request asks for normalisation; each model's family, pooling, width and limit in /info and /v1/models."""
+"""The gateway in front of two models at once (in this process, tests/in_process.py), each on its own replica, routed by
+name: a user's sentence-transformers model (current layout: two Dense modules, no Normalize, prompts left out of the
+pooling, a 40-token limit) and the bundled MiniLM. Through the openai client and TEI's route: rows as
+sentence-transformers computes them, raw unless a request asks for normalisation; each model's family, pooling, width
+and limit in /info and /v1/models."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import openai
 import pytest
 from conftest import row_cosines
 from family_models import save_sentence_transformer
+from in_process import engines, served
 from st_models import tiny_bert
 from test_gateway_api import post
 from test_st_layouts import PROMPTS, TEXTS
 from torch import nn
 
-from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +39,13 @@ def model_dir(tmp_path_factory, minilm_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path, minilm_path: Path) -> Iterator[str]:
-    port = free_port()
-    models = ("--model", str(model_dir), "--model", str(minilm_path))
-    process: Process = start_serve(port, "--device", "cpu", "--dtype", "float32", *models)
-    try:
-        process.wait_ready()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        assert process.stop() == 0
+def server(model_dir: Path, minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+    """In process (tests/in_process.py): a replica per model, the gateway app on a loopback port."""
+    with (
+        engines(model_dir) as tiny,
+        served([*tiny, minilm_fp32], model_dirs=(model_dir, minilm_path), listen=True) as running,
+    ):
+        yield running.url
 
 
 @pytest.fixture(scope="module")
