@@ -25,6 +25,7 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
+	$(PY) -m mypy
 
 test: lint
 	$(PY) -m pytest -q

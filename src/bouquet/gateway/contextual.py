@@ -96,7 +96,8 @@ def assign_windows(chunks: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarr
     held = np.clip(np.minimum(stops, bounds[:, 1]) - np.maximum(starts, bounds[:, 0]), 0, None)  # [K, W]
     margin = np.minimum(starts - bounds[:, 0], bounds[:, 1] - stops)  # [K, W], negative when cut
     capacity = int((bounds[:, 1] - bounds[:, 0]).max())
-    return np.argmax(held * (4 * capacity + 1) + np.clip(margin, -capacity, capacity), axis=1)
+    best: np.ndarray = np.argmax(held * (4 * capacity + 1) + np.clip(margin, -capacity, capacity), axis=1)
+    return best
 
 
 @dataclass
@@ -236,7 +237,11 @@ async def embed_all(gateway: Gateway, job: EmbedJob) -> tuple[ServedModel, list[
     async def batch() -> Batch:
         nonlocal cu_seqlens
         encoded = await asyncio.gather(*(gateway._sequences(part, model) for part in parts))
-        sequences = encoded[0] if len(parts) == 1 else _interleave(*encoded, job.text_positions or ())
+        if len(parts) == 1:
+            sequences = encoded[0]
+        else:
+            texts, ids = encoded
+            sequences = _interleave(texts, ids, job.text_positions or ())
         packed = Batch.pack(sequences, RowOptions(normalize=False, raw_spans=True))
         cu_seqlens = packed.cu_seqlens
         positions = np.arange(packed.num_tokens, dtype=np.int32) - np.repeat(packed.cu_seqlens[:-1], packed.seq_lens)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from swagger_ui_bundle import swagger_ui_path
@@ -776,4 +777,4 @@ def openapi_spec() -> dict[str, Any]:
 def docs_asset(name: str) -> bytes:
     """One of DOCS_ASSETS, read once."""
     assert name in DOCS_ASSETS, f"{name!r} is not a docs asset"
-    return (swagger_ui_path / name).read_bytes()
+    return Path(swagger_ui_path, name).read_bytes()

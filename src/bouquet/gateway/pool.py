@@ -24,7 +24,9 @@ import itertools
 import logging
 import socket
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -116,7 +118,7 @@ class ReplicaPool:
                 logger.warning("resolving %s failed (%s); keeping its %d replicas", target, error,
                                len(self._dns_members.get(target, ())))  # fmt: skip
             else:
-                self._follow(target, {_address(info[4][0], int(port)) for info in infos})
+                self._follow(target, {_address(str(info[4][0]), int(port)) for info in infos})
             await asyncio.sleep(self._dns_interval)
 
     def _follow(self, target: str, addresses: set[str]) -> None:
@@ -219,7 +221,7 @@ class ReplicaPool:
 
     async def _call(
         self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float
-    ) -> np.ndarray:
+    ) -> np.ndarray | SparseRows:
         """One attempt; `tokens` were added to the replica's outstanding count when it was chosen."""
         started = time.perf_counter()
         replica.rate.started(time.monotonic())
@@ -351,8 +353,8 @@ class ReplicaPool:
         finally:
             replica.probing = False
 
-    def _spawn(self, coro: object) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

@@ -17,7 +17,7 @@ current: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", defa
 def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == HEADER:
-            given = value.decode("latin-1")
+            given: str = value.decode("latin-1")
             if _USABLE.fullmatch(given):
                 return given
     return uuid.uuid4().hex

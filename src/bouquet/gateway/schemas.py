@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,8 @@ TEI_FIELDS = frozenset(
         "long_input",
     }
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -277,10 +279,10 @@ def _dimensions(body: dict[str, Any]) -> int | None:
         return None
     if not _is_int(dimensions):
         raise Unprocessable("'dimensions' must be an integer", "invalid_type", "dimensions")
-    return dimensions
+    return int(dimensions)
 
 
-def optional_field(body: dict[str, Any], name: str, kind: type) -> Any:
+def optional_field(body: dict[str, Any], name: str, kind: type[T]) -> T | None:
     value = body.get(name)
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
         raise Unprocessable(f"'{name}' must be of type {kind.__name__}", "invalid_type", name)

@@ -100,7 +100,7 @@ class ServeSupervisor(Supervisor):
         host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
         try:
             with urllib.request.urlopen(f"http://{host}:{self.config.port}/health", timeout=2) as reply:
-                return reply.status == 200
+                return bool(reply.status == 200)
         except (urllib.error.URLError, OSError):
             return False
 

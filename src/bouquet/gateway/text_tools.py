@@ -106,4 +106,4 @@ def parse_similarity(body: dict[str, Any], strict: bool = True) -> EmbedJob:
 def similarities(rows: np.ndarray) -> list[float]:
     """Cosine of the first row with each other row."""
     unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-    return (unit[1:] @ unit[0]).astype(float).tolist()
+    return [float(value) for value in unit[1:] @ unit[0]]

@@ -3,6 +3,8 @@ No torch."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from bouquet.batch import Batch
@@ -21,12 +23,17 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         dimensions=options.dimensions,
         normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
         prompt_tokens=options.prompt_tokens,
-        encoding=options.encoding,
+        encoding=wire_encoding(options.encoding),
         sparse=options.sparse,
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
         raw_spans=options.raw_spans,
     )
+
+
+def wire_encoding(encoding: Encoding) -> embedding_pb2.Encoding:
+    """Ours as the proto's type: the same numbers (tests/test_encodings.py checks them name for name)."""
+    return cast(embedding_pb2.Encoding, encoding)
 
 
 def _int32_bytes(values: np.ndarray) -> bytes:
@@ -38,9 +45,9 @@ def response_rows(
 ) -> np.ndarray:  # [rows, elements] in `encoding`, read in place from the bytes
     """The rows of a reply to a request for `encoding`; ValueError when the replica answered in another (one that
     predates the field answers float32) or its bytes do not fit."""
-    if response.encoding == encoding:
+    if response.encoding == wire_encoding(encoding):
         return rows_from_bytes(response.embeddings, encoding, response.num_seqs, response.dimension)
-    if response.encoding == Encoding.FLOAT32:  # a replica older than encodings: encoded here instead
+    if response.encoding == embedding_pb2.FLOAT32:  # a replica older than encodings: encoded here instead
         floats = rows_from_bytes(response.embeddings, Encoding.FLOAT32, response.num_seqs, response.dimension)
         return encode_rows(floats, encoding)
     raise ValueError(f"asked for {encoding.name} rows, the replica answered {Encoding(response.encoding).name}")

@@ -107,7 +107,7 @@ def _validate_sparse(limits: Limits, message: embedding_pb2.EmbedRequest) -> Non
         return
     if not limits.sparse_dimension:
         raise InvalidInput("this model has no sparse head (SPLADE, or bge-m3's sparse_linear.pt): no sparse rows")
-    if message.dimensions or message.encoding != Encoding.FLOAT32 or message.cu_spans or message.normalize:
+    if message.dimensions or message.encoding != embedding_pb2.FLOAT32 or message.cu_spans or message.normalize:
         raise InvalidInput(
             "sparse rows come whole as float32 pairs, one a sequence: no dimensions, normalize, encoding or spans"
         )

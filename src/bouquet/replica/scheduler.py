@@ -37,14 +37,23 @@ Part = tuple[Request, int, int]  # (request, its first sequence in the batch, ho
 class StepEngine(Protocol):
     """What the scheduler needs of an Engine (tests wrap one to watch or hold its steps)."""
 
-    spec: ModelSpec
-    dimension: int  # a row's full width
-    sparse_dimension: int  # a sparse row's width; 0: the model gives none
-    max_seq_length: int
-    pooling: PoolingSpec
-    family: str
-    task: str
-    workers: int  # steps it computes at once; a later one starts, in submission order, when one of them is done
+    # Read-only: an Engine's are attributes or properties.
+    @property
+    def spec(self) -> ModelSpec: ...
+    @property
+    def dimension(self) -> int: ...  # a row's full width
+    @property
+    def sparse_dimension(self) -> int: ...  # a sparse row's width; 0: the model gives none
+    @property
+    def max_seq_length(self) -> int: ...
+    @property
+    def pooling(self) -> PoolingSpec: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def workers(self) -> int: ...  # steps at once; a later one starts, in submission order, when one is done
 
     def step(self, batch: Batch) -> LazyTensor: ...
 

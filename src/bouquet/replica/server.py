@@ -25,6 +25,7 @@ from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.replica.client import wire_encoding
 from bouquet.replica.metrics import ReplicaMetrics
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
@@ -43,19 +44,20 @@ _STATUS: dict[type[Exception], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
+Request = TypeVar("Request")
 Reply = TypeVar("Reply")
-Handler = Callable[["EmbeddingServicer", object, grpc.aio.ServicerContext], Awaitable[Reply]]
+Handler = Callable[["EmbeddingServicer", Request, grpc.aio.ServicerContext], Awaitable[Reply]]
 
 
 def status_for(error: Exception) -> grpc.StatusCode:
     return next((_STATUS[kind] for kind in type(error).__mro__ if kind in _STATUS), grpc.StatusCode.INTERNAL)
 
 
-def _mapped(method: Handler[Reply]) -> Handler[Reply]:
+def _mapped(method: Handler[Request, Reply]) -> Handler[Request, Reply]:
     """Turns the handler's exceptions into gRPC statuses and counts every call by its status."""
 
     @functools.wraps(method)
-    async def handler(self: EmbeddingServicer, request: object, context: grpc.aio.ServicerContext) -> Reply:
+    async def handler(self: EmbeddingServicer, request: Request, context: grpc.aio.ServicerContext) -> Reply:
         started = time.perf_counter()
         self.calls_in_flight += 1
         try:
@@ -130,7 +132,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
         return embedding_pb2.EmbedResponse(
             embeddings=encode_rows(rows, encoding).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1],
-            encoding=encoding,
+            encoding=wire_encoding(encoding),
         )  # fmt: skip
 
     @_mapped
@@ -161,7 +163,7 @@ def sparse_response(rows: np.ndarray) -> embedding_pb2.EmbedResponse:  # rows: [
     )  # fmt: skip
 
 
-class TokenCheck(grpc.aio.ServerInterceptor):
+class TokenCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no type stubs
     """Embed and Info only with `authorization: Bearer TOKEN` (the gateways send it); health stays open, for
     orchestrators' probes."""
 

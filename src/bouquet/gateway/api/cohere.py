@@ -93,9 +93,9 @@ def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[
     for name in request.embedding_types:
         encoding, as_base64 = EMBEDDING_TYPES[name]
         encoded = encode_rows(rows, encoding)
-        if as_base64:
-            encoded = [base64.b64encode(row.tobytes()).decode("ascii") for row in encoded]
-        embeddings[name] = encoded
+        embeddings[name] = (
+            [base64.b64encode(row.tobytes()).decode("ascii") for row in encoded] if as_base64 else encoded
+        )
     return {
         "id": str(uuid.uuid4()),
         "embeddings": embeddings,
