@@ -322,6 +322,7 @@ def test_the_lead_gives_the_threads_back_at_the_next_layer_once_another_step_sta
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+@pytest.mark.process
 def test_building_an_engine_leaves_no_openmp_helpers_behind() -> None:
     """In a fresh interpreter: an engine built and closed on the main thread leaves no thread behind. Its
     model loads on a passing thread; had it loaded on the caller's, that thread would keep an OpenMP helper

@@ -33,6 +33,7 @@ def texts() -> list[str]:
     return [text for pair in zip(documents(60), queries(60), strict=True) for text in pair] + list(NON_ASCII_TEXTS)
 
 
+@pytest.mark.process
 def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_tokenizer) -> None:
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)))
@@ -46,6 +47,7 @@ def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_to
     assert "100%" in result.stderr  # the progress bar
 
 
+@pytest.mark.process
 def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer) -> None:
     lines = ["one line", "another line of text", "Ünïcödé ☃"]
     source = tmp_path / "in.txt"
@@ -58,6 +60,7 @@ def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.process
 def test_cpu_workers_must_be_positive(tmp_path: Path) -> None:
     source = tmp_path / "in.txt"
     source.write_text("a line\n")
@@ -73,6 +76,7 @@ def _with_bad_third_line(tmp_path: Path, line: str) -> Path:
     return source
 
 
+@pytest.mark.process
 def test_bad_line_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     source = _with_bad_third_line(tmp_path, "{not json")
     result = _run(str(source), "-o", str(tmp_path / "out.npy"))
@@ -97,6 +101,7 @@ def test_every_bad_line_kind_is_named(tmp_path: Path, minilm_fp32, minilm_tokeni
     assert list(tmp_path.iterdir()) == [source]
 
 
+@pytest.mark.process
 def test_invalid_utf8_is_named(tmp_path: Path) -> None:
     source = tmp_path / "in.txt"
     source.write_bytes(b"fine\n\xff\xfe broken\n")

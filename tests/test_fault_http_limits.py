@@ -27,7 +27,7 @@ from test_gateway_replicas import embed
 
 from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
 
-pytestmark = pytest.mark.fault
+pytestmark = [pytest.mark.fault, pytest.mark.process]
 
 TIMEOUT = 1  # seconds: the header, body and idle timeouts of the gateway under test
 MARGIN = 15.0  # generous: a timed-out connection must be closed within TIMEOUT + MARGIN, on a loaded machine too

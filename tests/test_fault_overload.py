@@ -26,7 +26,7 @@ import pytest
 
 from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
 
-pytestmark = [pytest.mark.fault, pytest.mark.long]
+pytestmark = [pytest.mark.fault, pytest.mark.long, pytest.mark.process]
 CLIENTS = 64
 TEXTS = 256
 LOAD_SECONDS = 20.0

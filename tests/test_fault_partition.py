@@ -23,7 +23,7 @@ from test_gateway_replicas import embed, healthy_replicas, wait_for
 
 from bouquet.gateway.testing import Process, start_gateway, start_replica, wait_healthy
 
-pytestmark = [pytest.mark.fault, pytest.mark.long]
+pytestmark = [pytest.mark.fault, pytest.mark.long, pytest.mark.process]
 REPLICA_PORT = 50051  # every host is a fresh namespace: fixed ports are free
 METRICS_PORT = 9100
 GATEWAY_PORT = 8000

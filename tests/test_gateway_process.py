@@ -21,6 +21,8 @@ from conftest import row_cosines
 
 from bouquet.gateway.testing import Process, children, free_port, start_gateway, start_replica, wait_healthy
 
+pytestmark = pytest.mark.process  # every test starts bouquet processes
+
 MODEL = "all-MiniLM-L6-v2"  # the replica's directory name, so its Info names the model so
 API_KEY = "test-key"
 TEXTS = [*corpus.documents(6), *corpus.queries(3), *corpus.NON_ASCII_TEXTS[:3]]

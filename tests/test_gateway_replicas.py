@@ -12,9 +12,12 @@ import urllib.request
 
 import corpus
 import numpy as np
+import pytest
 from conftest import row_cosines
 
 from bouquet.gateway.testing import free_port, start_gateway, start_replica, wait_healthy
+
+pytestmark = pytest.mark.process  # every test starts bouquet processes
 
 TEXTS = corpus.documents(16)
 

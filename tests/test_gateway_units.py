@@ -19,6 +19,7 @@ from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.schemas import parse_inputs, parse_openai, parse_tei
 
 
+@pytest.mark.process
 def test_the_gateway_never_imports_torch():
     modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.server", "bouquet.gateway.serve",
                "bouquet.gateway.testing"]  # fmt: skip

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.long
+@pytest.mark.process
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out-dir", str(tmp_path)],
@@ -35,6 +36,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
     assert not committed.exists() or "dry run" not in committed.read_text()
 
 
+@pytest.mark.process
 def test_gpu_check_leaves_its_report_when_stopped_by_the_hard_limit(tmp_path: Path) -> None:
     script = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out-dir", str(tmp_path)]
     result = subprocess.run([*script, "--hard-limit-s", "2"], capture_output=True, text=True, timeout=120)

@@ -134,6 +134,7 @@ print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis
 
 
 @pytest.mark.parametrize("isa", ["AVX512_CORE", "AVX2"])
+@pytest.mark.process
 def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
     """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at
     load, the weights then take 7 bits, the QKV projections stay float32, and the rows stay within the gate."""
@@ -201,6 +202,7 @@ def test_int8_is_cpu_only() -> None:
         EngineConfig(model_path=Path("."), device="cuda", dtype="int8")
 
 
+@pytest.mark.process
 def test_a_served_int8_model_says_so_and_embeds(minilm_path: Path) -> None:
     port = free_port()
     process: Process = start_serve(port, "--device", "cpu", "--dtype", "int8")

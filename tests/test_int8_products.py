@@ -78,6 +78,7 @@ print(sorted(measure_products(available_products(), [(384, 1536), (1536, 384)], 
 
 
 @needs_onednn
+@pytest.mark.process
 def test_a_reference_loop_product_is_left_out_before_a_step_sized_timing() -> None:
     """Under oneDNN's AVX-512 VNNI cap (no AMX), its s8 x s8 matmul is a reference loop (25 s for one 1,024-token
     product on one core, measured): the short probe must leave it out, or the start would take minutes."""

@@ -65,6 +65,7 @@ def reference(source: Path, minilm_fp32, minilm_tokenizer) -> np.ndarray:
 
 
 @pytest.mark.long
+@pytest.mark.process
 def test_an_actor_killed_mid_run_jsonl_to_parquet(cluster, tmp_path: Path, source, reference) -> None:
     """The CLI's job (`map_batches(Embedder, ...)` on an actor pool, as a user's pipeline runs it), one actor of two
     dying on its second batch: every line exactly once in the shards, with `bouquet embed`'s vectors."""
@@ -83,6 +84,7 @@ def test_an_actor_killed_mid_run_jsonl_to_parquet(cluster, tmp_path: Path, sourc
     assert set(tmp_path.iterdir()) == {loads, marker, output}  # no .partial left
 
 
+@pytest.mark.process
 def test_cli_parquet_with_ids_to_npy_in_id_order(cluster, tmp_path: Path, texts, reference) -> None:
     order = np.random.default_rng(0).permutation(len(texts))
     source = tmp_path / "corpus"
@@ -133,6 +135,7 @@ def test_npy_needs_integer_ids(tmp_path: Path) -> None:
     assert block.to_pydict() == {"id": ["x"], "text": ["a"]}
 
 
+@pytest.mark.process
 def test_parquet_needs_a_text_column(cluster, tmp_path: Path, capsys) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": [0, 1], "body": ["a", "b"]}), source)

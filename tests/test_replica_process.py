@@ -23,6 +23,8 @@ from bouquet.proto import embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.testing import marked, wait_until
 
+pytestmark = pytest.mark.process  # every test starts bouquet processes
+
 
 @dataclass
 class ReplicaProcess:

@@ -63,6 +63,7 @@ def _status_after(url: str, seconds: float) -> int:
     return status
 
 
+@pytest.mark.process
 def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certificates: Path) -> None:
     c = certificates
     port = free_port()

@@ -14,8 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import corpus
+import pytest
 
 from bouquet.gateway.testing import children, free_port, start_serve
+
+pytestmark = pytest.mark.process  # every test starts bouquet processes
 
 
 def in_flight(url: str) -> float:

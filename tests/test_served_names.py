@@ -43,6 +43,7 @@ def get(url: str) -> dict:
         return json.loads(reply.read())
 
 
+@pytest.mark.process
 def test_every_name_is_listed_and_the_first_is_reported(server: str) -> None:
     models = get(f"{server}/v1/models")
     assert [card["id"] for card in models["data"]] == list(NAMES)
@@ -54,6 +55,7 @@ def test_every_name_is_listed_and_the_first_is_reported(server: str) -> None:
 
 
 @pytest.mark.parametrize("name", [*NAMES, "all-MiniLM-L6-v2"])
+@pytest.mark.process
 def test_the_openai_client_embeds_under_each_name(server: str, expected: np.ndarray, name: str) -> None:
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
     response = client.embeddings.create(model=name, input=TEXTS, encoding_format="float")
@@ -62,6 +64,7 @@ def test_the_openai_client_embeds_under_each_name(server: str, expected: np.ndar
     assert row_cosines(rows, expected).min() >= 0.99999
 
 
+@pytest.mark.process
 def test_clients_default_model_names_work(server: str, expected: np.ndarray) -> None:
     from haystack.components.embedders import OpenAITextEmbedder
     from haystack.utils import Secret

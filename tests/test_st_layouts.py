@@ -264,6 +264,7 @@ def test_refusal_stops_bouquet_embed_with_the_message(tmp_path, minilm_current: 
     assert "WordWeights" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_a_replica_refuses_the_model_at_start_naming_the_file(tmp_path, minilm_current: Path) -> None:
     import subprocess
     import sys
