@@ -37,8 +37,8 @@ from bouquet.config import (
     resolve_dtype,
 )
 from bouquet.flags import write_config_file
-from bouquet.gateway.server import worker_sections
 from bouquet.gateway.testing import children, free_port, start_serve
+from bouquet.processes.gateway_workers import worker_sections
 
 # Fields declared without an option, each commented as internal in config.py or set by cli.py from elsewhere: the
 # secrets from the environment or a file (argv shows in `ps`), embed's positional INPUT and -o, --ray ADDRESS, and

@@ -21,7 +21,7 @@ from bouquet.gateway.schemas import parse_inputs, parse_openai, parse_tei
 
 @pytest.mark.process
 def test_the_gateway_never_imports_torch():
-    modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.server", "bouquet.gateway.serve",
+    modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.server", "bouquet.processes.serve",
                "bouquet.gateway.testing"]  # fmt: skip
     code = f"import sys; import {', '.join(modules)}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -211,7 +211,7 @@ def test_gateway_workers_need_a_fixed_port():
 def test_a_dead_gateway_workers_live_gauges_leave_the_shared_metrics(tmp_path):
     from types import SimpleNamespace
 
-    from bouquet.gateway.supervisor import Supervisor
+    from bouquet.processes.supervisor import Supervisor
 
     write_gauge = (
         "from prometheus_client import Gauge; Gauge('in_flight', 'in flight', multiprocess_mode='livesum').set(5)"

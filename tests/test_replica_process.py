@@ -145,8 +145,8 @@ def test_an_orphaned_replica_serves_until_the_last_gateway_has_exited(minilm_pat
     (2 s, the fallback without the file), then drains and exits."""
     import os
 
-    from bouquet import serve_lock
     from bouquet.config import ORPHANED_SIGNAL
+    from bouquet.processes import serve_lock
 
     lock = tmp_path / "gateways.lock"
     hold = "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDWR | os.O_CREAT), fcntl.LOCK_SH); " \
@@ -187,7 +187,7 @@ def test_the_gateways_lock_reads_free_only_once_every_holder_has_exited(tmp_path
     process, not free; free once the last one has exited, however it exited."""
     import os
 
-    from bouquet import serve_lock
+    from bouquet.processes import serve_lock
 
     monkeypatch.delenv(serve_lock.ENV, raising=False)
     assert serve_lock.gateways_gone() is None  # not started by serve
@@ -196,7 +196,7 @@ def test_the_gateways_lock_reads_free_only_once_every_holder_has_exited(tmp_path
     assert serve_lock.gateways_gone() is None and not path.exists()  # a replica never makes the file anew
     serve_lock.create(str(path))
     assert serve_lock.gateways_gone() is True
-    hold = "import sys; from bouquet import serve_lock; serve_lock.hold_while_alive(); print('held', flush=True); " \
+    hold = "import sys; from bouquet.processes import serve_lock; serve_lock.hold_while_alive(); print('held', flush=True); " \
            "sys.stdin.read()"  # fmt: skip
     gateways = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env=dict(os.environ)) for _ in range(2)]  # fmt: skip

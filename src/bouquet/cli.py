@@ -279,13 +279,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from bouquet.gateway.serve import run_serve
+    from bouquet.processes.serve import run_serve
 
     return run_serve(serve_config(args))
 
 
 def _run_gateway(args: argparse.Namespace) -> int:
-    from bouquet.gateway.server import run_gateway
+    from bouquet.processes.gateway_workers import run_gateway
 
     return run_gateway(gateway_config(args))
 

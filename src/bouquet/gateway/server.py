@@ -1,8 +1,7 @@
 """`bouquet gateway`: one gateway process, uvicorn on uvloop and httptools, on a socket bound with SO_REUSEPORT
 so several gateway processes can share a port (the kernel spreads connections across them); each connection is
 bounded in size, time and number (http_protocol.py). SIGTERM stops accepting and lets in-flight requests finish
-(up to drain_seconds). With `--workers N` this process supervises N such processes instead, as `bouquet serve`
-does its gateways."""
+(up to drain_seconds). `--workers N` runs N of these under a supervisor (processes/gateway_workers.py)."""
 
 from __future__ import annotations
 
@@ -12,21 +11,14 @@ import gc
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict
-from pathlib import Path
 
 import uvicorn
 
-from bouquet import event_loop, serve_lock
 from bouquet.config import GatewayConfig
-from bouquet.flags import write_config_file
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
-from bouquet.gateway.supervisor import Supervisor
-
-_WORKERS_READY_SECONDS = 60.0  # for every worker to listen; they load no model
+from bouquet.processes import serve_lock
 
 
 class _Server(uvicorn.Server):
@@ -70,37 +62,3 @@ async def serve_gateway(config: GatewayConfig) -> int:
     print(f"bouquet gateway: listening on http://{config.host}:{port}", file=sys.stderr, flush=True)
     await server.serve(sockets=[sock])
     return 0
-
-
-class GatewayWorkers(Supervisor):
-    """`bouquet gateway --workers N`: N gateway processes on the port, restarted when one dies, drained on SIGTERM."""
-
-    def __init__(self, config: GatewayConfig):
-        super().__init__("bouquet gateway", _WORKERS_READY_SECONDS, config.drain_seconds)
-        self.config = config
-        self._config_dir = tempfile.TemporaryDirectory(prefix="bouquet-gateway-")  # mode 0700
-
-    def cleanup(self) -> None:
-        super().cleanup()
-        self._config_dir.cleanup()
-
-    def start(self) -> bool:
-        c = self.config
-        path = write_config_file(Path(self._config_dir.name) / "gateway.json", worker_sections(c))
-        if not self.start_gateways(path, c.workers, c.api_key):
-            return False
-        print(f"bouquet gateway: listening on http://{c.host}:{c.port} ({c.workers} workers)", file=sys.stderr)
-        return True
-
-
-def worker_sections(config: GatewayConfig) -> dict[str, dict[str, object]]:
-    """What each worker's `--config` file holds: this config whole, but the secrets (they go by environment, and
-    the worker reads them from there as this process did) and the worker count."""
-    values = {field: value for field, value in asdict(config).items() if field not in ("api_key", "replica_token")}
-    return {"gateway": {**values, "workers": 1}}
-
-
-def run_gateway(config: GatewayConfig) -> int:
-    if config.workers > 1:
-        return GatewayWorkers(config).run()
-    return event_loop.run(serve_gateway(config))

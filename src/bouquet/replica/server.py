@@ -21,9 +21,9 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import Encoding, encode_rows
+from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
 from bouquet.replica.metrics import ReplicaMetrics

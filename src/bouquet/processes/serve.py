@@ -16,10 +16,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from bouquet import serve_lock
 from bouquet.config import ORPHANED_SIGNAL, ServeConfig
 from bouquet.flags import write_config_file
-from bouquet.gateway.supervisor import Child, Supervisor, log_level_args
+from bouquet.processes import serve_lock
+from bouquet.processes.supervisor import Child, Supervisor, log_level_args
 
 _SERVING_LINE = "bouquet replica: serving"
 
