@@ -196,8 +196,8 @@ def test_the_gateways_lock_reads_free_only_once_every_holder_has_exited(tmp_path
     assert serve_lock.gateways_gone() is None and not path.exists()  # a replica never makes the file anew
     serve_lock.create(str(path))
     assert serve_lock.gateways_gone() is True
-    hold = "import sys; from bouquet.processes import serve_lock; serve_lock.hold_while_alive(); print('held', flush=True); " \
-           "sys.stdin.read()"  # fmt: skip
+    hold = "import sys; from bouquet.processes import serve_lock; serve_lock.hold_while_alive(); " \
+           "print('held', flush=True); sys.stdin.read()"  # fmt: skip
     gateways = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env=dict(os.environ)) for _ in range(2)]  # fmt: skip
     try:
