@@ -30,7 +30,7 @@ GATEWAY_PORT = 8000
 CLIENTS = 8
 CUT_SECONDS = 20
 # A request caught by the cut waits for the keepalive (1-2 s), then its chunk runs elsewhere at its first place in
-# line (gateway/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place.
+# line (gateway/replicas/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place.
 MAX_LATENCY = 3.0
 WARM_SECONDS = 5  # the load first reaches its steady state: a cold replica's first requests are slower
 DELAY_MS = 200

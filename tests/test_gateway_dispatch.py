@@ -15,9 +15,9 @@ import pytest
 
 from bouquet.batch import Batch
 from bouquet.gateway.metrics import GatewayMetrics
-from bouquet.gateway.models import ModelCatalog, ServedModel
-from bouquet.gateway.pool import ReplicaPool
-from bouquet.gateway.replica import ServiceRate
+from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
+from bouquet.gateway.replicas.pool import ReplicaPool
+from bouquet.gateway.replicas.replica import ServiceRate
 from bouquet.proto import embedding_pb2
 
 BATCH_TOKENS = 100  # the window is four batches: 400 tokens

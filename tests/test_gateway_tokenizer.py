@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from bouquet.config import SchedulerConfig
 from bouquet.gateway.errors import NotFound, Unavailable
-from bouquet.gateway.models import ModelCatalog
+from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.testing import ReplicaThread
 from bouquet.tokenizer import TextTokenizer
@@ -96,7 +96,7 @@ def test_a_huge_text_is_cut_before_tokenizing_and_reads_as_the_whole_text_would(
     text truncated (left and right), and the tokenizer never sees the megabytes. Without truncation it is
     refused by name, before tokenizing."""
     from bouquet.gateway.errors import TooLarge
-    from bouquet.gateway.tokenization import ModelTokenizer
+    from bouquet.gateway.replicas.tokenization import ModelTokenizer
 
     tokenizer = ModelTokenizer(minilm_path / "tokenizer.json", 256, executor)
     huge = " ".join(corpus.documents(400)) * 3

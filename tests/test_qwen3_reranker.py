@@ -239,7 +239,7 @@ def test_a_gateway_without_the_directory_reads_pairs_through_the_template(rerank
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from bouquet.gateway.models import ModelCatalog
+    from bouquet.gateway.replicas.catalog import ModelCatalog
     from bouquet.proto import embedding_pb2
 
     tokenizer_json = (reranker[0] / "tokenizer.json").read_text()

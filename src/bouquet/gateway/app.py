@@ -51,9 +51,9 @@ from bouquet.gateway.errors import (
 )
 from bouquet.gateway.memory_trim import trim_when_idle
 from bouquet.gateway.metrics import GatewayMetrics
-from bouquet.gateway.models import ModelCatalog, ServedModel
 from bouquet.gateway.openapi import DOCS_ASSETS, DOCS_HTML, docs_asset, openapi_spec
-from bouquet.gateway.pool import ReplicaPool
+from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
+from bouquet.gateway.replicas.pool import ReplicaPool
 from bouquet.gateway.request_ids import RequestIds
 from bouquet.gateway.schemas import (
     EmbedJob,

@@ -10,7 +10,7 @@ import numpy as np
 
 from bouquet import sparse_rows
 from bouquet.batch import Batch, token_budget_runs
-from bouquet.gateway.pool import ReplicaPool
+from bouquet.gateway.replicas.pool import ReplicaPool
 from bouquet.sparse_rows import SparseRows
 
 

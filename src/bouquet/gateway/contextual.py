@@ -30,7 +30,7 @@ from bouquet.gateway.schemas import (
 
 if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
-    from bouquet.gateway.models import ServedModel
+    from bouquet.gateway.replicas.catalog import ServedModel
 
 CONTEXTUAL_FIELDS = frozenset({"input", "model", "dimensions", "encoding_format", "embed_dtype", "endianness"})
 EMBED_ALL_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"})  # TEI's

@@ -18,8 +18,8 @@ from bouquet.tokenizer import TRUNCATION_DIRECTIONS
 
 if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
-    from bouquet.gateway.models import ServedModel
-    from bouquet.gateway.tokenization import ModelTokenizer
+    from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.replicas.tokenization import ModelTokenizer
 
 _FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "raw_scores", "model", "instruction"})
 PredictInput = str | tuple[str, str]  # one text, or a (first, second) pair

@@ -21,7 +21,7 @@ from bouquet.scoring import activate
 
 if TYPE_CHECKING:
     from bouquet.gateway.app import Gateway
-    from bouquet.gateway.models import ServedModel
+    from bouquet.gateway.replicas.catalog import ServedModel
 
 
 # What each route honours; anything else a client sends is refused by name rather than silently ignored.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
-from bouquet.gateway.tokenization import ModelTokenizer
+from bouquet.gateway.replicas.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
 from bouquet.proto import embedding_pb2

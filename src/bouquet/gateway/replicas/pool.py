@@ -36,8 +36,8 @@ from bouquet.batch import Batch
 from bouquet.encodings import Encoding
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
-from bouquet.gateway.models import ModelCatalog
-from bouquet.gateway.replica import Replica
+from bouquet.gateway.replicas.catalog import ModelCatalog
+from bouquet.gateway.replicas.replica import Replica
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import embed_request, response_rows, response_sparse_rows
 from bouquet.sparse_rows import SparseRows

@@ -9,7 +9,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from bouquet.gateway.models import ServedModel
+from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.proto import embedding_pb2_grpc
 
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows, or a tokenizer in Info (~11 MB for Qwen3)
