@@ -10,7 +10,8 @@ Two ways in, to the same app:
 - `served(..., listen=True)`: besides, the app behind the gateway's own HTTP server (uvicorn with the bounded
   protocol of http_protocol.py, as server.py runs it) on a loopback port of this process, for what needs a real
   socket: clients that take only a URL (huggingface_hub, langchain, litellm, haystack, urllib), a client that
-  hangs up mid-request, bytes exactly as sent."""
+  hangs up mid-request, bytes exactly as sent.
+`engines()` builds the engines of a module's own models (conftest holds the bundled MiniLM's)."""
 
 from __future__ import annotations
 
