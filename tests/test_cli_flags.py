@@ -261,6 +261,7 @@ def config_file_of(command_line: str) -> str:
     return words[words.index("--config") + 1]
 
 
+@pytest.mark.process
 def test_serve_hands_each_child_the_configs_its_options_give(minilm_path: Path, tmp_path: Path):
     """A replica serve started holds the configs `bouquet replica` builds from the same options (but the socket
     serve gives it); its gateway those `bouquet gateway` builds (but the replicas, and the shared fields)."""
@@ -294,6 +295,7 @@ def test_serve_hands_each_child_the_configs_its_options_give(minilm_path: Path, 
         assert serve.stop() == 0
 
 
+@pytest.mark.process
 def test_serve_reports_a_replica_option_its_replica_refuses():
     port = free_port()
     command = [sys.executable, "-m", "bouquet.cli", "serve", "--port", str(port), "--device", "cpu", "--cpu-workers",
