@@ -42,7 +42,7 @@ from bouquet.replica.client import embed_request, response_rows
 
 DIMENSION = 384
 MODEL = "all-MiniLM-L6-v2"
-TEXTS = [*corpus.documents(12), *corpus.queries(6), *corpus.NON_ASCII_TEXTS[:4]]
+TEXTS = [*corpus.documents(6), *corpus.queries(4), *corpus.NON_ASCII_TEXTS[:4]]
 
 
 def random_rows(count: int, dimension: int, seed: int = 0) -> np.ndarray:

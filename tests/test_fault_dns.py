@@ -21,7 +21,7 @@ from test_gateway_replicas import healthy_replicas, wait_for
 
 from bouquet.gateway.testing import Process, start_gateway, start_replica, wait_healthy
 
-pytestmark = [pytest.mark.fault, pytest.mark.process]
+pytestmark = [pytest.mark.fault, pytest.mark.process, pytest.mark.long]  # CI's long tier
 NAME = "replicas.bouquet.test"
 REPLICA_PORT = 50051
 METRICS_PORT = 9100

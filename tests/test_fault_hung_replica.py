@@ -16,7 +16,7 @@ from test_gateway_replicas import embed, healthy_replicas, wait_for
 
 from bouquet.gateway.testing import free_port, start_gateway, start_replica, wait_healthy
 
-pytestmark = [pytest.mark.fault, pytest.mark.process]
+pytestmark = [pytest.mark.fault, pytest.mark.process, pytest.mark.long]  # half a minute: CI's long tier
 HANG_SECONDS = 20
 
 

@@ -48,6 +48,7 @@ def wait_for(condition, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.long  # a load with failures and a recovery: 20 s, CI's long tier
 def test_failover_under_load_then_503_then_recovery():
     ports = [free_port(), free_port()]
     replica_args = ("--dtype", "float32", "--max-batch-tokens", "512")

@@ -84,6 +84,7 @@ def test_an_actor_killed_mid_run_jsonl_to_parquet(cluster, tmp_path: Path, sourc
     assert set(tmp_path.iterdir()) == {loads, marker, output}  # no .partial left
 
 
+@pytest.mark.long  # a local Ray cluster's start: half a minute
 @pytest.mark.process
 def test_cli_parquet_with_ids_to_npy_in_id_order(cluster, tmp_path: Path, texts, reference) -> None:
     order = np.random.default_rng(0).permutation(len(texts))
@@ -135,6 +136,7 @@ def test_npy_needs_integer_ids(tmp_path: Path) -> None:
     assert block.to_pydict() == {"id": ["x"], "text": ["a"]}
 
 
+@pytest.mark.long
 @pytest.mark.process
 def test_parquet_needs_a_text_column(cluster, tmp_path: Path, capsys) -> None:
     source = tmp_path / "in.parquet"
