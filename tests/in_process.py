@@ -31,8 +31,7 @@ from bouquet import event_loop
 from bouquet.config import EngineConfig, GatewayConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
-from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
-from bouquet.gateway.server import bind_socket
+from bouquet.gateway.server import bind_socket, uvicorn_config
 from bouquet.replica.server import ReplicaServer
 
 BASE_URL = "http://testserver"
@@ -146,13 +145,7 @@ async def _start_app(stack: AsyncExitStack, config: GatewayConfig) -> Starlette:
 async def _listen(stack: AsyncExitStack, app: Starlette, config: GatewayConfig) -> str:
     """The app behind server.py's uvicorn set-up on a free loopback port; the lifespan is already `_start_app`'s.
     uvicorn's `serve` installs no signal handlers off the main thread, so it runs here as it does in a gateway."""
-    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, http=protocol, ws="none", lifespan="off", access_log=False, log_config=None,
-            timeout_graceful_shutdown=int(config.drain_seconds), server_header=False, date_header=False,
-        )
-    )  # fmt: skip
+    server = uvicorn.Server(uvicorn_config(app, config, lifespan="off", log_config=None))
     sock = bind_socket("127.0.0.1", 0)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stack.push_async_callback(_stop, server, task)

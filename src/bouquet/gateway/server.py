@@ -12,13 +12,27 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
 from bouquet.processes import serve_lock
+
+
+def uvicorn_config(app: Starlette, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
+    """How a gateway serves `app`: each connection bounded (http_protocol.py), no access log, no Server or Date
+    header, drained in `drain_seconds`; `overrides` are uvicorn's (tests: the lifespan run by the caller, the
+    process's logging left alone)."""
+    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
+    return uvicorn.Config(
+        app, **{"http": protocol, "ws": "none", "lifespan": "on", "access_log": False, "log_level": "warning",
+        "timeout_graceful_shutdown": int(config.drain_seconds), "server_header": False, "date_header": False,
+        **overrides},
+    )  # fmt: skip
 
 
 class _Server(uvicorn.Server):
@@ -46,14 +60,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 async def serve_gateway(config: GatewayConfig) -> int:
     app = create_app(config)
     # httptools with every connection bounded (http_protocol.py); no WebSocket route, so no upgrade either.
-    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
     sock = bind_socket(config.host, config.port)
-    server = _Server(
-        uvicorn.Config(
-            app, http=protocol, ws="none", lifespan="on", access_log=False, log_level="warning",
-            timeout_graceful_shutdown=int(config.drain_seconds), server_header=False, date_header=False,
-        )
-    )  # fmt: skip
+    server = _Server(uvicorn_config(app, config))
     port = sock.getsockname()[1]
     serve_lock.hold_while_alive()  # serve's replicas, orphaned, serve this process until it has exited
     # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).
