@@ -1,6 +1,6 @@
-"""The two int8 products (`torch._int_mm` and oneDNN's matmul on a prepacked weight) give the same integers, and
-the one a model uses is measured, cached per machine, and never timed at length where oneDNN would run its
-reference loops."""
+"""The two int8 products (`torch._int_mm` and oneDNN's matmul on a prepacked weight) give the same integers; which
+one a call uses, by its number of rows, is measured, cached per machine, and never timed at length where oneDNN
+would run its reference loops."""
 
 from __future__ import annotations
 
@@ -49,25 +49,63 @@ def test_both_products_give_the_same_integers() -> None:
 
 
 @needs_onednn
-def test_the_product_is_measured_once_then_read_from_the_cache(tmp_path: Path, monkeypatch) -> None:
+def test_a_weight_with_both_copies_takes_the_plain_product_below_its_crossover() -> None:
+    generator = torch.Generator().manual_seed(1)
+    weight = quantize_weight(torch.randn(96, 64, generator=generator), None, weight_limit(ONEDNN_PRODUCT))
+    both = pack_for_onednn(weight, from_rows=32)
+    assert both.transposed.numel() == 64 * 96 and both.packed is not None
+    short, long = (torch.randint(-128, 128, (rows, 64), dtype=torch.int8, generator=generator) for rows in (31, 32))
+    assert int8_product(short, both).dtype == torch.int32  # `_int_mm`'s output
+    assert int8_product(long, both).dtype == torch.float32  # oneDNN's matmul's
+    for codes in (short, long):
+        assert torch.equal(int8_product(codes, both).to(torch.int64), int8_product(codes, weight).to(torch.int64))
+
+
+def _seconds(plain: list[float], packed: list[float]) -> dict[str, dict[int, float]]:
+    return {
+        INT_MM_PRODUCT: dict(zip(int8_products.MEASURED_TOKENS, plain, strict=True)),
+        ONEDNN_PRODUCT: dict(zip(int8_products.MEASURED_TOKENS, packed, strict=True)),
+    }
+
+
+def test_the_plan_is_one_crossover_at_the_least_total_time() -> None:
+    plan_from, Int8Plan = int8_products.plan_from, int8_products.Int8Plan
+    assert int8_products.MEASURED_TOKENS == (16, 64, 256, 1024)
+    # AMX (measured): `_int_mm` ahead on a query, the packed matmul from a few hundred tokens.
+    assert plan_from(_seconds([1.0, 2.0, 6.0, 20.0], [1.5, 2.5, 4.0, 10.0])) == Int8Plan(128)
+    assert plan_from(_seconds([1.0, 2.0, 6.0, 20.0], [1.5, 1.9, 4.0, 10.0])) == Int8Plan(32)
+    assert plan_from(_seconds([1.0, 2.0, 3.0, 9.0], [1.5, 2.5, 4.0, 10.0])) == Int8Plan(None)
+    assert plan_from(_seconds([2.0, 3.0, 6.0, 20.0], [1.5, 2.5, 4.0, 10.0])) == Int8Plan(0)
+    # Noise at one size does not make the choice flip back: one crossover, the least time in all.
+    assert plan_from(_seconds([1.0, 2.6, 3.5, 20.0], [1.5, 2.5, 4.0, 10.0])) == Int8Plan(512)
+    only_plain = {INT_MM_PRODUCT: {16: 1.0}}
+    assert plan_from(only_plain) == Int8Plan(None) and plan_from({ONEDNN_PRODUCT: {16: 1.0}}) == Int8Plan(0)
+    assert Int8Plan(128).products == [INT_MM_PRODUCT, ONEDNN_PRODUCT] and Int8Plan(0).products == [ONEDNN_PRODUCT]
+    assert "below 128 rows" in Int8Plan(128).describe()
+
+
+@needs_onednn
+def test_the_plan_is_measured_once_then_read_from_the_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(machine_cache, "cache_dir", lambda: tmp_path / "kernels")
     shapes = [(64, 96), (96, 64)]
-    measured = int8_products.choose_int8_product(shapes, threads=1)
+    measured = int8_products.choose_int8_plan(shapes, threads=1)
     (path,) = (tmp_path / "int8").glob("cpu-*.json")
-    seconds = json.loads(path.read_text())["seconds"]
-    assert measured == min(seconds, key=seconds.__getitem__)
+    seconds = {
+        name: {int(n): value for n, value in by.items()} for name, by in json.loads(path.read_text())["seconds"].items()
+    }
+    assert measured == int8_products.plan_from(seconds)
     assert set(seconds) <= set(int8_products.available_products())
-    if len(seconds) == 2:  # a cached measurement is what the next start takes: make the other product the faster
-        other = next(name for name in seconds if name != measured)
-        path.write_text(json.dumps({"seconds": {measured: 2.0, other: 1.0}}))
-        assert int8_products.choose_int8_product(shapes, threads=1) == other
-        assert int8_products.choose_int8_product(shapes, threads=2) == measured  # another key: measured again
+    assert all(set(by_tokens) == set(int8_products.MEASURED_TOKENS) for by_tokens in seconds.values())
+    if len(seconds) == 2:  # a cached measurement is what the next start takes: make it say "always packed"
+        path.write_text(json.dumps({"seconds": _seconds([2.0, 3.0, 6.0, 20.0], [1.5, 2.5, 4.0, 10.0])}))
+        assert int8_products.choose_int8_plan(shapes, threads=1) == int8_products.Int8Plan(0)
+        assert int8_products.choose_int8_plan(shapes, threads=2) == measured  # another key: measured again
 
 
 def test_a_cpu_with_one_product_measures_nothing(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(machine_cache, "cache_dir", lambda: tmp_path / "kernels")
     monkeypatch.setattr(int8_products, "available_products", lambda: [INT_MM_PRODUCT])
-    assert int8_products.choose_int8_product([(64, 96)], threads=1) == INT_MM_PRODUCT
+    assert int8_products.choose_int8_plan([(64, 96)], threads=1) == int8_products.Int8Plan(None)
     assert not (tmp_path / "int8").exists()
 
 

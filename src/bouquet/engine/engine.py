@@ -177,10 +177,10 @@ class Engine:
         model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)
         pooler = load_pooler(self.spec, model, self.device)
         if self.config.dtype == "int8":
-            quantized, kept, product = quantize_cpu_linears(model, pooler, self.threads_per_worker)
+            quantized, kept, plan = quantize_cpu_linears(model, pooler, self.threads_per_worker)
             logger.info(
-                "int8: %d linears quantized (per-channel weights, per-token activations, %s products)%s",
-                quantized, product,
+                "int8: %d linears quantized (per-channel weights, per-token activations; products: %s)%s",
+                quantized, plan.describe(),
                 f", {kept} QKV projections kept in float32 (7-bit weights on this CPU)" if kept else "",
             )  # fmt: skip
         backend = self._create_backend(model)

@@ -41,16 +41,17 @@ INT_MM_PRODUCT, ONEDNN_PRODUCT = "int_mm", "onednn"
 @dataclass(frozen=True)
 class Int8Weight:
     """A linear's weight in int8: `transposed` [in, out] (the layout `torch._int_mm` multiplies by, a view of the
-    [out, in] rows) or, once packed for oneDNN's matmul, `packed` (and `transposed` empty: one copy is kept),
-    with one float32 scale per output channel and each channel's int8 weights summed (what an activation row's
-    zero point contributes to its products)."""
+    [out, in] rows) and/or, once packed for oneDNN's matmul, `packed`, with one float32 scale per output channel
+    and each channel's int8 weights summed (what an activation row's zero point contributes to its products).
+    Calls of at least `packed_from_rows` rows use the packed copy; where that is 0, the plain copy is not kept."""
 
-    transposed: torch.Tensor  # [K, N] int8, or [0, 0] once packed
+    transposed: torch.Tensor  # [K, N] int8, or [0, 0] where only the packed copy is kept
     scales: torch.Tensor  # [N] float32
     sums: torch.Tensor  # [N] int32
     bias: torch.Tensor  # [N] float32 (zeros where the layer has none)
     in_features: int
     packed: torch.Tensor | None = None  # oneDNN's prepacked weight (opaque)
+    packed_from_rows: int = 0
 
 
 def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int) -> Int8Weight:
@@ -69,16 +70,18 @@ def onednn_product_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def pack_for_onednn(weight: Int8Weight) -> Int8Weight:
-    """The weight in oneDNN's matmul layout (`qlinear_prepack`); the plain int8 copy is dropped."""
+def pack_for_onednn(weight: Int8Weight, from_rows: int = 0) -> Int8Weight:
+    """The weight in oneDNN's matmul layout (`qlinear_prepack`), used by calls of at least `from_rows` rows; the
+    plain int8 copy is dropped where no call needs it (`from_rows` 0)."""
     packed = torch.ops.onednn.qlinear_prepack(weight.transposed.t().contiguous(), None)
-    return dataclasses.replace(weight, transposed=torch.empty(0, 0, dtype=torch.int8), packed=packed)
+    plain = weight.transposed if from_rows > 0 else torch.empty(0, 0, dtype=torch.int8)
+    return dataclasses.replace(weight, transposed=plain, packed=packed, packed_from_rows=from_rows)
 
 
 def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`), or float32 holding the same
     integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
-    if weight.packed is None:
+    if weight.packed is None or values.shape[0] < weight.packed_from_rows:
         return torch._int_mm(values, weight.transposed)
     unit_scales, zero_points = _unit_quantization(weight.scales.numel())
     return torch.ops.onednn.qlinear_pointwise(

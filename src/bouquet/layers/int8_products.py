@@ -1,21 +1,25 @@
-"""Which int8 product a model's linears use on this CPU, by measurement (`--dtype int8`).
+"""Which int8 product a model's linears use on this CPU, at each call size, by measurement (`--dtype int8`).
 
 Two products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain int8
 weight, and oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the
-CPU has them. Which is faster depends on the CPU and the shapes: on an Intel Xeon with AMX the prepacked matmul
-was 1.4-2.9x `_int_mm` at a 1,024-token step and slower at a 16-token query on the smallest linear; on CPUs
-without VNNI oneDNN has no fast s8 x s8 matmul at all (docs/benchmarks.md, "int8 on the CPU"). So, as for
-attention: both are timed at start-up on the model's distinct linear shapes, a step's and a query's worth of
-tokens, on the engine workers' thread count, and the one with the least total time is taken; the result is
-cached per machine (CPU model and features, torch release, shapes, threads) like the attention table.
+CPU has them. Which is faster depends on the CPU, the shapes and the number of rows: on an Intel Xeon with AMX the
+prepacked matmul was 1.4-2.9x `_int_mm` at a 1,024-token step, while a 16-token query ran 1.7x faster through
+`_int_mm` (MiniLM's whole forward: 5.7 against 9.5 ms); on CPUs without VNNI oneDNN has no fast s8 x s8 matmul at
+all (docs/benchmarks.md, "int8 on the CPU"). So, as for attention: both are timed at start-up on the model's
+distinct linear shapes at a query's to a step's worth of tokens, on the engine workers' thread count, and the
+plan is the row count from which the packed product runs (never, always, or from a crossover, keeping both copies
+of each weight); the result is cached per machine (CPU model and features, torch release, shapes, threads) like
+the attention table.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,55 +38,100 @@ from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
 
-# A step's worth of tokens (the scheduler's CPU step budget) and a short query's.
-MEASURED_TOKENS = (1024, 16)
+# A short query's worth of tokens to a step's (the scheduler's CPU step budget).
+MEASURED_TOKENS = (16, 64, 256, 1024)
 # Timed turns per product and shape: the fastest of these is kept (other work on a shared machine only adds time).
 _TURNS = 5
 SLOW_PATH_FACTOR = 8
 
 Shape = tuple[int, int]  # (in_features, out_features)
+Seconds = dict[str, dict[int, float]]  # product -> tokens -> seconds for one call of each shape, summed
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    """Calls of at least `packed_from_rows` rows run oneDNN's prepacked matmul, shorter ones `torch._int_mm`;
+    None: `_int_mm` only (no packed copy); 0: the packed matmul only (no plain copy)."""
+
+    packed_from_rows: int | None
+
+    @property
+    def products(self) -> list[str]:
+        if self.packed_from_rows is None:
+            return [INT_MM_PRODUCT]
+        return [ONEDNN_PRODUCT] if self.packed_from_rows == 0 else [INT_MM_PRODUCT, ONEDNN_PRODUCT]
+
+    def describe(self) -> str:
+        if len(self.products) == 1:
+            return self.products[0]
+        return f"{INT_MM_PRODUCT} below {self.packed_from_rows} rows, {ONEDNN_PRODUCT} from there"
 
 
 def available_products() -> list[str]:
     return [INT_MM_PRODUCT, ONEDNN_PRODUCT] if onednn_product_available() else [INT_MM_PRODUCT]
 
 
-def choose_int8_product(shapes: list[Shape], threads: int) -> str:
-    """The product for these linear shapes on `threads` intra-op threads: the only one available, the cached
-    choice, or the faster one measured now (and cached)."""
+def choose_int8_plan(shapes: list[Shape], threads: int) -> Int8Plan:
+    """The products for these linear shapes on `threads` intra-op threads: the only one available, the cached
+    choice, or the one measured now (and cached)."""
     products = available_products()
     if len(products) == 1:
-        return products[0]
+        return Int8Plan(None)
     path = _cache_path(shapes, threads, products)
     seconds = _read_cache(path)
     source = f"cached in {path}"
-    if seconds is None or set(seconds) != set(products):
+    if seconds is None or not set(seconds) <= set(products):
         began = time.perf_counter()
         seconds = on_passing_thread(lambda: measure_products(products, shapes, threads))
         source = f"measured in {time.perf_counter() - began:.1f} s on {threads} thread(s), cached in {path}"
         _write_cache(path, seconds)
-    chosen = min(seconds, key=seconds.__getitem__)
-    timings = ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in sorted(seconds.items()))
-    logger.info("int8 products: %s (%s; %s)", chosen, timings, source)
-    return chosen
+    plan = plan_from(seconds)
+    timings = "; ".join(
+        f"{name} " + " ".join(f"{value * 1e3:.2f}" for _, value in sorted(by_tokens.items()))
+        for name, by_tokens in sorted(seconds.items())
+    )
+    sizes = "/".join(str(tokens) for tokens in MEASURED_TOKENS)
+    logger.info("int8 products: %s (ms at %s tokens: %s; %s)", plan.describe(), sizes, timings, source)
+    return plan
 
 
-def measure_products(products: list[str], shapes: list[Shape], threads: int) -> dict[str, float]:
-    """Seconds per forward of one linear of each shape at each of MEASURED_TOKENS, summed, per product
-    (quantization and dequantization included: they are the same work for both, but the product's output type
-    changes what the dequantization reads). Products are timed in turns, so that a slow spell falls on all."""
+def plan_from(seconds: Seconds) -> Int8Plan:
+    """The crossover that takes the least time over the measured sizes: `_int_mm` below it, the packed matmul
+    from it (one crossover, so that noise at one size cannot make the choice flip back and forth)."""
+    if ONEDNN_PRODUCT not in seconds:
+        return Int8Plan(None)
+    if INT_MM_PRODUCT not in seconds:
+        return Int8Plan(0)
+    sizes = sorted(seconds[ONEDNN_PRODUCT])
+    plain, packed = seconds[INT_MM_PRODUCT], seconds[ONEDNN_PRODUCT]
+    costs = [
+        sum(plain[n] for n in sizes[:split]) + sum(packed[n] for n in sizes[split:]) for split in range(len(sizes) + 1)
+    ]
+    split = min(range(len(costs)), key=costs.__getitem__)
+    if split == 0:
+        return Int8Plan(0)
+    if split == len(sizes):
+        return Int8Plan(None)
+    return Int8Plan(math.isqrt(sizes[split - 1] * sizes[split]))  # the geometric middle of the two sizes
+
+
+def measure_products(products: list[str], shapes: list[Shape], threads: int) -> Seconds:
+    """Seconds per forward of one linear of each shape, summed, per product and number of tokens (quantization
+    and dequantization included: they are the same work for both, but the product's output type changes what the
+    dequantization reads). Products are timed in turns, so that a slow spell falls on all."""
     torch.set_num_threads(threads)
     products = _without_slow_paths(products, shapes[0])
-    calls = {product: [_linear_call(product, shape, tokens) for shape in shapes for tokens in MEASURED_TOKENS]
+    calls = {product: {tokens: [_linear_call(product, shape, tokens) for shape in shapes] for tokens in MEASURED_TOKENS}
              for product in products}  # fmt: skip
-    best = {product: [float("inf")] * len(cases) for product, cases in calls.items()}
+    best = {product: {tokens: [float("inf")] * len(shapes) for tokens in MEASURED_TOKENS} for product in products}
     for _ in range(_TURNS):
-        for product, cases in calls.items():
-            for index, call in enumerate(cases):
-                start = time.perf_counter()
-                call()
-                best[product][index] = min(best[product][index], time.perf_counter() - start)
-    return {product: sum(times) for product, times in best.items()}
+        for product, by_tokens in calls.items():
+            for tokens, cases in by_tokens.items():
+                for index, call in enumerate(cases):
+                    start = time.perf_counter()
+                    call()
+                    best[product][tokens][index] = min(best[product][tokens][index], time.perf_counter() - start)
+    return {product: {tokens: sum(times) for tokens, times in by_tokens.items()} for product, by_tokens in best.items()}
 
 
 def _without_slow_paths(products: list[str], shape: Shape) -> list[str]:
@@ -91,7 +140,7 @@ def _without_slow_paths(products: list[str], shape: Shape) -> list[str]:
     a step's size would add minutes to the start."""
     seconds = {}
     for product in products:
-        call = _linear_call(product, shape, MEASURED_TOKENS[-1])
+        call = _linear_call(product, shape, MEASURED_TOKENS[0])
         start = time.perf_counter()
         call()
         seconds[product] = time.perf_counter() - start
@@ -118,12 +167,16 @@ def _cache_path(shapes: list[Shape], threads: int, products: list[str]) -> Path:
     return measurement_path("int8", key)
 
 
-def _read_cache(path: Path) -> dict[str, float] | None:
+def _read_cache(path: Path) -> Seconds | None:
     try:
-        return {str(name): float(value) for name, value in json.loads(path.read_text())["seconds"].items()}
+        seconds = json.loads(path.read_text())["seconds"]
+        return {
+            str(name): {int(tokens): float(value) for tokens, value in by_tokens.items()}
+            for name, by_tokens in seconds.items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _write_cache(path: Path, seconds: dict[str, float]) -> None:
+def _write_cache(path: Path, seconds: Seconds) -> None:
     write_measurement(path, {"seconds": seconds})

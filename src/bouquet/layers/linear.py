@@ -21,14 +21,13 @@ from bouquet.layers.activation import get_activation
 from bouquet.layers.int8_linear import (
     ACTIVATIONS,
     FULL_WEIGHT_LIMIT,
-    ONEDNN_PRODUCT,
     Int8Weight,
     int8_linear,
     pack_for_onednn,
     quantize_weight,
     weight_limit,
 )
-from bouquet.layers.int8_products import choose_int8_product
+from bouquet.layers.int8_products import Int8Plan, choose_int8_plan
 
 # oneDNN's linear with a fused pointwise epilogue: the activation is applied while the output tile is
 # still in cache, which saves a whole pass over the [T, intermediate] tensor on the CPU.
@@ -53,9 +52,10 @@ class Linear(nn.Linear):
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
-    def quantize_int8(self, limit: int, product: str) -> None:
+    def quantize_int8(self, limit: int, plan: Int8Plan) -> None:
         weight = quantize_weight(self.weight, self.bias, limit)
-        self.int8 = pack_for_onednn(weight) if product == ONEDNN_PRODUCT else weight
+        from_rows = plan.packed_from_rows
+        self.int8 = weight if from_rows is None else pack_for_onednn(weight, from_rows)
         self.packed_weight = None
         self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
 
@@ -113,17 +113,17 @@ def prepack_cpu_linears(model: nn.Module) -> None:
             module.prepack()
 
 
-def quantize_cpu_linears(model: nn.Module, heads: nn.Module, threads: int = 1) -> tuple[int, int, str]:
+def quantize_cpu_linears(model: nn.Module, heads: nn.Module, threads: int = 1) -> tuple[int, int, Int8Plan]:
     """Quantizes every Linear of `model` to int8 but those `heads` also holds (a SPLADE masked-LM head runs on
     every token but scores the vocabulary: heads stay float32) and, with 7-bit weights, the QKV projections, for
-    the int8 product measured fastest at their shapes on `threads` (an engine worker's share).
-    Returns (quantized, kept in float32, the product)."""
+    the int8 products measured fastest at their shapes on `threads` (an engine worker's share).
+    Returns (quantized, kept in float32, the products' plan)."""
     in_heads = {id(module) for module in heads.modules()}
     linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_heads]
-    product = choose_int8_product(sorted({(m.in_features, m.out_features) for m in linears}), threads)
-    limit = weight_limit(product)
+    plan = choose_int8_plan(sorted({(m.in_features, m.out_features) for m in linears}), threads)
+    limit = min(weight_limit(product) for product in plan.products)
     kept = [m for m in linears if limit < FULL_WEIGHT_LIMIT and isinstance(m, QKVLinear)]
     for linear in linears:
         if linear not in kept:
-            linear.quantize_int8(limit, product)
-    return len(linears) - len(kept), len(kept), product
+            linear.quantize_int8(limit, plan)
+    return len(linears) - len(kept), len(kept), plan
