@@ -19,7 +19,11 @@ cannot keep it out for good (at the head of the line it holds them back while it
 
 A large body is refused before it is read when the bulk requests in flight alone will not be computed down to
 the cap within its wait (`refuse_unread`): parsing and estimating a refused 256-text body cost the gateway about
-2.5 ms, and clients that retry at once (400 a second) took a whole core from the replicas with it."""
+2.5 ms, and clients that retry at once (400 a second) took a whole core from the replicas with it.
+
+Demand is published as it is met (metrics.py, by model and lane): tokens waiting, tokens admitted, and tokens and
+requests refused. Under overload the replicas' queues stay short, since the excess waits and is refused here, so
+these, not the replicas' queues, say how many more replicas would be used (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ _LEAST_WAIT_SHARE = 0.25  # of admission_wait, for a request that alone takes lo
 # Bodies smaller than this are parsed before they are refused: it costs little, and a body's size says little
 # of its tokens (a query's one long text is truncated to the model's limit).
 _REFUSE_UNREAD_BYTES = 64 * 1024
+_LANES = {False: "bulk", True: "short"}  # the metrics' lane label
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Ticket:
     short: bool
     _admission: Admission
     exact: bool = False  # counted from token ids, not estimated from bytes
+    model: str = ""  # the metrics' label
 
     def resize(self, tokens: int) -> None:
         self._admission.move(self, tokens - self.tokens)
@@ -94,7 +100,9 @@ class Admission:
         floor = min(self.max_inflight_tokens, self._floor_tokens())
         rate = self._tokens_per_second()
         tokens = floor if rate is None else int(rate * self.admission_seconds)
-        return max(floor, min(self.max_inflight_tokens, tokens))
+        limit = max(floor, min(self.max_inflight_tokens, tokens))
+        self._metrics.admission_tokens.set(limit)
+        return limit
 
     @contextmanager
     def request(self) -> Iterator[None]:
@@ -109,13 +117,15 @@ class Admission:
             self.answered += 1
 
     @asynccontextmanager
-    async def admit(self, tokens: int, short_tokens: int, exact: bool = False) -> AsyncIterator[Ticket]:
+    async def admit(
+        self, tokens: int, short_tokens: int, exact: bool = False, model: str = ""
+    ) -> AsyncIterator[Ticket]:
         """Holds about `tokens` (an upper bound from bytes, or `exact`) until the block ends. A request alone in
-        its lane is always admitted (the per-request limits bound it)."""
+        its lane is always admitted (the per-request limits bound it). `model` labels its demand in the metrics."""
         short = tokens <= short_tokens
         own = tokens if exact else tokens * self.tokens_per_estimate
-        await self._wait_for_room(tokens, short, own)
-        ticket = Ticket(0, short, self, exact)
+        await self._wait_for_room(tokens, short, own, model)
+        ticket = Ticket(0, short, self, exact, model)
         ticket.resize(tokens)
         try:
             yield ticket
@@ -132,7 +142,9 @@ class Admission:
         if body_bytes < _REFUSE_UNREAD_BYTES or not rate:
             return
         if self.inflight[False] - self.limit() > rate * self.admission_wait:
-            await asyncio.sleep(self._wait_allowed(body_bytes * self.tokens_per_estimate))
+            own = body_bytes * self.tokens_per_estimate
+            await asyncio.sleep(self._wait_allowed(own))
+            self._refuse_demand("", False, own)  # the model is in the body, which is never read
             self._refuse(f"the server is at capacity ({self.inflight[False]} tokens in flight)", "tokens")
 
     def _wait_allowed(self, tokens: float) -> float:
@@ -148,36 +160,45 @@ class Admission:
         if estimate > 0:
             self.tokens_per_estimate += 0.1 * (min(1.0, tokens / estimate) - self.tokens_per_estimate)
 
-    async def _wait_for_room(self, tokens: int, short: bool, own: float) -> None:
+    async def _wait_for_room(self, tokens: int, short: bool, own: float, model: str) -> None:
         line = self._lines[short]
+        if self._fits(tokens, short) and not line:
+            return  # the common case: no line, room now
         turn = asyncio.Event()
         line.append(turn)
         deadline = time.monotonic() + self._wait_allowed(own)
+        waiting = self._metrics.admission_waiting_tokens.labels(model, _LANES[short])
+        waiting.inc(own)
         try:
             while not (line[0] is turn and self._fits(tokens, short)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     limit, held = self.limit(), self.inflight[short]
+                    self._refuse_demand(model, short, own)
                     self._refuse(f"the server is at capacity ({held} tokens in flight, {limit} at once)", "tokens")
                 # The first in line also looks again on its own: the cap moves with the measured speed.
                 await _wait(turn, min(_RECHECK_S, left) if line[0] is turn else left)
         finally:
+            waiting.dec(own)
             line.remove(turn)
             if line:
                 line[0].set()
 
     def _fits(self, tokens: int, short: bool) -> bool:
-        limit = self.limit()
-        self._metrics.admission_tokens.set(limit)
         held = self.inflight[short]
-        return held == 0 or held + tokens <= limit
+        return held == 0 or held + tokens <= self.limit()
 
     def move(self, ticket: Ticket, tokens: int) -> None:
         self.inflight[ticket.short] += tokens
         self._metrics.tokens_in_flight.inc(tokens)
+        self._metrics.admission_admitted_tokens.labels(ticket.model, _LANES[ticket.short]).inc(tokens)
         line = self._lines[ticket.short]
         if tokens < 0 and line:
             line[0].set()
+
+    def _refuse_demand(self, model: str, short: bool, tokens: float) -> None:
+        self._metrics.admission_refused_tokens.labels(model, _LANES[short]).inc(tokens)
+        self._metrics.admission_refused.labels(model, _LANES[short]).inc()
 
     def _refuse(self, message: str, reason: str) -> None:
         self._metrics.refused.labels(reason).inc()

@@ -96,9 +96,41 @@ class GatewayMetrics:
         )
         self.admission_tokens = Gauge(
             "bouquet_gateway_admission_limit_tokens",
-            "tokens a gateway admits at once now: the replicas' measured speed times the admission window",
+            "tokens a gateway admits at once now, in each lane: the replicas' measured speed times the admission "
+            "window",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        # Demand as admission sees it, by model and lane (short: a batch or less; bulk: the rest). The replicas'
+        # own queue stays short under overload, because admission holds the excess here and then refuses it: these
+        # are what an autoscaler reads (docs/scaling.md). The model is "" where it is not known (a body refused
+        # unread; a caller that does not name it).
+        demand = ["model", "lane"]
+        self.admission_waiting_tokens = Gauge(
+            "bouquet_gateway_admission_waiting_tokens",
+            "tokens of requests waiting for admission (estimated from their bytes as tokenizing has run)",
+            demand,
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.admission_admitted_tokens = Gauge(
+            "bouquet_gateway_admission_admitted_tokens",
+            "tokens of requests admitted and not yet answered (estimated until tokenized, then counted)",
+            demand,
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.admission_refused_tokens = Counter(
+            "bouquet_gateway_admission_refused_tokens",
+            "tokens of requests refused (429) for want of room, estimated from their bytes",
+            demand,
+            registry=r,
+        )
+        self.admission_refused = Counter(
+            "bouquet_gateway_admission_refused_requests",
+            "requests refused (429) for want of room, after their wait or unread",
+            demand,
+            registry=r,
         )
         self.replica_healthy = Gauge(
             "bouquet_gateway_replica_healthy",
