@@ -24,7 +24,7 @@ from bouquet.batch import Batch, RowOptions, token_budget_runs
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.encodings import FORMATS, LAYOUTS, Encoding, ResponseFormat, decode_rows, encode_rows
 from bouquet.engine.engine import Engine
-from bouquet.gateway.schemas import openai_response
+from bouquet.gateway.api.openai import openai_response
 from bouquet.tokenizer import TextTokenizer
 
 MODEL = "all-MiniLM-L6-v2"

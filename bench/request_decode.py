@@ -26,7 +26,7 @@ import orjson
 import pydantic
 
 from bouquet.cpu_features import cpu_features
-from bouquet.gateway.schemas import parse_openai
+from bouquet.gateway.api.openai import parse_openai
 
 INPUTS = 2048
 WORDS = [

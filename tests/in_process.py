@@ -8,9 +8,9 @@ Two ways in, to the same app:
 - `api()`: an httpx client whose transport hands each request to the app on that loop (ASGI, no socket). Clients
   that take an httpx client (openai's `http_client=`, cohere's `httpx_client=`) run on it unchanged.
 - `served(..., listen=True)`: besides, the app behind the gateway's own HTTP server (uvicorn with the bounded
-  protocol of http_protocol.py, as server.py runs it) on a loopback port of this process, for what needs a real
-  socket: clients that take only a URL (huggingface_hub, langchain, litellm, haystack, urllib), a client that
-  hangs up mid-request, bytes exactly as sent.
+  protocol of gateway/http/protocol.py, as http/server.py runs it) on a loopback port of this process, for what
+  needs a real socket: clients that take only a URL (huggingface_hub, langchain, litellm, haystack, urllib), a
+  client that hangs up mid-request, bytes exactly as sent.
 `engines()` builds the engines of a module's own models (conftest holds the bundled MiniLM's)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bouquet import event_loop
 from bouquet.config import EngineConfig, GatewayConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
-from bouquet.gateway.server import bind_socket, uvicorn_config
+from bouquet.gateway.http.server import bind_socket, uvicorn_config
 from bouquet.replica.server import ReplicaServer
 
 BASE_URL = "http://testserver"
@@ -135,7 +135,7 @@ async def _start_app(stack: AsyncExitStack, config: GatewayConfig) -> Starlette:
     replica serves and has told the gateway its model, as a test expects of a server that is up."""
     app = create_app(config)
     await stack.enter_async_context(app.router.lifespan_context(app))
-    pool = app.state.gateway.pool
+    pool = app.state.service.pool
     async with asyncio.timeout(READY_SECONDS):
         while not all(replica.healthy and replica.model is not None for replica in pool.replicas):
             await asyncio.sleep(0.01)

@@ -35,8 +35,9 @@ from bouquet.encodings import (
     rows_from_bytes,
 )
 from bouquet.engine.engine import Engine
+from bouquet.gateway.api.openai import parse_openai
+from bouquet.gateway.api.tei import parse_tei
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.schemas import parse_openai, parse_tei
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
 

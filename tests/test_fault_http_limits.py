@@ -1,4 +1,4 @@
-"""Every HTTP connection to the gateway is bounded (gateway/http_protocol.py), tested as a fault campaign found the
+"""Every HTTP connection to the gateway is bounded (gateway/http/protocol.py), tested as a fault campaign found the
 gaps: real processes on loopback, raw sockets where a client must misbehave. A 50 MB header is refused 431 while
 it still arrives; headers or a body that stop arriving get a 408 and a closed connection; a silent connection is
 closed; a crowd of idle connections past the cap makes room for a new client, and with every connection busy a

@@ -13,15 +13,17 @@ from bouquet.batch import Batch
 from bouquet.config import GatewayConfig
 from bouquet.encodings import FORMATS
 from bouquet.gateway.admission import Admission
+from bouquet.gateway.api.fields import parse_inputs
+from bouquet.gateway.api.openai import parse_openai
+from bouquet.gateway.api.tei import parse_tei
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
 from bouquet.gateway.metrics import GatewayMetrics
-from bouquet.gateway.schemas import parse_inputs, parse_openai, parse_tei
 
 
 @pytest.mark.process
 def test_the_gateway_never_imports_torch():
-    modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.server", "bouquet.processes.serve",
+    modules = ["bouquet.cli", "bouquet.gateway.app", "bouquet.gateway.http.server", "bouquet.processes.serve",
                "bouquet.gateway.testing"]  # fmt: skip
     code = f"import sys; import {', '.join(modules)}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -268,7 +270,7 @@ def test_connection_limits_must_be_positive(field: str):
 
 
 def connection_table(cap: int):
-    from bouquet.gateway.http_protocol import ConnectionLimits, Connections
+    from bouquet.gateway.http.protocol import ConnectionLimits, Connections
 
     return Connections(ConnectionLimits(cap, 16384, 30.0, 30.0, 75.0), GatewayMetrics())
 
@@ -306,8 +308,8 @@ def test_at_the_cap_the_longest_idle_connection_makes_room_and_none_idle_means_a
 def test_the_connection_cap_follows_the_open_file_limit(monkeypatch: pytest.MonkeyPatch):
     import resource
 
-    from bouquet.gateway import http_protocol
-    from bouquet.gateway.http_protocol import ConnectionLimits, connection_cap
+    from bouquet.gateway.http import protocol as http_protocol
+    from bouquet.gateway.http.protocol import ConnectionLimits, connection_cap
 
     limits = ConnectionLimits(10_000, 16384, 30.0, 30.0, 75.0)
     set_to: list[tuple[int, int]] = []

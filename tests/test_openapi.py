@@ -34,10 +34,10 @@ from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
-from bouquet.gateway import contextual, errors, openapi, predict, rerank, schemas, sparse, text_tools
-from bouquet.gateway.api import cohere
+from bouquet.gateway import errors
+from bouquet.gateway.api import cohere, fields, openai, perplexity, tei, tei_scores, vllm
 from bouquet.gateway.app import create_app
-from bouquet.gateway.openapi import openapi_spec
+from bouquet.gateway.openapi import document, openapi_spec, pieces
 
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -91,21 +91,21 @@ def _properties(name: str, *inner: str) -> set[str]:
 @pytest.mark.parametrize(
     ("schema_name", "inner", "fields"),
     [
-        ("EmbeddingsRequest", (), schemas.OPENAI_FIELDS),
-        ("TEIEmbedRequest", (), schemas.TEI_FIELDS),
-        ("EmbedAllRequest", (), contextual.EMBED_ALL_FIELDS),
-        ("EmbedSparseRequest", (), sparse.EMBED_SPARSE_FIELDS),
-        ("ContextualizedEmbeddingsRequest", (), contextual.CONTEXTUAL_FIELDS),
-        ("SimilarityRequest", (), text_tools._SIMILARITY_FIELDS),
-        ("SimilarityRequest", ("parameters",), text_tools._SIMILARITY_PARAMETERS),
-        ("TEITokenizeRequest", (), text_tools.TEI_TOKENIZE_FIELDS),
-        ("VLLMTokenizeRequest", (), text_tools._VLLM_TOKENIZE_FIELDS),
-        ("DecodeRequest", (), text_tools._DECODE_FIELDS),
-        ("TEIRerankRequest", (), rerank._TEI_FIELDS),
-        ("CohereRerankRequest", (), rerank._RERANK_FIELDS),
-        ("PredictRequest", (), predict._FIELDS),
-        ("ScoreRequest", (), rerank._SCORE_FIELDS | set(rerank._SCORE_ALIASES)),  # vLLM's names for the sides
-        ("DetokenizeRequest", (), text_tools._VLLM_DETOKENIZE_FIELDS),
+        ("EmbeddingsRequest", (), openai.OPENAI_FIELDS),
+        ("TEIEmbedRequest", (), tei.TEI_FIELDS),
+        ("EmbedAllRequest", (), tei.EMBED_ALL_FIELDS),
+        ("EmbedSparseRequest", (), tei.EMBED_SPARSE_FIELDS),
+        ("ContextualizedEmbeddingsRequest", (), perplexity.CONTEXTUAL_FIELDS),
+        ("SimilarityRequest", (), tei.SIMILARITY_FIELDS),
+        ("SimilarityRequest", ("parameters",), tei.SIMILARITY_PARAMETERS),
+        ("TEITokenizeRequest", (), tei.TOKENIZE_FIELDS),
+        ("VLLMTokenizeRequest", (), vllm.TOKENIZE_FIELDS),
+        ("DecodeRequest", (), tei.DECODE_FIELDS),
+        ("TEIRerankRequest", (), tei_scores.RERANK_FIELDS),
+        ("CohereRerankRequest", (), cohere.V1_RERANK_FIELDS),
+        ("PredictRequest", (), tei_scores.PREDICT_FIELDS),
+        ("ScoreRequest", (), vllm.SCORE_FIELDS | set(vllm.SCORE_ALIASES)),  # vLLM's names for the sides
+        ("DetokenizeRequest", (), vllm.DETOKENIZE_FIELDS),
         ("CohereV2EmbedRequest", (), cohere.EMBED_FIELDS),
         ("CohereV2RerankRequest", (), cohere.RERANK_FIELDS),
     ],
@@ -115,9 +115,9 @@ def test_request_fields_are_the_parsers(schema_name: str, inner: tuple[str, ...]
 
 
 def test_every_encoding_format_has_its_rows_documented() -> None:
-    assert set(openapi.ROW_ENCODINGS) == set(schemas.ENCODING_FORMATS)
+    assert set(pieces.ROW_ENCODINGS) == set(fields.ENCODING_FORMATS)
     accepted = openapi_spec()["components"]["schemas"]["EmbeddingsRequest"]["properties"]["encoding_format"]["enum"]
-    assert set(accepted) == {*schemas.ENCODING_FORMATS, "", None}
+    assert set(accepted) == {*fields.ENCODING_FORMATS, "", None}
 
 
 _CODES = (
@@ -134,12 +134,12 @@ _NOT_FROM_ROUTES = (errors.HeadersTooLarge, errors.ClientClosed, errors.Internal
 
 @pytest.mark.parametrize("code", _CODES)
 def test_tei_error_types_are_the_documented_ones(code: str) -> None:
-    for cls in openapi._error_classes():
+    for cls in document.error_classes():
         if cls is errors.ApiError or issubclass(cls, _NOT_FROM_ROUTES):
             continue
         status, error_type = errors.tei_error(cls("message", code))
-        assert error_type in openapi.TEI_ERROR_TYPES[status], (cls.__name__, code)
-        assert cls.type in openapi.OPENAI_ERROR_TYPES[cls.status]
+        assert error_type in document.TEI_ERROR_TYPES[status], (cls.__name__, code)
+        assert cls.type in document.OPENAI_ERROR_TYPES[cls.status]
 
 
 def test_errors_are_only_where_the_route_answers_them() -> None:

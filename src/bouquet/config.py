@@ -356,7 +356,7 @@ class GatewayConfig:
     probe_interval: float = flag(0.5, help="seconds between probes of a replica that is down")
     tokenizer_threads: int = flag(2, help="tokenizer threads a process")
     drain_seconds: float = flag(30.0, help="after SIGTERM, time to finish the requests in flight")
-    # Each HTTP connection's bounds, per gateway process; why these defaults: gateway/http_protocol.py.
+    # Each HTTP connection's bounds, per gateway process; why these defaults: gateway/http/protocol.py.
     max_connections: int = flag(
         10_000, help="open HTTP connections a process; at it the oldest idle one is closed, or a new one refused 503"
     )
@@ -364,7 +364,7 @@ class GatewayConfig:
     header_timeout: float = flag(30.0, help="seconds for a request's headers from their first byte; then 408")
     body_timeout: float = flag(30.0, help="seconds a request body may go without a byte; then 408")
     idle_timeout: float = flag(75.0, help="seconds a connection may stay with no request in progress, a new one too")
-    # More than one: this process supervises them, each given this config whole (gateway/server.py).
+    # More than one: this process supervises them, each given this config whole (gateway/http/server.py).
     workers: int = flag(1, help="gateway processes sharing the port")
 
     def __post_init__(self) -> None:

@@ -12,68 +12,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
-from bouquet.encodings import FORMATS, ResponseFormat, encode_rows
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.schemas import (
-    EmbedJob,
-    optional_field,
-    parse_inputs,
-    parse_response_format,
-    refuse_unknown,
-    truncation_direction,
-)
+from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.jobs import ContextualJob, EmbedJob
+from bouquet.gateway.service import check_dimensions, embedding_model
 
 if TYPE_CHECKING:
-    from bouquet.gateway.app import Gateway
     from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.service import Service
 
-CONTEXTUAL_FIELDS = frozenset({"input", "model", "dimensions", "encoding_format", "embed_dtype", "endianness"})
-EMBED_ALL_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"})  # TEI's
 WINDOW_OVERLAP = 4  # windows overlap by 1/WINDOW_OVERLAP of their content
-
-
-@dataclass(frozen=True)
-class ContextualJob:
-    model: str | None
-    documents: list[list[str]]  # each document's chunks, in order
-    dimensions: int | None = None
-    response_format: ResponseFormat = FORMATS["float"]
-
-    @property
-    def num_chunks(self) -> int:
-        return sum(map(len, self.documents))
-
-
-def parse_contextual(body: dict[str, Any], strict: bool = True) -> ContextualJob:
-    if strict:
-        refuse_unknown(body, CONTEXTUAL_FIELDS)
-    if "input" not in body:
-        raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
-    documents = body["input"]
-    if not isinstance(documents, list) or not all(isinstance(document, list) for document in documents):
-        message = "'input' must be a list of documents, each a list of chunks (strings)"
-        raise Unprocessable(message, "invalid_type", "input")
-    if not documents:
-        raise InvalidRequest("'input' must not be empty", "empty_input", "input")
-    for index, chunks in enumerate(documents):
-        if not chunks:
-            raise InvalidRequest(f"'input[{index}]' has no chunks", "empty_input", "input")
-        for number, chunk in enumerate(chunks):
-            if not isinstance(chunk, str):
-                raise Unprocessable(f"'input[{index}][{number}]' must be a string", "invalid_type", "input")
-            if not chunk:
-                raise InvalidRequest(f"'input[{index}][{number}]' is an empty string", "empty_input", "input")
-    return ContextualJob(
-        optional_field(body, "model", str),
-        documents,
-        optional_field(body, "dimensions", int),
-        parse_response_format(body),  # Perplexity's base64_int8 and base64_binary too; encoded here, on the host
-    )
 
 
 def windows(length: int, capacity: int) -> list[tuple[int, int]]:
@@ -129,22 +81,15 @@ class Plan:
         self.rows.extend(rows.tolist())
 
 
-def _embedding_model(gateway: Gateway, name: str | None) -> ServedModel:
-    model = gateway.catalog.get(name)
-    if model.task != "embed":
-        raise model.wrong_task("embeddings")
-    return model
-
-
 def _empty_chunk(chunk_ids: list[list[list[int]]]) -> tuple[int, int] | None:
     return next(((d, c) for d, doc in enumerate(chunk_ids) for c, ids in enumerate(doc) if not ids), None)
 
 
-async def contextual_embeddings(gateway: Gateway, job: ContextualJob) -> tuple[ServedModel, list[np.ndarray], int]:
+async def contextual_embeddings(service: Service, job: ContextualJob) -> tuple[ServedModel, list[np.ndarray], int]:
     """Each document's chunk vectors ([chunks, width] float32), and the tokens computed."""
-    model = _embedding_model(gateway, job.model)
-    gateway.check_inputs(job.num_chunks)
-    dimensions = _dimensions(job.dimensions, model)
+    model = embedding_model(service, job.model)
+    service.check_inputs(job.num_chunks)
+    dimensions = check_dimensions(job.dimensions, model)
     plan = Plan()
 
     async def batch() -> Batch:
@@ -163,19 +108,10 @@ async def contextual_embeddings(gateway: Gateway, job: ContextualJob) -> tuple[S
             plan.add_document(ids, before, after, model.max_seq_length)
         return Batch.pack(plan.sequences, RowOptions(dimensions, model.normalize), spans=plan.spans)
 
-    rows, tokens = await gateway.compute(model, _estimate(job, model), batch)
+    rows, tokens = await service.compute(model, _estimate(job, model), batch)
     ordered = rows[plan.rows]
     ends = np.cumsum([len(chunks) for chunks in job.documents])[:-1]
     return model, np.split(ordered, ends), tokens
-
-
-def _dimensions(dimensions: int | None, model: ServedModel) -> int:
-    if dimensions is None:
-        return 0
-    if not 1 <= dimensions <= model.dimension:
-        message = f"dimensions must be between 1 and {model.dimension} for {model.id!r}, got {dimensions}"
-        raise InvalidRequest(message, "invalid_value", "dimensions")
-    return dimensions
 
 
 def _estimate(job: ContextualJob, model: ServedModel) -> int:
@@ -189,54 +125,18 @@ def _estimate(job: ContextualJob, model: ServedModel) -> int:
     return total
 
 
-def contextual_response(
-    documents: list[np.ndarray], model: str, tokens: int, response_format: ResponseFormat
-) -> dict[str, Any]:
-    """Perplexity's answer: per document, its chunks' embeddings in order, in the asked encoding."""
-
-    def encoded(rows: np.ndarray) -> Any:
-        return response_format.answer(encode_rows(rows, response_format.encoding))
-
-    data = [
-        {"object": "list", "index": index,
-         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(encoded(rows))]}
-        for index, rows in enumerate(documents)
-    ]  # fmt: skip
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-
-def parse_embed_all(body: dict[str, Any], strict: bool = True) -> EmbedJob:
-    """TEI's EmbedAllRequest: `inputs`, `truncate`, `truncation_direction`, `prompt_name` (and bouquet's `model`)."""
-    if strict:
-        refuse_unknown(body, EMBED_ALL_FIELDS)
-    if "inputs" not in body:
-        raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
-    texts, token_ids = parse_inputs(body["inputs"], "inputs")
-    truncate = optional_field(body, "truncate", bool)
-    mixed = texts is not None and token_ids is not None  # texts and lists of ids in one batch, as TEI takes
-    return EmbedJob(
-        model=optional_field(body, "model", str),
-        texts=texts,
-        token_ids=token_ids,
-        truncate=True if truncate is None else truncate,
-        truncation_direction=truncation_direction(body),
-        prompt_name=optional_field(body, "prompt_name", str),
-        text_positions=tuple(i for i, item in enumerate(body["inputs"]) if isinstance(item, str)) if mixed else None,
-    )
-
-
-async def embed_all(gateway: Gateway, job: EmbedJob) -> tuple[ServedModel, list[np.ndarray], int]:
+async def embed_all(service: Service, job: EmbedJob) -> tuple[ServedModel, list[np.ndarray], int]:
     """Every token's state as the model outputs it, per input ([tokens, hidden] float32): a span of one per
     token, raw (no Dense modules, no normalisation), special and prompt tokens included, as TEI answers."""
-    model = _embedding_model(gateway, job.model)
-    gateway.check_inputs(job.num_inputs)
+    model = embedding_model(service, job.model)
+    service.check_inputs(job.num_inputs)
     cu_seqlens = np.zeros(1, np.int32)
 
     parts = _split_mixed(job)
 
     async def batch() -> Batch:
         nonlocal cu_seqlens
-        encoded = await asyncio.gather(*(gateway._sequences(part, model) for part in parts))
+        encoded = await asyncio.gather(*(service.sequences(part, model) for part in parts))
         if len(parts) == 1:
             sequences = encoded[0]
         else:
@@ -248,8 +148,8 @@ async def embed_all(gateway: Gateway, job: EmbedJob) -> tuple[ServedModel, list[
         return packed.with_spans(packed.cu_seqlens, np.stack([positions, positions + 1], axis=1), raw=True)
 
     prompt_tokens = model.require_tokenizer().prompt_tokens(model.prompt(job.prompt_name)) if job.texts else 0
-    estimate = sum(gateway._estimate(part, model, prompt_tokens) for part in parts)
-    rows, tokens = await gateway.compute(model, estimate, batch)
+    estimate = sum(service.estimate(part, model, prompt_tokens) for part in parts)
+    rows, tokens = await service.compute(model, estimate, batch)
     return model, np.split(rows, cu_seqlens[1:-1]), tokens
 
 

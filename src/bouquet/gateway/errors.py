@@ -1,4 +1,4 @@
-"""Every error a client can see, and the one place that turns it into an HTTP status and a body: OpenAI's
+"""Every error a client can see, and how each API spells it (http/error_responses.py sends it): OpenAI's
 `{"error": {"message", "type", "param", "code"}}`, or on text-embeddings-inference's routes TEI's own
 `{"error", "error_type"}` with TEI's status for that kind of error (its router's ErrorType -> StatusCode: an empty
 batch 400 `empty`, a limit 413 `validation`, a tokenizer failure 422 `tokenizer`, overload 429 `overloaded`, no
@@ -7,7 +7,6 @@ healthy backend 503 `unhealthy`, a failed or wrong-type model 424 `backend`), so
 from __future__ import annotations
 
 import orjson
-from starlette.responses import Response
 
 
 class ApiError(Exception):
@@ -96,10 +95,6 @@ def error_body(error: ApiError) -> bytes:
     )
 
 
-def error_response(error: ApiError) -> Response:
-    return Response(error_body(error), error.status, error.headers, media_type="application/json")
-
-
 _UNREADABLE_BODY = ("invalid_json", "invalid_utf8", "invalid_gzip")  # 400 on every route, as axum answers them
 
 
@@ -123,15 +118,3 @@ def tei_error(error: ApiError) -> tuple[int, str]:
     if isinstance(error, InvalidRequest) and error.status == 400 and error.code not in _UNREADABLE_BODY:
         return 413, "Validation"  # TEI's Validation: a bad dimensions or prompt_name, an id out of the vocabulary
     return error.status, "Validation" if error.status in (400, 413, 422) else error.type
-
-
-def cohere_error_response(error: ApiError) -> Response:
-    """Cohere's error body, `{"message"}`, which its SDK raises as the status's error class."""
-    body = orjson.dumps({"message": error.message})
-    return Response(body, error.status, error.headers, media_type="application/json")
-
-
-def tei_error_response(error: ApiError) -> Response:
-    status, error_type = tei_error(error)
-    body = orjson.dumps({"error": error.message, "error_type": error_type})
-    return Response(body, status, error.headers, media_type="application/json")

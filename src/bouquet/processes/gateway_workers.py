@@ -1,4 +1,4 @@
-"""`bouquet gateway`: one gateway process (gateway/server.py), or with `--workers N` a supervisor of N of them on
+"""`bouquet gateway`: one gateway process (gateway/http/server.py), or with `--workers N` a supervisor of N of them on
 one port, each handed this process's config whole, restarted when one dies, drained on SIGTERM."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from bouquet import event_loop
 from bouquet.config import GatewayConfig
 from bouquet.flags import write_config_file
-from bouquet.gateway.server import serve_gateway
+from bouquet.gateway.http.server import serve_gateway
 from bouquet.processes.supervisor import Supervisor
 
 _WORKERS_READY_SECONDS = 60.0  # for every worker to listen; they load no model

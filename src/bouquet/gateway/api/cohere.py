@@ -1,4 +1,5 @@
-"""Cohere's API v2, as its SDK's `ClientV2` calls it: `POST /v2/embed` and `POST /v2/rerank`.
+"""Cohere's API, as its SDK calls it: v1's `POST /v1/rerank` (also Jina's and vLLM's shape, and TEI's /rerank with
+`documents`), and v2's `POST /v2/embed` and `POST /v2/rerank` (`ClientV2`).
 
 `/v2/embed` takes `texts` (or `inputs` of text content), `input_type` (search_query, search_document,
 classification, clustering: the model's sentence-transformers prompt of that role where it has one, else none),
@@ -6,22 +7,42 @@ classification, clustering: the model's sentence-transformers prompt of that rol
 in bouquet's encodings), `output_dimension`, `max_tokens` (keep the first N tokens) and `truncate` (END, the
 default; START; NONE: an input over the limit is an error). Images are refused: no image model is served yet.
 `/v2/rerank` takes `query`, `documents` (strings) and `top_n`, and answers the results without documents, as v2 does.
-Errors have Cohere's body, `{"message": ...}` (errors.cohere_error_response), with the status of the error."""
+Errors have Cohere's body, `{"message": ...}` (http/error_responses.py), with the status of the error."""
 
 from __future__ import annotations
 
 import base64
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from bouquet.encodings import Encoding, encode_rows
+from bouquet.gateway import scoring
+from bouquet.gateway.api.fields import (
+    document_text,
+    optional_field,
+    refuse_unknown,
+    required_list,
+    required_text,
+    strict,
+)
+from bouquet.gateway.api.vllm import ACTIVATION_FIELDS, raw_scores
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.rerank import RerankJob, parse_cohere_rerank
-from bouquet.gateway.schemas import EmbedJob, optional_field, refuse_unknown
+from bouquet.gateway.http.body import read_json
+from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
+from bouquet.gateway.http.error_responses import cohere_error_response
+from bouquet.gateway.jobs import EmbedJob, RerankJob
+from bouquet.gateway.replicas.catalog import ServedModel
+from bouquet.gateway.service import Service
 
+V1_RERANK_FIELDS = frozenset(
+    {"query", "documents", "model", "top_n", "return_documents", "instruction", *ACTIVATION_FIELDS}
+)
 EMBED_FIELDS = frozenset({
     "model", "texts", "inputs", "images", "input_type", "embedding_types", "output_dimension", "max_tokens",
     "truncate", "priority",
@@ -44,6 +65,82 @@ INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
     "clustering": ("clustering",),
 }
 TRUNCATE = ("NONE", "START", "END")
+
+
+def routes() -> list[Route]:
+    def v2(path: str, handler: Any) -> Route:
+        return Route(path, endpoint(path, handler, work=True, errors=cohere_error_response), methods=["POST"])
+
+    return [
+        Route("/v1/rerank", endpoint("/v1/rerank", _v1_rerank, work=True), methods=["POST"]),
+        v2("/v2/embed", _v2_embed),
+        v2("/v2/rerank", _v2_rerank),
+    ]
+
+
+async def _v1_rerank(service: Service, request: Request) -> Response:
+    return await rerank_body(service, request, await read_json(service, request))
+
+
+async def rerank_body(service: Service, request: Request, body: dict[str, Any]) -> Response:
+    """v1's rerank (and Jina's and vLLM's) of a body already read."""
+    job, top_n, return_documents = parse_cohere_rerank(body, strict(service))
+    model, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
+    return json_response(v1_rerank_response(scores, job, model, tokens, top_n, return_documents))
+
+
+async def _v2_embed(service: Service, request: Request) -> Response:
+    parsed = parse_embed(await read_json(service, request), strict(service))
+    model = service.catalog.get(parsed.job.model)
+    job = replace(parsed.job, prompt_name=prompt_name(model.prompts, parsed.input_type))
+    _, rows, tokens = await unless_disconnected(request, service.embed(job))
+    return json_response(embed_response(rows, parsed, tokens))
+
+
+async def _v2_rerank(service: Service, request: Request) -> Response:
+    job, top_n = parse_rerank(await read_json(service, request), strict(service))
+    _, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
+    return json_response(rerank_response(scores, top_n, tokens))
+
+
+def parse_cohere_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None, bool]:
+    """Cohere's, Jina's and vLLM's body (documents as strings or {"text": ...}), its top_n and return_documents."""
+    if strict:
+        refuse_unknown(body, V1_RERANK_FIELDS)
+    query = required_text(body, "query")
+    documents = [document_text(document, index) for index, document in enumerate(required_list(body, "documents"))]
+    top_n = optional_field(body, "top_n", int)
+    if top_n is not None and top_n < 1:
+        raise InvalidRequest(f"'top_n' must be at least 1, got {top_n}", "invalid_value", "top_n")
+    return_documents = optional_field(body, "return_documents", bool)
+    job = RerankJob(
+        model=optional_field(body, "model", str),
+        pairs=[(query, text) for text in documents],
+        raw_scores=raw_scores(body),
+        instruction=optional_field(body, "instruction", str),
+    )
+    return job, top_n, True if return_documents is None else return_documents
+
+
+def v1_rerank_response(
+    scores: np.ndarray, job: RerankJob, model: ServedModel, tokens: int, top_n: int | None, return_documents: bool
+) -> dict[str, Any]:
+    """Cohere's, Jina's and vLLM's answer: the best `top_n` documents with their relevance, best first."""
+    order = np.argsort(-scores, kind="stable")[:top_n]
+    results = [
+        {
+            "index": int(index),
+            "relevance_score": float(scores[index]),
+            **({"document": {"text": job.pairs[index][1]}} if return_documents else {}),
+        }
+        for index in order
+    ]
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model.id,
+        "results": results,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},  # vLLM's both, Jina's total
+    }
 
 
 @dataclass(frozen=True)

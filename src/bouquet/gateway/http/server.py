@@ -1,6 +1,6 @@
 """`bouquet gateway`: one gateway process, uvicorn on uvloop and httptools, on a socket bound with SO_REUSEPORT
 so several gateway processes can share a port (the kernel spreads connections across them); each connection is
-bounded in size, time and number (http_protocol.py). SIGTERM stops accepting and lets in-flight requests finish
+bounded in size, time and number (protocol.py). SIGTERM stops accepting and lets in-flight requests finish
 (up to drain_seconds). `--workers N` runs N of these under a supervisor (processes/gateway_workers.py)."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from starlette.applications import Starlette
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
-from bouquet.gateway.http_protocol import ConnectionLimits, bounded_protocol, connection_cap
+from bouquet.gateway.http.protocol import ConnectionLimits, bounded_protocol, connection_cap
 from bouquet.processes import serve_lock
 
 
 def uvicorn_config(app: Starlette, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
-    """How a gateway serves `app`: each connection bounded (http_protocol.py), no access log, no Server or Date
+    """How a gateway serves `app`: each connection bounded (protocol.py), no access log, no Server or Date
     header, drained in `drain_seconds`; `overrides` are uvicorn's (tests: the lifespan run by the caller, the
     process's logging left alone)."""
-    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.gateway.metrics)
+    protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.service.metrics)
     return uvicorn.Config(
         app, **{"http": protocol, "ws": "none", "lifespan": "on", "access_log": False, "log_level": "warning",
         "timeout_graceful_shutdown": int(config.drain_seconds), "server_header": False, "date_header": False,
@@ -59,7 +59,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 async def serve_gateway(config: GatewayConfig) -> int:
     app = create_app(config)
-    # httptools with every connection bounded (http_protocol.py); no WebSocket route, so no upgrade either.
+    # httptools with every connection bounded (protocol.py); no WebSocket route, so no upgrade either.
     sock = bind_socket(config.host, config.port)
     server = _Server(uvicorn_config(app, config))
     port = sock.getsockname()[1]

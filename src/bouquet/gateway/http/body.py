@@ -1,0 +1,108 @@
+"""Reading a request's body: its size bounded before and while it is read, gzip decoded within the same bound,
+a pause between its bytes bounded, and the JSON object parsed. Every route with a body reads it here, so each of
+these refusals is the route's own error answer, counted under the route."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+
+from bouquet.gateway.errors import (
+    ClientClosed,
+    InvalidRequest,
+    RequestTimeout,
+    TooLarge,
+    Unprocessable,
+    UnsupportedMedia,
+)
+from bouquet.gateway.service import Service
+
+
+async def refuse_unread(service: Service, request: Request) -> None:
+    """A large body refused before it is read while the bulk lane is over its cap (`Admission.refuse_unread`);
+    one over the body limit is left to `read_json`'s 413."""
+    length = content_length(request)
+    if length is not None and length <= service.config.max_payload_bytes:
+        await service.admission.refuse_unread(length)
+
+
+async def read_json(service: Service, request: Request) -> dict[str, Any]:
+    """The body as a JSON object."""
+    limit = service.config.max_payload_bytes
+    length = content_length(request)
+    if length is not None and length > limit:
+        raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
+    encoding = request.headers.get("content-encoding", "identity")
+    body = _decoded(await _read_body(service, request, limit), encoding, limit)
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        if "UTF-8" in str(error):
+            raise InvalidRequest("the body is not valid UTF-8", "invalid_utf8") from error
+        raise InvalidRequest(f"the body is not valid JSON: {error}", "invalid_json") from error
+    if not isinstance(value, dict):
+        raise Unprocessable("the body must be a JSON object", "invalid_type")
+    return value
+
+
+async def _read_body(service: Service, request: Request, limit: int) -> bytearray:
+    body = bytearray()
+    async with aclosing(request.stream()) as pieces:
+        while (piece := await _next_piece(service, pieces)) is not None:
+            body += piece
+            if len(body) > limit:
+                raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+    return body
+
+
+async def _next_piece(service: Service, pieces: AsyncGenerator[bytes, None]) -> bytes | None:
+    """The body's next piece, None at its end. The body timeout lives here, in the one reader every route with a
+    body uses, so the 408 is the route's own error answer, counted under the route; a client that stops sending
+    (a body shorter than its Content-Length) no longer holds its connection forever."""
+    seconds = service.config.body_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            return await anext(pieces, None)
+    except TimeoutError:
+        service.metrics.connections_closed.labels("body_timeout").inc()
+        raise RequestTimeout(
+            f"no byte of the body arrived for {seconds:g} s (is it shorter than its Content-Length?)",
+            "request_timeout",
+            headers={"Connection": "close"},  # the rest of the body may still come: the connection is done
+        ) from None
+    except ClientDisconnect:
+        raise ClientClosed("the client closed the connection before its body ended", "client_closed") from None
+
+
+def content_length(request: Request) -> int | None:
+    """The body's size as its Content-Length states it; None without one (chunked) or with a malformed one."""
+    length = request.headers.get("content-length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
+def _decoded(body: bytearray, encoding: str, limit: int) -> bytes | bytearray:
+    """The body as sent, or gunzipped (clients that compress requests); the limit holds for the decompressed
+    body too, so a small bomb cannot grow past it."""
+    encoding = encoding.strip().lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding not in ("gzip", "x-gzip"):
+        raise UnsupportedMedia(
+            f"Content-Encoding {encoding!r} is not supported; send gzip or none", "unsupported_encoding"
+        )
+    inflater = zlib.decompressobj(wbits=31)  # 31: a gzip header and trailer
+    try:
+        plain = inflater.decompress(bytes(body), limit + 1)
+    except zlib.error as error:
+        raise InvalidRequest(f"the gzip body is corrupt: {error}", "invalid_gzip") from error
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise TooLarge(f"the decompressed body is over the limit of {limit} bytes", "payload_too_large")
+    if not inflater.eof:
+        raise InvalidRequest("the gzip body ends before its stream does", "invalid_gzip")
+    return plain

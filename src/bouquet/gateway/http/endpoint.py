@@ -1,0 +1,131 @@
+"""The wrapper every route runs through (`endpoint`): authorisation, the request lanes, metrics, and errors turned
+into the route's error body in one place (errors.py); and what handlers share: a JSON answer, work cancelled when
+its client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bouquet.gateway.errors import (
+    ApiError,
+    ClientClosed,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+)
+from bouquet.gateway.http import request_ids
+from bouquet.gateway.http.body import refuse_unread
+from bouquet.gateway.http.error_responses import error_response, tei_error_response
+from bouquet.gateway.service import Service
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+Handler = Callable[[Service, Request], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def endpoint(
+    route: str, handler: Handler, *, public: bool = False, work: bool = False, tei: bool = False,
+    replicas: bool = True, errors: Callable[[ApiError], Response] | None = None,
+) -> Endpoint:  # fmt: skip
+    """`work`: the route reads a body and computes, and counts against `max_concurrent_requests`; on the
+    replicas unless `replicas` is False (the tokenizer's routes). `tei`: a text-embeddings-inference route, whose
+    errors have TEI's body and status; `errors`: another API's error body (Cohere's)."""
+    answer_error = errors or (tei_error_response if tei else error_response)
+
+    async def run(request: Request) -> Response:
+        service: Service = request.app.state.service
+        metrics = service.metrics
+        started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            if not public:
+                authorize(service, request)
+            with service.admission.request() if work else contextlib.nullcontext():
+                if work and replicas:
+                    await refuse_unread(service, request)
+                response = await handler(service, request)
+        except ApiError as error:
+            response = answer_error(error)
+        except Exception:
+            logger.exception("%s failed (request %s)", route, request_ids.current.get())
+            response = answer_error(InternalError("internal error; see the gateway's log", "internal_error"))
+        finally:
+            metrics.in_flight.dec()
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    return run
+
+
+def authorize(service: Service, request: Request) -> None:
+    """`Authorization: Bearer KEY`, the scheme in any case (RFC 7235); a refusal names the scheme to use."""
+    key = service.config.api_key
+    if not key:
+        return
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise Unauthorized(
+            "a valid API key is required: send 'Authorization: Bearer KEY'",
+            "invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="bouquet"'},
+        )
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(value, option=_NUMPY), status, media_type="application/json")
+
+
+async def openai_errors(answer: Awaitable[Response]) -> Response:
+    """Errors in OpenAI's body for a request in another server's shape on a TEI route (Cohere's, Jina's, Infinity's
+    and vLLM's /rerank with documents, vLLM's /tokenize with a prompt): their clients read `error.message`."""
+    try:
+        return await answer
+    except ApiError as error:
+        return error_response(error)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """Runs `work`, cancelling it if the client goes away first: its gRPC calls are cancelled with it, so the
+    replicas drop the chunks still queued instead of computing rows nobody will read."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise ClientClosed("the client closed the connection before the embeddings were ready", "client_closed")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read: the next ASGI message on this connection is the client going away.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """404 and 405, counted in the metrics under the route "unmatched" (scans and misconfigured clients show)."""
+    error: ApiError = NotFound(f"no route {request.url.path}", "not_found")
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}", "method_not_allowed")
+        error.status = 405
+    request.app.state.service.metrics.requests.labels("unmatched", str(error.status)).inc()
+    return error_response(error)

@@ -1,0 +1,76 @@
+"""The typed jobs between the API routers (gateway/api/) and the service (service.py): what a request asks for,
+whichever API it came through, already checked against the request's own rules. What depends on the model (its
+limits, task, prompts) is checked by the service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bouquet.encodings import FORMATS, ResponseFormat
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    """One embedding request; exactly one of texts and token_ids is set, unless texts and token ids come mixed
+    (then `text_positions` says where each text is in the input)."""
+
+    model: str | None
+    texts: list[str] | None
+    token_ids: list[list[int]] | None
+    dimensions: int | None = None
+    normalize: bool | None = None  # None: as the model's Normalize module says
+    truncate: bool = True
+    truncation_direction: str = "right"
+    prompt_name: str | None = None
+    response_format: ResponseFormat = FORMATS["float"]  # encoding_format, embed_dtype and endianness
+    truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the first this many tokens
+    long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
+
+    text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input
+    sparse: bool = False  # each input's sparse row (TEI's /embed_sparse), not its embedding
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.texts or ()) + len(self.token_ids or ())
+
+
+@dataclass(frozen=True)
+class RerankJob:
+    """(query, document) pairs a cross-encoder scores: TEI's /rerank, Cohere's, Jina's and vLLM's /v1/rerank,
+    vLLM's /score."""
+
+    model: str | None
+    pairs: list[tuple[str, str]]  # (query, document), in the client's document order
+    truncate: bool = True
+    raw_scores: bool = False
+    instruction: str | None = None  # a decoder reranker's, in its pair template; None: the model's default
+
+
+PredictInput = str | tuple[str, str]  # one text, or a (first, second) pair
+
+
+@dataclass(frozen=True)
+class PredictJob:
+    """TEI's /predict: a classifier's scores for texts or pairs."""
+
+    model: str | None
+    inputs: list[PredictInput]
+    single: bool  # the body held one text or pair, not a batch: answered as one list, not a list of lists
+    truncate: bool = True
+    truncation_direction: str = "right"
+    raw_scores: bool = False
+    instruction: str | None = None
+
+
+@dataclass(frozen=True)
+class ContextualJob:
+    """Perplexity's contextual embeddings: each document's chunks, embedded in the context of the whole document."""
+
+    model: str | None
+    documents: list[list[str]]  # each document's chunks, in order
+    dimensions: int | None = None
+    response_format: ResponseFormat = FORMATS["float"]
+
+    @property
+    def num_chunks(self) -> int:
+        return sum(map(len, self.documents))

@@ -1,0 +1,127 @@
+"""Pieces of JSON Schema the request and response bodies share, and the named schemas (components/schemas)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from bouquet.encodings import EMBED_DTYPES, ENDIANNESS
+from bouquet.gateway.api.fields import ENCODING_FORMATS, LONG_INPUTS
+from bouquet.tokenizer import TRUNCATION_DIRECTIONS
+
+Schema = dict[str, Any]
+
+# JSON pieces
+
+
+def nullable(schema: Schema) -> Schema:
+    """`schema`, or null (the parser reads null as the field left out); an enum lists null too, as OpenAPI 3.0.3
+    asks for an enum that is nullable."""
+    schema = copy.deepcopy(schema)
+    schema["nullable"] = True
+    if "enum" in schema and None not in schema["enum"]:
+        schema["enum"].append(None)
+    return schema
+
+
+def any_case(words: tuple[str, ...], empty: bool = False) -> Schema:
+    """A string the parser lower-cases before it compares (TEI spells "Right"; any case is taken), or "" when the
+    parser takes an empty string as left out."""
+    spelled = "|".join("".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word) for word in words)
+    pattern = f"^({spelled}){'?' if empty else ''}$"
+    return {"type": "string", "pattern": pattern, "example": words[0]}
+
+
+def json_object(
+    properties: dict[str, Schema], required: tuple[str, ...] = (), closed: bool = True, **more: Any
+) -> Schema:
+    """An object with these properties. A request object is `closed` where its parser refuses other fields by name
+    (400 unsupported_parameter; 422 on TEI's routes); a response object is closed so the document lists every field."""
+    schema: Schema = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    if closed:
+        schema["additionalProperties"] = False
+    return {**schema, **more}
+
+
+def array_of(items: Schema, min_items: int = 0, **more: Any) -> Schema:
+    return {"type": "array", "items": items, **({"minItems": min_items} if min_items else {}), **more}
+
+
+def response_schema(properties: dict[str, Schema], **more: Any) -> Schema:
+    """A response object: every field always there, no other."""
+    return json_object(properties, tuple(properties), **more)
+
+
+# Named schemas, under components/schemas: the request and response bodies, and the error shapes.
+COMPONENTS: dict[str, Schema] = {}
+
+
+def named(name: str, schema: Schema) -> Schema:
+    """A reference to `schema`, kept under components/schemas as `name`."""
+    assert COMPONENTS.get(name, schema) == schema, f"two schemas named {name}"
+    COMPONENTS[name] = schema
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+STRING: Schema = {"type": "string"}
+TEXT: Schema = {"type": "string", "minLength": 1}  # an empty text is 400 empty_input
+BOOLEAN: Schema = {"type": "boolean"}
+INTEGER: Schema = {"type": "integer"}
+NUMBER: Schema = {"type": "number"}
+COUNT: Schema = {"type": "integer", "minimum": 0}
+ALWAYS_NULL: Schema = nullable({"type": "string", "enum": [], "description": "TEI's field; always null here"})
+FLOATS: Schema = array_of(NUMBER)
+TOKEN_IDS: Schema = array_of(INTEGER, 1)
+INPUT: Schema = {
+    "description": "a text, a list of texts, a list of token ids, or a list of texts and lists of token ids; "
+    "never empty. Token ids are refused with --no-token-id-input (400 token_ids_refused).",
+    "anyOf": [TEXT, TOKEN_IDS, array_of({"anyOf": [TEXT, TOKEN_IDS]}, 1)],
+}
+TEXTS: Schema = {"anyOf": [TEXT, array_of(TEXT, 1)]}
+MODEL: Schema = nullable({**STRING, "description": "a served model's id (GET /v1/models); default: the first found"})
+
+# How one embedding row is answered for each `encoding_format` the parser takes (api/fields.ENCODING_FORMATS): one
+# entry a format (docs/encodings.md defines them). tests/test_openapi.py checks that every accepted format has one.
+_BASE64: Schema = {"type": "string", "format": "byte"}
+_BITS = "bits packed 8 a byte, the first value in the most significant bit (sentence-transformers' quantize_embeddings)"
+ROW_ENCODINGS: dict[str, Schema] = {
+    "float": FLOATS,
+    "base64": {**_BASE64, "description": "base64 of the row's float32 bytes (embed_dtype, endianness: little)"},
+    "int8": array_of({"type": "integer", "minimum": -127, "maximum": 127}, description="round(127 x / |x|)"),
+    "uint8": array_of({"type": "integer", "minimum": 1, "maximum": 255}, description="int8 + 128"),
+    "binary": array_of({"type": "integer", "minimum": -128, "maximum": 127}, description=f"{_BITS}, less 128"),
+    "ubinary": array_of({"type": "integer", "minimum": 0, "maximum": 255}, description=_BITS),
+    "base64_int8": {**_BASE64, "description": "base64 of the int8 row's bytes"},
+    "base64_binary": {**_BASE64, "description": "base64 of the row's bits, the first value in the least significant"},
+}
+TEI_ENCODING_FORMATS: tuple[str, ...] = ENCODING_FORMATS  # the same formats on TEI's /embed and POST /
+EMBED_DTYPE: Schema = nullable(
+    {"type": "string", "enum": [*EMBED_DTYPES, ""], "default": "float32", "description": "vLLM's; base64 only"}
+)
+ENDIANNESS_FIELD: Schema = nullable(
+    {"type": "string", "enum": [*ENDIANNESS, ""], "default": "native", "description": "vLLM's; base64 only"}
+)
+
+
+def encoding_format_schema(formats: tuple[str, ...]) -> Schema:
+    """The request field: one of `formats`, or null or "" for the first (the parser's `or "float"`)."""
+    return nullable({"type": "string", "enum": [*formats, ""], "default": formats[0]})
+
+
+def row_schema(formats: tuple[str, ...]) -> Schema:
+    shapes = [ROW_ENCODINGS[name] for name in formats]
+    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}  # an int8 row is also a list of numbers
+
+
+TRUNCATION_DIRECTION: Schema = nullable(
+    {**any_case(TRUNCATION_DIRECTIONS, empty=True), "description": "right (the default) or left, in any case"}
+)
+DIMENSIONS: Schema = nullable(
+    {"type": "integer", "minimum": 1, "description": "keep the first N values, renormalised; at most the model's width"}
+)
+LONG_INPUT: Schema = nullable(
+    {"type": "string", "enum": list(LONG_INPUTS), "description": "chunk: embed an over-long input whole, in windows"}
+)
+PROMPT_NAME: Schema = nullable({**STRING, "description": "one of the model's sentence-transformers prompts"})
