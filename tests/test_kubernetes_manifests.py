@@ -3,13 +3,18 @@ binary), every object validated offline against the Kubernetes API's schemas (ku
 unknown field is an error), and what ties the objects to each other and to bouquet checked: selectors and labels,
 ports against the flags, probes against the endpoints bouquet really serves, every flag against bouquet's own
 parser, drain times against grace periods, references to the ConfigMap and Secret, and the images against the
-Dockerfile. No cluster is involved: what a cluster does with them (scheduling, DNS, probing) is not tested here."""
+Dockerfile. KEDA's and prometheus-operator's objects are validated against those projects' own CRD schemas
+(tests/crd_schemas/, copied from their repositories), strictly too, and every metric their queries name is one
+bouquet exports. No cluster is involved: what a cluster does with them (scheduling, DNS, probing, scaling,
+alerting) is not tested here."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import base64
+import functools
+import json
 import math
 import os
 import re
@@ -30,8 +35,11 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
-KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "examples/model-pvc")
-DEPLOYABLE = ("overlays/cpu", "overlays/gpu", "examples/model-pvc")  # base has no image or resources of its own
+AUTOSCALED = ("examples/keda", "examples/prometheus-adapter")  # the replicas' count follows demand
+KUSTOMIZATIONS = ("base", "overlays/cpu", "overlays/gpu", "examples/model-pvc", *AUTOSCALED)
+DEPLOYABLE = KUSTOMIZATIONS[1:]  # base has no image or resources of its own
+CRD_SCHEMAS = ROOT / "tests" / "crd_schemas"
+MONITORING_NAMESPACE = "monitoring"  # where the NetworkPolicy expects Prometheus
 NAMESPACE = "bouquet"
 # Native gRPC probes are GA from 1.27: the oldest Kubernetes the manifests are for, validated besides the newest.
 OLDEST_KUBERNETES = "1.27.0"
@@ -199,6 +207,56 @@ def _dockerfile_stages() -> dict[str, list[str]]:
     return stages
 
 
+MONITORING = [
+    ("ServiceMonitor", "bouquet-gateway"),
+    ("PodMonitor", "bouquet-replica"),
+    ("PrometheusRule", "bouquet"),
+]
+
+
+@functools.cache
+def _crd_schemas() -> dict[tuple[str, str], Doc]:
+    """Each custom resource's openAPIV3Schema by (apiVersion, kind), as its CRD declares it."""
+    schemas = {}
+    for path in sorted(CRD_SCHEMAS.glob("*.json")):
+        crd = json.loads(path.read_text())
+        schemas[crd["apiVersion"], crd["kind"]] = crd["schema"]
+    return schemas
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with unknown fields refused wherever it lists its fields, as `kubectl apply --validate=strict`
+    refuses them (a structural schema would otherwise prune them silently)."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items()}
+    lists_fields = "properties" in schema and "additionalProperties" not in schema
+    if lists_fields and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        strict["additionalProperties"] = False
+    return strict
+
+
+def _least_replicas(docs: list[Doc]) -> int:
+    """The fewest replicas there will be: the autoscaler's minimum where one owns the count (and the Deployment
+    then states none, or re-applying it would reset the count), else the Deployment's."""
+    replica = _deployment(docs, "replica")["spec"]
+    scaled = [d["spec"]["minReplicaCount"] for d in _all(docs, "ScaledObject")]
+    scaled += [
+        d["spec"]["minReplicas"] for d in _all(docs, "HorizontalPodAutoscaler") if "replica" in d["metadata"]["name"]
+    ]
+    if scaled:
+        assert "replicas" not in replica, "an autoscaled Deployment must not state its count"
+        [least] = scaled
+        return least
+    return replica["replicas"]
+
+
+def _pod_specs(docs: list[Doc]) -> dict[str, Doc]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in _all(docs, "Deployment")}
+
+
 # --- the tests ----------------------------------------------------------------------------------------------------
 
 
@@ -224,6 +282,8 @@ def test_objects_match_the_kubernetes_schemas(rendered: dict[str, list[Doc]], na
 
     newest = f"{latest_version()}.0"
     for doc in rendered[name]:
+        if (doc["apiVersion"], doc["kind"]) in _crd_schemas():
+            continue  # not the Kubernetes API's: test_custom_resources_match_their_crd_schemas
         for version in (OLDEST_KUBERNETES, newest):
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
@@ -247,7 +307,13 @@ def test_the_expected_objects_in_one_namespace(rendered: dict[str, list[Doc]], n
             ("Service", "bouquet-gateway"),
             ("HorizontalPodAutoscaler", "bouquet-gateway"),
             ("PodDisruptionBudget", "bouquet-gateway"),
+            ("NetworkPolicy", "bouquet-default-deny"),
+            ("NetworkPolicy", "bouquet-replica"),
+            ("NetworkPolicy", "bouquet-gateway"),
             *([("PersistentVolumeClaim", "bouquet-models")] if name == "examples/model-pvc" else []),
+            *(MONITORING if name in AUTOSCALED else []),
+            *([("ScaledObject", "bouquet-replica")] if name == "examples/keda" else []),
+            *([("HorizontalPodAutoscaler", "bouquet-replica")] if name == "examples/prometheus-adapter" else []),
         ]
     )
     for doc in docs:
@@ -277,6 +343,23 @@ def test_selectors_match_their_pods(rendered: dict[str, list[Doc]], name: str) -
         assert [pod for pod, labels in pods.items() if _selects(selector, labels)] == [target], (kind, object_name)
     hpa = _one(docs, "HorizontalPodAutoscaler", "bouquet-gateway")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "bouquet-gateway"}
+    for policy in _all(docs, "NetworkPolicy"):
+        selector = policy["spec"]["podSelector"].get("matchLabels", {})
+        selected = [pod for pod, labels in pods.items() if _selects(selector, labels)]
+        name_ = policy["metadata"]["name"]
+        assert selected == (sorted(pods) if name_ == "bouquet-default-deny" else [name_]), name_
+    for monitor in _all(docs, "PodMonitor"):
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert [pod for pod, labels in pods.items() if _selects(selector, labels)] == ["bouquet-replica"]
+    services = {d["metadata"]["name"]: d["metadata"]["labels"] for d in _all(docs, "Service")}
+    for monitor in _all(docs, "ServiceMonitor"):
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert [s for s, labels in services.items() if _selects(selector, labels)] == ["bouquet-gateway"]
+    for scaled in _all(docs, "ScaledObject"):
+        assert scaled["spec"]["scaleTargetRef"] == {"name": "bouquet-replica"}, "a Deployment (KEDA's default kind)"
+    if name == "examples/prometheus-adapter":
+        target = _one(docs, "HorizontalPodAutoscaler", "bouquet-replica")["spec"]["scaleTargetRef"]
+        assert target == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "bouquet-replica"}
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)
@@ -486,10 +569,7 @@ def test_scaling_leaves_room_for_disruptions(rendered: dict[str, list[Doc]], nam
     assert "replicas" not in gateway["spec"]
     assert "cpu" in _container(gateway)["resources"]["requests"]
     assert [m["resource"]["name"] for m in hpa["metrics"]] == ["cpu"]
-    counts = {
-        "bouquet-gateway": hpa["minReplicas"],
-        "bouquet-replica": _deployment(docs, "replica")["spec"]["replicas"],
-    }
+    counts = {"bouquet-gateway": hpa["minReplicas"], "bouquet-replica": _least_replicas(docs)}
     for pdb in _all(docs, "PodDisruptionBudget"):
         assert counts[pdb["metadata"]["name"]] > pdb["spec"]["minAvailable"], pdb["metadata"]["name"]
 
@@ -511,6 +591,199 @@ def test_images_are_the_dockerfiles(rendered: dict[str, list[Doc]], name: str) -
         [user] = [line.split()[1] for line in lines if line.startswith("USER ")]
         security = deployment["spec"]["template"]["spec"]["securityContext"]
         assert user == f"{security['runAsUser']}:{security['runAsGroup']}" and security["runAsNonRoot"]
+
+
+@pytest.mark.parametrize("name", AUTOSCALED)
+def test_custom_resources_match_their_crd_schemas(rendered: dict[str, list[Doc]], name: str) -> None:
+    """KEDA's ScaledObject and prometheus-operator's ServiceMonitor, PodMonitor and PrometheusRule against the
+    openAPIV3Schema of the CRDs those projects ship (tests/crd_schemas/, each file naming its source and commit),
+    with unknown fields refused. Only the CRD's schema: what a controller checks beyond it (PromQL syntax) is not."""
+    import jsonschema
+
+    schemas = _crd_schemas()
+    custom = [doc for doc in rendered[name] if (doc["apiVersion"], doc["kind"]) in schemas]
+    assert {doc["kind"] for doc in custom} >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    for doc in custom:
+        validator = jsonschema.Draft4Validator(_strict(schemas[doc["apiVersion"], doc["kind"]]))
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+        assert not errors, f"{doc['kind']} {doc['metadata']['name']}: {errors}"
+
+
+# The prometheus scaler's metadata keys (kedacore/keda, pkg/scalers/prometheus_scaler.go, prometheusMetadata):
+# the CRD takes any string map, so a misspelt key would only show in KEDA's log.
+KEDA_PROMETHEUS_KEYS = {
+    "serverAddress", "query", "queryParameters", "threshold", "activationThreshold", "namespace", "customHeaders",
+    "ignoreNullValues", "unsafeSsl", "awsRegion", "timeout", "identityOwner",
+}  # fmt: skip
+
+
+def _queries(docs: list[Doc]) -> list[str]:
+    """Every PromQL expression the manifests hold: the ScaledObject's and the alert rules'."""
+    queries = [t["metadata"]["query"] for d in _all(docs, "ScaledObject") for t in d["spec"]["triggers"]]
+    rules = [r for d in _all(docs, "PrometheusRule") for g in d["spec"]["groups"] for r in g["rules"]]
+    return queries + [rule["expr"] for rule in rules]
+
+
+def _exported_metrics() -> set[str]:
+    """The sample names bouquet's gateways and replicas expose, as Prometheus stores them."""
+    from bouquet.gateway.metrics import GatewayMetrics
+    from bouquet.replica.metrics import ReplicaMetrics
+
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "gauge": [""]}
+    families = [*GatewayMetrics().registry.collect(), *ReplicaMetrics().registry.collect()]
+    return {family.name + suffix for family in families for suffix in suffixes[family.type]}
+
+
+def _demand_ratio(docs: list[Doc]) -> str:
+    [scaled] = _all(docs, "ScaledObject")
+    [trigger] = scaled["spec"]["triggers"]
+    return trigger["metadata"]["query"]
+
+
+def test_autoscaling_reads_the_demand_bouquet_exports(rendered: dict[str, list[Doc]]) -> None:
+    """The ScaledObject's prometheus trigger uses only keys KEDA reads, scales on the demand ratio as a Value (so
+    the HPA multiplies the current count by ratio / threshold) and never to zero; every metric a query or an alert
+    names is one bouquet exports, in the namespace the objects are rendered into. The prometheus-adapter example's
+    rule is the same query and its HPA reads the metric that rule names."""
+    docs = rendered["examples/keda"]
+    [scaled] = _all(docs, "ScaledObject")
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    assert set(trigger["metadata"]) <= KEDA_PROMETHEUS_KEYS, set(trigger["metadata"]) - KEDA_PROMETHEUS_KEYS
+    assert 0 < float(trigger["metadata"]["threshold"]) < 1, "below 1: headroom before admission refuses"
+    assert scaled["spec"]["minReplicaCount"] >= 1 and "idleReplicaCount" not in scaled["spec"]
+    assert scaled["spec"]["fallback"]["replicas"] >= scaled["spec"]["minReplicaCount"]
+    exported = _exported_metrics()
+    for name in AUTOSCALED:
+        for query in _queries(rendered[name]) or [_demand_ratio(docs)]:
+            named = set(re.findall(r"\bbouquet_\w+", query))
+            assert named and named <= exported, f"not exported by bouquet: {named - exported}"
+            assert set(re.findall(r'namespace="([^"]*)"', query)) == {NAMESPACE}, query
+
+    values = yaml.safe_load((DEPLOY / "examples" / "prometheus-adapter" / "adapter-values.yaml").read_text())
+    [rule] = values["rules"]["external"]
+    hpa = _one(rendered["examples/prometheus-adapter"], "HorizontalPodAutoscaler", "bouquet-replica")["spec"]
+    [metric] = hpa["metrics"]
+    assert metric["type"] == "External" and metric["external"]["metric"]["name"] == rule["name"]["as"]
+    assert metric["external"]["target"]["type"] == "Value"
+    as_keda = (
+        rule["metricsQuery"].replace(" by (<<.GroupBy>>) ", "").replace("<<.LabelMatchers>>", 'namespace="bouquet"')
+    )
+    assert as_keda.split() == _demand_ratio(docs).split(), "one demand ratio for both"
+
+
+@pytest.mark.parametrize("name", AUTOSCALED)
+def test_monitors_scrape_the_metrics_ports(rendered: dict[str, list[Doc]], name: str) -> None:
+    """The ServiceMonitor's port is the gateway Service's port onto --port (where /metrics is a route, checked by
+    test_gateway_probes_hit_its_routes), the PodMonitor's is the replica container's port for --metrics-port."""
+    docs = rendered[name]
+    [service_monitor] = _all(docs, "ServiceMonitor")
+    [endpoint] = service_monitor["spec"]["endpoints"]
+    [service_port] = [
+        p for p in _one(docs, "Service", "bouquet-gateway")["spec"]["ports"] if p["name"] == endpoint["port"]
+    ]
+    gateway = _container(_deployment(docs, "gateway"))
+    assert _container_port(gateway, service_port["targetPort"]) == _parsed(docs, "gateway").port
+    [pod_monitor] = _all(docs, "PodMonitor")
+    [endpoint_] = pod_monitor["spec"]["podMetricsEndpoints"]
+    replica = _container(_deployment(docs, "replica"))
+    assert _container_port(replica, endpoint_["port"]) == _parsed(docs, "replica").metrics_port
+    assert endpoint["path"] == endpoint_["path"] == "/metrics"
+
+
+def _policy_ports(rule: Doc, container: Doc) -> set[int]:
+    return {_container_port(container, port["port"]) for port in rule["ports"]}
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_network_policies_open_only_what_is_used(rendered: dict[str, list[Doc]], name: str) -> None:
+    """Ingress is denied to every pod but for: the replicas' gRPC port from the gateways' pods only, their metrics
+    port from the monitoring namespace only, and the gateways' HTTP port from anywhere."""
+    docs = rendered[name]
+    deny = _one(docs, "NetworkPolicy", "bouquet-default-deny")["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress")
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"] for d in _all(docs, "Deployment")}
+    replica, gateway = _container(_deployment(docs, "replica")), _container(_deployment(docs, "gateway"))
+    rules = _one(docs, "NetworkPolicy", "bouquet-replica")["spec"]["ingress"]
+    opened = {}
+    for rule in rules:
+        [source] = rule["from"]
+        assert set(source) in ({"podSelector"}, {"namespaceSelector"}), "one kind of peer a rule"
+        for port in _policy_ports(rule, replica):
+            opened[port] = source
+    listen_port = int(_parsed(docs, "replica").listen.rpartition(":")[2])
+    metrics_port = _parsed(docs, "replica").metrics_port
+    assert set(opened) == {listen_port, metrics_port}
+    gateways = [
+        pod for pod, labels in pods.items() if _selects(opened[listen_port]["podSelector"]["matchLabels"], labels)
+    ]
+    assert gateways == ["bouquet-gateway"]
+    assert opened[metrics_port] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}}
+    }
+    [http] = _one(docs, "NetworkPolicy", "bouquet-gateway")["spec"]["ingress"]
+    assert "from" not in http and _policy_ports(http, gateway) == {_parsed(docs, "gateway").port}
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_pods_meet_the_restricted_pod_security_standard(rendered: dict[str, list[Doc]], name: str) -> None:
+    """The namespace enforces Pod Security's "restricted" profile, and every pod template meets its rules (as
+    kubernetes.io/docs/concepts/security/pod-security-standards lists them), so admission will not refuse one."""
+    docs = rendered[name]
+    labels = _one(docs, "Namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}  # fmt: skip
+    for deployment, pod in _pod_specs(docs).items():
+        assert not any(pod.get(key) for key in ("hostNetwork", "hostPID", "hostIPC")), deployment
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= allowed_volumes, (deployment, volume)
+        for container in pod["containers"] + pod.get("initContainers", []):
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False and not security.get("privileged")
+            assert security["capabilities"]["drop"] == ["ALL"]
+            assert set(security["capabilities"].get("add", [])) <= {"NET_BIND_SERVICE"}
+            assert not any(port.get("hostPort") for port in container.get("ports", []))
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_pods_spread_over_nodes_and_bound_their_scratch(rendered: dict[str, list[Doc]], name: str) -> None:
+    """Each Deployment spreads its own pods over nodes (kubernetes.io/hostname) and zones; the replicas on CPU
+    nodes must be on different nodes (DoNotSchedule), GPU replicas and gateways prefer it. Every emptyDir has a
+    sizeLimit, so a runaway cache evicts its pod rather than fill the node's disk."""
+    docs = rendered[name]
+    for deployment in _all(docs, "Deployment"):
+        pod = deployment["spec"]["template"]
+        spreads = {c["topologyKey"]: c for c in pod["spec"]["topologySpreadConstraints"]}
+        assert set(spreads) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        for constraint in spreads.values():
+            assert constraint["maxSkew"] == 1
+            assert _selects(constraint["labelSelector"]["matchLabels"], pod["metadata"]["labels"])
+        required = deployment["metadata"]["name"] == "bouquet-replica" and name != "overlays/gpu"
+        expected = "DoNotSchedule" if required else "ScheduleAnyway"
+        assert spreads["kubernetes.io/hostname"]["whenUnsatisfiable"] == expected, deployment["metadata"]["name"]
+        for volume in pod["spec"]["volumes"]:
+            if "emptyDir" in volume:
+                assert _quantity_bytes(volume["emptyDir"]["sizeLimit"]) > 0, volume
+
+
+def _quantity_bytes(value: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(value[:-2]) * units[value[-2:]] if value[-2:] in units else int(value)
+
+
+def test_gpu_overlay_runs_a_gateway_worker_a_core(rendered: dict[str, list[Doc]]) -> None:
+    """docs/scaling.md: a GPU replica needs several gateway cores, with --workers equal to the gateway's cores.
+    Requests equal limits, so the HPA's utilisation target is of whole cores the workers use."""
+    docs = rendered["overlays/gpu"]
+    gateway = _container(_deployment(docs, "gateway"))
+    resources = gateway["resources"]
+    cores = _quantity(resources["limits"]["cpu"])
+    assert _quantity(resources["requests"]["cpu"]) == cores >= 2
+    assert _parsed(docs, "gateway").workers == cores
+    assert _parsed(rendered["overlays/cpu"], "gateway").workers == 1, "a CPU deployment's replicas need the cores"
 
 
 # --- the image ----------------------------------------------------------------------------------------------------
