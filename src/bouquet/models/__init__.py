@@ -5,57 +5,55 @@ whose sentence-transformers files say "sparse" (a SparseEncoder: SPLADE) runs th
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from torch import nn
 
-from bouquet.models.bert import BertForMaskedLM, BertForSequenceClassification, BertModel
-from bouquet.models.gemma3 import Gemma3Model
-from bouquet.models.gte import GteModel
-from bouquet.models.mistral import MistralModel
-from bouquet.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
-from bouquet.models.mpnet import MPNetModel
-from bouquet.models.nomic_bert import NomicBertModel
-from bouquet.models.qwen2 import Qwen2Model
-from bouquet.models.qwen3 import Qwen3ForSequenceClassification, Qwen3Model
-from bouquet.models.xlm_roberta import XLMRobertaForMaskedLM, XLMRobertaForSequenceClassification, XLMRobertaModel
-
-_ARCHITECTURES: dict[str, type[nn.Module]] = {
-    "BertModel": BertModel,
-    "BertForMaskedLM": BertModel,
-    "BertForPreTraining": BertModel,
-    "Qwen2Model": Qwen2Model,
-    "Qwen2ForCausalLM": Qwen2Model,
-    "Qwen3Model": Qwen3Model,
-    "Qwen3ForCausalLM": Qwen3Model,
-    "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
-    "XLMRobertaModel": XLMRobertaModel,
-    "XLMRobertaForMaskedLM": XLMRobertaModel,
-    "RobertaModel": XLMRobertaModel,
-    "RobertaForMaskedLM": XLMRobertaModel,
-    "BertForSequenceClassification": BertForSequenceClassification,
-    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
-    "RobertaForSequenceClassification": XLMRobertaForSequenceClassification,
-    "NomicBertModel": NomicBertModel,
-    "GteModel": GteModel,
-    "MPNetModel": MPNetModel,
-    "MPNetForMaskedLM": MPNetModel,
-    "MistralModel": MistralModel,
-    "MistralForCausalLM": MistralModel,
-    "ModernBertModel": ModernBertModel,
-    "ModernBertForMaskedLM": ModernBertModel,
-    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
-    "Gemma3TextModel": Gemma3Model,
-    "Gemma3ForCausalLM": Gemma3Model,
+# "module:Class" under bouquet.models, imported when a checkpoint names it: a replica serves one model, and
+# importing the other families' modules (and the layers only they use) at start-up is time it never uses.
+_ARCHITECTURES: dict[str, str] = {
+    "BertModel": "bert:BertModel",
+    "BertForMaskedLM": "bert:BertModel",
+    "BertForPreTraining": "bert:BertModel",
+    "Qwen2Model": "qwen2:Qwen2Model",
+    "Qwen2ForCausalLM": "qwen2:Qwen2Model",
+    "Qwen3Model": "qwen3:Qwen3Model",
+    "Qwen3ForCausalLM": "qwen3:Qwen3Model",
+    "Qwen3ForSequenceClassification": "qwen3:Qwen3ForSequenceClassification",
+    "XLMRobertaModel": "xlm_roberta:XLMRobertaModel",
+    "XLMRobertaForMaskedLM": "xlm_roberta:XLMRobertaModel",
+    "RobertaModel": "xlm_roberta:XLMRobertaModel",
+    "RobertaForMaskedLM": "xlm_roberta:XLMRobertaModel",
+    "BertForSequenceClassification": "bert:BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification": "xlm_roberta:XLMRobertaForSequenceClassification",
+    "RobertaForSequenceClassification": "xlm_roberta:XLMRobertaForSequenceClassification",
+    "NomicBertModel": "nomic_bert:NomicBertModel",
+    "GteModel": "gte:GteModel",
+    "MPNetModel": "mpnet:MPNetModel",
+    "MPNetForMaskedLM": "mpnet:MPNetModel",
+    "MistralModel": "mistral:MistralModel",
+    "MistralForCausalLM": "mistral:MistralModel",
+    "ModernBertModel": "modernbert:ModernBertModel",
+    "ModernBertForMaskedLM": "modernbert:ModernBertModel",
+    "ModernBertForSequenceClassification": "modernbert:ModernBertForSequenceClassification",
+    "Gemma3TextModel": "gemma3:Gemma3Model",
+    "Gemma3ForCausalLM": "gemma3:Gemma3Model",
 }
 
 
 # Masked LMs with their head, for the "sparse" task.
-_MASKED_LMS: dict[str, type[nn.Module]] = {
-    "BertForMaskedLM": BertForMaskedLM,
-    "XLMRobertaForMaskedLM": XLMRobertaForMaskedLM,
-    "RobertaForMaskedLM": XLMRobertaForMaskedLM,
+_MASKED_LMS: dict[str, str] = {
+    "BertForMaskedLM": "bert:BertForMaskedLM",
+    "XLMRobertaForMaskedLM": "xlm_roberta:XLMRobertaForMaskedLM",
+    "RobertaForMaskedLM": "xlm_roberta:XLMRobertaForMaskedLM",
 }
+
+
+def _model_class(path: str) -> type[nn.Module]:
+    module, _, name = path.partition(":")
+    model_class: type[nn.Module] = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return model_class
 
 
 def supported_architectures() -> list[str]:
@@ -70,7 +68,7 @@ def create_model(architecture: str, hf_config: dict[str, Any], task: str | None 
                 f"a SPLADE model needs a masked LM with its head, not {architecture!r}; supported: "
                 + ", ".join(sorted(_MASKED_LMS))
             )
-        return _MASKED_LMS[architecture].from_hf_config(hf_config)
+        return _model_class(_MASKED_LMS[architecture]).from_hf_config(hf_config)
     if architecture not in _ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}")
-    return _ARCHITECTURES[architecture].from_hf_config(hf_config)
+    return _model_class(_ARCHITECTURES[architecture]).from_hf_config(hf_config)
