@@ -144,7 +144,7 @@ class Admission:
         if self.inflight[False] - self.limit() > rate * self.admission_wait:
             own = body_bytes * self.tokens_per_estimate
             await asyncio.sleep(self._wait_allowed(own))
-            self._refuse_demand("", False, own)  # the model is in the body, which is never read
+            self._refuse_demand("", False, round(own))  # the model is in the body, which is never read
             self._refuse(f"the server is at capacity ({self.inflight[False]} tokens in flight)", "tokens")
 
     def _wait_allowed(self, tokens: float) -> float:
@@ -168,18 +168,19 @@ class Admission:
         line.append(turn)
         deadline = time.monotonic() + self._wait_allowed(own)
         waiting = self._metrics.admission_waiting_tokens.labels(model, _LANES[short])
-        waiting.inc(own)
+        shown = round(own)  # whole tokens: floats added and taken away in another order would not come back to 0
+        waiting.inc(shown)
         try:
             while not (line[0] is turn and self._fits(tokens, short)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     limit, held = self.limit(), self.inflight[short]
-                    self._refuse_demand(model, short, own)
+                    self._refuse_demand(model, short, shown)
                     self._refuse(f"the server is at capacity ({held} tokens in flight, {limit} at once)", "tokens")
                 # The first in line also looks again on its own: the cap moves with the measured speed.
                 await _wait(turn, min(_RECHECK_S, left) if line[0] is turn else left)
         finally:
-            waiting.dec(own)
+            waiting.dec(shown)
             line.remove(turn)
             if line:
                 line[0].set()
@@ -196,7 +197,7 @@ class Admission:
         if tokens < 0 and line:
             line[0].set()
 
-    def _refuse_demand(self, model: str, short: bool, tokens: float) -> None:
+    def _refuse_demand(self, model: str, short: bool, tokens: int) -> None:
         self._metrics.admission_refused_tokens.labels(model, _LANES[short]).inc(tokens)
         self._metrics.admission_refused.labels(model, _LANES[short]).inc()
 
