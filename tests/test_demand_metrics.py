@@ -153,6 +153,7 @@ class _Watch:
     peak_waiting: float = 0.0
     peak_demand_over_limit: float = 0.0
     peak_replica_queue: float = 0.0
+    peak_waiting_by_model: dict[str, float] = field(default_factory=dict)
     refused_tokens: float = 0.0
     statuses: list[int] = field(default_factory=list)
 
@@ -166,6 +167,10 @@ class _Watch:
         admitted = _total(gateway, "bouquet_gateway_admission_admitted_tokens")
         limit = _total(gateway, "bouquet_gateway_admission_limit_tokens")
         self.peak_waiting = max(self.peak_waiting, waiting)
+        for (sample, labels), value in gateway.items():
+            model = dict(labels).get("model")
+            if sample == "bouquet_gateway_admission_waiting_tokens" and model is not None:
+                self.peak_waiting_by_model[model] = max(self.peak_waiting_by_model.get(model, 0.0), value)
         self.peak_demand_over_limit = max(self.peak_demand_over_limit, (waiting + admitted) / max(limit, 1))
         self.peak_replica_queue = max(self.peak_replica_queue, _total(queue, "bouquet_queue_tokens"))
         self.refused_tokens = _total(gateway, "bouquet_gateway_admission_refused_tokens_total")
@@ -207,5 +212,6 @@ def test_overload_raises_the_demand_gauges_not_the_replica_queue(
     assert set(watch.statuses) <= {200, 429} and 429 in watch.statuses, watch.statuses
     assert watch.peak_demand_over_limit > 1, "waiting and admitted tokens passed the admission limit"
     assert watch.peak_replica_queue <= watch.body_tokens, "the replica queued no more than one admitted request"
+    assert watch.peak_waiting_by_model.get("all-MiniLM-L6-v2", 0) > watch.body_tokens, watch.peak_waiting_by_model
     for gauge in ("bouquet_gateway_admission_waiting_tokens", "bouquet_gateway_admission_admitted_tokens"):
         assert _total(after, gauge) == 0, gauge

@@ -136,7 +136,9 @@ class Service:
         its bytes; `exact` when counted from token ids) before any work; and the tokens they took."""
         if not self.pool.any_healthy(model.name):
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
-        async with self.admission.admit(estimate, short_tokens=model.max_batch_tokens, exact=exact) as ticket:
+        async with self.admission.admit(
+            estimate, short_tokens=model.max_batch_tokens, exact=exact, model=model.id
+        ) as ticket:
             batch = await prepare()
             tokens = batch.num_tokens
             self.check_tokens(tokens)
