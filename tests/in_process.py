@@ -44,6 +44,8 @@ class Served:
     client: httpx.Client  # ASGI: no socket
     replicas: tuple[str, ...]  # each replica's gRPC address, in the order of the engines
     url: str = ""  # http://127.0.0.1:PORT with `listen`, else empty
+    app: Starlette | None = None
+    loop: asyncio.AbstractEventLoop | None = None  # the one the app and the replicas run on
 
 
 class _LoopTransport(httpx.BaseTransport):
@@ -112,7 +114,7 @@ def served(
         key = options.get("api_key")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         with httpx.Client(transport=transport, base_url=BASE_URL, headers=headers, timeout=120) as client:
-            yield Served(client, replicas, url)
+            yield Served(client, replicas, url, app, loop)
     finally:
         call(stack.aclose())
         loop.call_soon_threadsafe(loop.stop)

@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -172,7 +173,9 @@ class Host:
         self.namespace = f"{cluster.stem}-{name}"
         self.address = f"{cluster.subnet}.{index}"
         self.port = f"p{index}"  # the bridge's end of the host's veth, in the switch namespace
-        self.prefix = ["ip", "netns", "exec", self.namespace]  # runs a command inside this host
+        # Runs a command inside this host. Its processes share the cluster's replica token, as hosts of one
+        # deployment do: a replica listening on the bridge refuses to start without one.
+        self.prefix = ["ip", "netns", "exec", self.namespace, "env", f"BOUQUET_REPLICA_TOKEN={cluster.token}"]
         self._proxies: dict[int, _Proxy] = {}  # port -> the delaying proxy in front of it (no netem)
         self._delay_ms = 0
 
@@ -291,6 +294,7 @@ class Cluster:
         # Each cluster's bridge is private, so addresses never clash; still, one subnet per run reads better in
         # logs and keeps a future veth into another cluster possible.
         self.subnet = f"10.77.{(os.getpid() + _sequence) % 250 + 1}"
+        self.token = secrets.token_hex(16)  # the replica token its hosts share (Host.prefix)
         self.netem = netem_available() if netem is None else netem
         self.hosts: dict[str, Host] = {}
         self._processes: list[subprocess.Popen] = []

@@ -140,3 +140,30 @@ def test_workers_share_the_port_and_sigterm_drains_them(replica):
             get(f"{url}/health")
     finally:
         parent.stop()
+
+
+def test_a_drain_too_short_for_the_work_answers_503_not_500(replica):
+    """SIGTERM with a request that cannot finish within `--drain-seconds`: it is cancelled and answered 503 with
+    Retry-After (its client retries elsewhere), the gateway logs no failure and exits 0. Before, uvicorn cancelled
+    it at the drain's end and answered 500 while the replicas' channels closed under its pending chunks."""
+    port = free_port()
+    gateway = start_gateway(port, [replica], "--api-key", API_KEY, "--drain-seconds", "1")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        gateway.wait_ready()
+        wait_healthy(url)
+        with ThreadPoolExecutor(1) as pool:  # ~60,000 tokens: many seconds on a CPU replica, far over the drain
+            call = pool.submit(post, f"{url}/v1/embeddings", {"input": corpus.documents(512), "model": MODEL})
+            deadline = time.monotonic() + 60
+            while in_flight(url) < 2:
+                assert time.monotonic() < deadline, "the request never arrived"
+                assert not call.done(), f"the request ended before it was seen in flight: {call.result()!r:.300}"
+            gateway.process.send_signal(signal.SIGTERM)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                call.result()
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+        assert json.loads(refused.value.read())["error"]["code"] == "shutting_down"
+        assert gateway.process.wait(timeout=60) == 0
+        assert not [line for line in gateway.lines if "Exception in ASGI application" in line or "Traceback" in line]
+    finally:
+        gateway.stop()

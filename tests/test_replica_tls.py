@@ -63,20 +63,36 @@ def _status_after(url: str, seconds: float) -> int:
     return status
 
 
+def _health(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _with_token(token: str) -> list[str]:
+    return ["env", f"BOUQUET_REPLICA_TOKEN={token}"]  # a secret goes by environment, never argv
+
+
 @pytest.mark.process
 def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certificates: Path) -> None:
+    """Also: a gateway that cannot use its replica says why, once, at the default log level, and in /health's 503
+    (before, a wrong token or a TLS mismatch left only 503s and a silent log)."""
     c = certificates
     port = free_port()
     replica = start_replica(
         port, "--dtype", "float32", "--tls-cert", str(c / "replica.pem"), "--tls-key", str(c / "replica.key"),
-        "--tls-client-ca", str(c / "ca.pem"),
+        "--tls-client-ca", str(c / "ca.pem"), prefix=_with_token("right"),
     )  # fmt: skip
     trusted = ["--replica-tls-ca", str(c / "ca.pem")]
     client = ["--replica-tls-cert", str(c / "gateway.pem"), "--replica-tls-key", str(c / "gateway.key")]
+    address = f"127.0.0.1:{port}"
     gateways = {
-        "mutual": start_gateway(free_port(), [f"127.0.0.1:{port}"], *trusted, *client),
-        "no client certificate": start_gateway(free_port(), [f"127.0.0.1:{port}"], *trusted),
-        "plaintext": start_gateway(free_port(), [f"127.0.0.1:{port}"]),
+        "mutual": start_gateway(free_port(), [address], *trusted, *client, prefix=_with_token("right")),
+        "wrong token": start_gateway(free_port(), [address], *trusted, *client, prefix=_with_token("wrong")),
+        "no client certificate": start_gateway(free_port(), [address], *trusted, prefix=_with_token("right")),
+        "plaintext": start_gateway(free_port(), [address], prefix=_with_token("right")),
     }
     try:
         replica.wait_ready()
@@ -85,8 +101,15 @@ def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certifica
             gateway.wait_ready()
             urls[name] = f"http://127.0.0.1:{gateway.process.args[gateway.process.args.index('--port') + 1]}"
         assert _status_after(urls["mutual"], 30) == 200
-        assert _status_after(urls["no client certificate"], 3) == 503
-        assert _status_after(urls["plaintext"], 3) == 503
+        for name in ("wrong token", "no client certificate", "plaintext"):
+            assert _status_after(urls[name], 3) == 503, name
+            time.sleep(1.5)  # a few probe intervals: the cause is said once, however often it is seen
+            status, body = _health(urls[name])
+            assert status == 503 and f"{address}: " in body, (name, body)
+            marker = f"replica {address} cannot be used: "
+            causes = [line.split(marker, 1)[1].strip() for line in gateways[name].lines if marker in line]
+            assert causes and len(causes) == len(set(causes)), (name, causes)
+        assert "token" in _health(urls["wrong token"])[1]
     finally:
         for gateway in gateways.values():
             gateway.stop()
@@ -100,3 +123,32 @@ def test_a_certificate_without_its_key_is_refused_at_start() -> None:
         ReplicaConfig(tls_cert=Path("cert.pem"))
     with pytest.raises(ValueError, match="needs --replica-tls-ca"):
         GatewayConfig(replicas=("a:1",), replica_tls_cert=Path("c.pem"), replica_tls_key=Path("k.pem"))
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "127.0.0.2:50051", "localhost:50051", "[::1]:50051", "unix:/r.sock"])
+def test_a_replica_on_loopback_needs_no_token(listen: str) -> None:
+    from bouquet.config import ReplicaConfig
+
+    assert ReplicaConfig(listen=listen).token is None
+
+
+def test_a_replica_beyond_loopback_without_a_token_is_refused_unless_insecure() -> None:
+    from bouquet.config import ReplicaConfig
+
+    for listen in ("0.0.0.0:50051", "10.0.0.7:50051", "[::]:50051"):
+        with pytest.raises(ValueError, match=r"\$BOUQUET_REPLICA_TOKEN.*--insecure"):
+            ReplicaConfig(listen=listen)
+        assert ReplicaConfig(listen=listen, token="secret").token == "secret"
+        assert ReplicaConfig(listen=listen, insecure=True).insecure
+
+
+@pytest.mark.process
+def test_the_refusal_is_one_line_at_start_not_a_traceback() -> None:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "BOUQUET_REPLICA_TOKEN"}
+    command = [sys.executable, "-m", "bouquet.cli", "replica", "--listen", "0.0.0.0:0", "--device", "cpu"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "--insecure" in result.stderr, result.stderr

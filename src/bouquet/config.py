@@ -280,6 +280,10 @@ class ReplicaConfig:
     drain_seconds: float = flag(60.0, help="after SIGTERM, time to finish the work in hand")
     # $BOUQUET_REPLICA_TOKEN only (argv shows in `ps`): Embed and Info need it from the gateway; None: open.
     token: str | None = None
+    insecure: bool = flag(
+        False, help="serve Embed and Info beyond loopback without $BOUQUET_REPLICA_TOKEN: anyone who reaches the "
+        "port may use them (refused otherwise)",
+    )  # fmt: skip
     tls_cert: Path | None = flag(None, help="PEM certificate: serve gRPC over TLS (with --tls-key)")
     tls_key: Path | None = flag(None, help="PEM private key of --tls-cert")
     tls_client_ca: Path | None = flag(None, help="PEM CA: gateways must present a certificate it signed (mutual TLS)")
@@ -295,6 +299,22 @@ class ReplicaConfig:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        if not self.token and not self.insecure and not listens_locally(self.listen):
+            # Refused rather than warned: a warning scrolls away, while an open port is a free embedding service
+            # (and its Info hands out the model's tokenizer) to whatever else is on the network.
+            raise ValueError(
+                f"listening on {self.listen}, beyond loopback, without $BOUQUET_REPLICA_TOKEN: anyone who reaches the "
+                "port could embed with this replica. Set $BOUQUET_REPLICA_TOKEN here and on the gateways, or pass "
+                "--insecure on a network you trust"
+            )
+
+
+def listens_locally(listen: str) -> bool:
+    """A Unix socket, or a loopback address: only this host can connect."""
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -355,7 +375,9 @@ class GatewayConfig:
     request_timeout: float = flag(120.0, help="seconds a chunk may take at a replica")
     probe_interval: float = flag(0.5, help="seconds between probes of a replica that is down")
     tokenizer_threads: int = flag(2, help="tokenizer threads a process")
-    drain_seconds: float = flag(30.0, help="after SIGTERM, time to finish the requests in flight")
+    drain_seconds: float = flag(
+        30.0, help="after SIGTERM, time to finish the requests in flight; what is left then is answered 503"
+    )
     # Each HTTP connection's bounds, per gateway process; why these defaults: gateway/http/protocol.py.
     max_connections: int = flag(
         10_000, help="open HTTP connections a process; at it the oldest idle one is closed, or a new one refused 503"

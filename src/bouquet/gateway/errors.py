@@ -107,7 +107,7 @@ def tei_error(error: ApiError) -> tuple[int, str]:
         return 422, "Validation"  # a body without a required field is one of the wrong shape (axum's 422)
     if error.code == "wrong_task":
         return 424, "Backend"  # TEI: "model is not a re-ranker model" and the like
-    if isinstance(error, Unavailable) and error.code == "no_healthy_replica":
+    if isinstance(error, Unavailable) and error.code in ("no_healthy_replica", "shutting_down"):
         return 503, "Unhealthy"
     if isinstance(error, Unavailable):
         return 424, "Backend"
@@ -118,3 +118,13 @@ def tei_error(error: ApiError) -> tuple[int, str]:
     if isinstance(error, InvalidRequest) and error.status == 400 and error.code not in _UNREADABLE_BODY:
         return 413, "Validation"  # TEI's Validation: a bad dimensions or prompt_name, an id out of the vocabulary
     return error.status, "Validation" if error.status in (400, 413, 422) else error.type
+
+
+def shutting_down() -> Unavailable:
+    """What a request still unanswered when the gateway's drain ends gets: a 503 its client retries (on another
+    gateway, behind a balancer), never the 500 the server's own cancellation would answer."""
+    return Unavailable(
+        "the gateway is shutting down before this request could be answered; retry it",
+        "shutting_down",
+        headers={"Retry-After": "1", "Connection": "close"},
+    )

@@ -54,6 +54,9 @@ class Service:
             self.pool.tokens_per_second, self._admission_floor,
         )  # fmt: skip
         self._trimmer: asyncio.Future[None] | None = None
+        self.draining = False
+        self.drain_ended = False
+        self.work: set[asyncio.Future[Any]] = set()  # the requests' work in hand (http/endpoint.py)
 
     def start(self) -> None:
         """On the serving event loop: the replicas' probes and discovery, and the idle memory trim."""
@@ -61,6 +64,20 @@ class Service:
         self._trimmer = asyncio.ensure_future(
             trim_when_idle(lambda: self.admission.requests, lambda: self.admission.answered)
         )
+
+    def begin_drain(self, seconds: float) -> None:
+        """SIGTERM: the work in hand, queued or computing, goes on for `seconds`; then what is left is cancelled and
+        answered 503 with Retry-After, before the server cancels its own tasks (answered 500) and before the
+        replicas' channels close (`close`, once every request is answered)."""
+        if self.draining:
+            return
+        self.draining = True
+        asyncio.get_running_loop().call_later(seconds, self._end_drain)
+
+    def _end_drain(self) -> None:
+        self.drain_ended = True
+        for work in list(self.work):
+            work.cancel()
 
     async def close(self) -> None:
         if self._trimmer is not None:

@@ -160,7 +160,7 @@ async def _decode(service: Service, request: Request) -> Response:
 
 async def _info(service: Service, request: Request) -> Response:
     if not service.catalog.ordered:
-        raise Unavailable("no replica has reported its model yet", "no_healthy_replica")
+        raise Unavailable(f"no replica has reported its model yet{_why(service)}", "no_healthy_replica")
     model = service.catalog.get(request.query_params.get("model"))
     c = service.config
     return json_response({
@@ -189,7 +189,7 @@ def _model_type(model: ServedModel) -> dict[str, Any]:
 
 async def health(service: Service, request: Request) -> Response:
     if not service.pool.any_healthy():
-        raise Unavailable("no replica is healthy", "no_healthy_replica")
+        raise Unavailable(f"no replica is healthy{_why(service)}", "no_healthy_replica")
     return json_response({"status": "ok", "unix": time.time()})  # Infinity's clock field
 
 
@@ -280,3 +280,9 @@ def parse_embed_all(body: dict[str, Any], strict: bool = True) -> EmbedJob:
 
 def _entries(indices: Any, values: Any) -> list[dict[str, float | int]]:
     return [{"index": index, "value": value} for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
+
+
+def _why(service: Service) -> str:
+    """Why the replicas cannot be used, as the gateway last saw it (also in its log, once per replica and cause)."""
+    causes = service.pool.unusable()
+    return "; " + "; ".join(f"{address}: {cause}" for address, cause in sorted(causes.items())) if causes else ""

@@ -24,6 +24,7 @@ from bouquet.gateway.errors import (
     InvalidRequest,
     NotFound,
     Unauthorized,
+    shutting_down,
 )
 from bouquet.gateway.http import request_ids
 from bouquet.gateway.http.body import refuse_unread
@@ -61,6 +62,11 @@ def endpoint(
                 response = await handler(service, request)
         except ApiError as error:
             response = answer_error(error)
+        except asyncio.CancelledError:
+            if not service.draining:
+                raise
+            # The server's own end of the drain cancels what is left, and would answer 500: answer 503 instead.
+            response = answer_error(shutting_down())
         except Exception:
             logger.exception("%s failed (request %s)", route, request_ids.current.get())
             response = answer_error(InternalError("internal error; see the gateway's log", "internal_error"))
@@ -101,14 +107,23 @@ async def openai_errors(answer: Awaitable[Response]) -> Response:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
-    """Runs `work`, cancelling it if the client goes away first: its gRPC calls are cancelled with it, so the
-    replicas drop the chunks still queued instead of computing rows nobody will read."""
+    """Runs `work`, cancelling it if the client goes away first (its gRPC calls are cancelled with it, so the
+    replicas drop the chunks still queued instead of computing rows nobody will read). The service cancels it
+    when the gateway's drain ends first: then the client is told to retry (503)."""
+    service: Service = request.app.state.service
     task = asyncio.ensure_future(work)
+    service.work.add(task)
+    task.add_done_callback(service.work.discard)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
+    if task.cancelled() and service.drain_ended:
+        raise shutting_down()
     if not task.done():
         task.cancel()
         raise ClientClosed("the client closed the connection before the embeddings were ready", "client_closed")

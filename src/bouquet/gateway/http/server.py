@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -22,21 +24,36 @@ from bouquet.gateway.app import create_app
 from bouquet.gateway.http.protocol import ConnectionLimits, bounded_protocol, connection_cap
 from bouquet.processes import serve_lock
 
+# After the drain, the seconds the 503s answering the work left have to go out before the server cancels them.
+_ANSWER_SECONDS = 2
+
 
 def uvicorn_config(app: Starlette, config: GatewayConfig, **overrides: Any) -> uvicorn.Config:
     """How a gateway serves `app`: each connection bounded (protocol.py), no access log, no Server or Date
-    header, drained in `drain_seconds`; `overrides` are uvicorn's (tests: the lifespan run by the caller, the
-    process's logging left alone)."""
+    header, drained in `drain_seconds` (then the service answers what is left 503, and the server cancels what is
+    still left `_ANSWER_SECONDS` later: uvicorn answers those 500); `overrides` are uvicorn's (tests: the lifespan
+    run by the caller, the process's logging left alone)."""
     protocol = bounded_protocol(connection_cap(ConnectionLimits.of(config)), app.state.service.metrics)
     return uvicorn.Config(
         app, **{"http": protocol, "ws": "none", "lifespan": "on", "access_log": False, "log_level": "warning",
-        "timeout_graceful_shutdown": int(config.drain_seconds), "server_header": False, "date_header": False,
+        "timeout_graceful_shutdown": math.ceil(config.drain_seconds) + _ANSWER_SECONDS, "server_header": False,
+        "date_header": False,
         **overrides},
     )  # fmt: skip
 
 
 class _Server(uvicorn.Server):
-    """uvicorn re-raises a captured SIGTERM after its graceful shutdown; a drained gateway exits 0 instead."""
+    """uvicorn re-raises a captured SIGTERM after its graceful shutdown; a drained gateway exits 0 instead. The
+    first SIGTERM or SIGINT also starts the service's drain (`on_exit`)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self._on_exit()
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -61,7 +78,8 @@ async def serve_gateway(config: GatewayConfig) -> int:
     app = create_app(config)
     # httptools with every connection bounded (protocol.py); no WebSocket route, so no upgrade either.
     sock = bind_socket(config.host, config.port)
-    server = _Server(uvicorn_config(app, config))
+    service = app.state.service
+    server = _Server(uvicorn_config(app, config), lambda: service.begin_drain(config.drain_seconds))
     port = sock.getsockname()[1]
     serve_lock.hold_while_alive()  # serve's replicas, orphaned, serve this process until it has exited
     # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).

@@ -37,7 +37,7 @@ from bouquet.encodings import Encoding
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
-from bouquet.gateway.replicas.replica import Replica
+from bouquet.gateway.replicas.replica import Replica, unusable_cause
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import embed_request, response_rows, response_sparse_rows
 from bouquet.sparse_rows import SparseRows
@@ -303,6 +303,9 @@ class ReplicaPool:
         return replica.outstanding_tokens + tokens <= window
 
     def _set_healthy(self, replica: Replica, healthy: bool) -> None:
+        if healthy:
+            replica.problem = None
+            replica.problems_said.clear()  # said again if it comes back
         if replica.healthy != healthy:
             # A replica going down is worth an operator's attention; one coming up is routine.
             log = logger.info if healthy else logger.warning
@@ -323,14 +326,32 @@ class ReplicaPool:
     async def _watch(self, replica: Replica) -> None:
         """Follows the replica's health stream; when it breaks, marks the replica down and reconnects."""
         while True:
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
                 async for reply in replica.health.Watch(request):
                     if reply.status == _SERVING:
                         await self._discover(replica)  # a restarted replica may serve another model
                     self._set_healthy(replica, reply.status == _SERVING)
+            except grpc.aio.AioRpcError as error:
+                self._unusable(replica, unusable_cause(error))
             self._set_healthy(replica, False)
             await asyncio.sleep(self._probe_interval)
+
+    def _unusable(self, replica: Replica, cause: str) -> None:
+        """Says why a replica cannot be used, once per replica and cause: a wrong token or a TLS mismatch would
+        otherwise show only as 503s, with nothing in the log at the default level."""
+        if cause not in replica.problems_said:
+            logger.warning("replica %s cannot be used: %s", replica.address, cause)
+            replica.problems_said.add(cause)
+        replica.problem = cause
+
+    def unusable(self) -> dict[str, str]:
+        """Each replica that is not serving, and why as far as the gateway knows."""
+        return {
+            replica.address: replica.problem or "not serving yet"
+            for replica in self.replicas
+            if not replica.healthy and not replica.retired
+        }
 
     def _mark_down(self, replica: Replica) -> None:
         self._set_healthy(replica, False)
@@ -344,12 +365,14 @@ class ReplicaPool:
         try:
             while not replica.healthy:
                 await asyncio.sleep(self._probe_interval)
-                with contextlib.suppress(grpc.aio.AioRpcError):
+                try:
                     request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
                     reply = await replica.health.Check(request, timeout=2)
                     if reply.status == _SERVING:
                         await self._discover(replica)
                         self._set_healthy(replica, True)
+                except grpc.aio.AioRpcError as error:
+                    self._unusable(replica, unusable_cause(error))
         finally:
             replica.probing = False
 

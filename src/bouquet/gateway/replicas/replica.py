@@ -80,6 +80,8 @@ class Replica:
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.model: ServedModel | None = None  # known once Info has answered
         self.healthy = False
+        self.problem: str | None = None  # why it cannot be used, as last seen (pool.unusable_cause)
+        self.problems_said: set[str] = set()  # the causes logged since it last served
         self.outstanding_tokens = 0  # sent and not yet answered
         self.rate = ServiceRate()
         self.probing = False
@@ -114,3 +116,21 @@ class Replica:
         """How long `tokens` more should take here, queue included; None while its speed is unknown."""
         rate = self.rate.tokens_per_second
         return None if rate is None else (self.outstanding_tokens + tokens) / rate
+
+
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
+
+
+def unusable_cause(error: grpc.aio.AioRpcError) -> str:
+    """What an operator should check, from a failed health watch or Info call."""
+    code, details = error.code(), (error.details() or "").strip()
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return f"it refused the gateway's token ({details}): give the gateway its replicas' $BOUQUET_REPLICA_TOKEN"
+    if code is grpc.StatusCode.UNAVAILABLE and any(word in details.lower() for word in _TLS_WORDS):
+        return (
+            f"the TLS handshake failed ({details}): check --replica-tls-ca, the client certificate and that the "
+            "replica's certificate names the address dialled"
+        )
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return f"unreachable ({details}); if it serves TLS, give the gateway --replica-tls-ca"
+    return f"{code.name} ({details})"
