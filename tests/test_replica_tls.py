@@ -4,8 +4,10 @@ certificate is served; one without a client certificate, or speaking plaintext, 
 
 from __future__ import annotations
 
+import http.client
 import json
 import shutil
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -41,6 +43,7 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
              "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test-ca")  # fmt: skip
     _signed(directory, "replica", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
     _signed(directory, "gateway", "extendedKeyUsage=clientAuth\n")
+    _signed(directory, "named", "subjectAltName=DNS:replica.bouquet.test\nextendedKeyUsage=serverAuth\n")
     return directory
 
 
@@ -110,6 +113,45 @@ def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certifica
             causes = [line.split(marker, 1)[1].strip() for line in gateways[name].lines if marker in line]
             assert causes and len(causes) == len(set(causes)), (name, causes)
         assert "token" in _health(urls["wrong token"])[1]
+    finally:
+        for gateway in gateways.values():
+            gateway.stop()
+        replica.stop()
+
+
+@pytest.mark.process
+def test_a_certificate_for_a_name_and_metrics_over_https(certificates: Path) -> None:
+    """Replicas found by DNS are dialled by their pods' addresses, while their certificates carry a name: with
+    --replica-tls-server-name the gateway checks that name (served), without it the address (refused, and said
+    why). The replica's metrics port serves HTTPS with the same certificate: no plain HTTP beside TLS gRPC."""
+    c = certificates
+    port, metrics_port = free_port(), free_port()
+    replica = start_replica(
+        port, "--dtype", "float32", "--tls-cert", str(c / "named.pem"), "--tls-key", str(c / "named.key"),
+        "--metrics-port", str(metrics_port), prefix=_with_token("right"),
+    )  # fmt: skip
+    address, trusted = f"127.0.0.1:{port}", ["--replica-tls-ca", str(c / "ca.pem")]
+    named = ["--replica-tls-server-name", "replica.bouquet.test"]
+    gateways = {
+        "named": start_gateway(free_port(), [address], *trusted, *named, prefix=_with_token("right")),
+        "by address": start_gateway(free_port(), [address], *trusted, prefix=_with_token("right")),
+    }
+    try:
+        replica.wait_ready()
+        urls = {}
+        for name, gateway in gateways.items():
+            gateway.wait_ready()
+            urls[name] = f"http://127.0.0.1:{gateway.process.args[gateway.process.args.index('--port') + 1]}"
+        assert _status_after(urls["named"], 30) == 200
+        assert _status_after(urls["by address"], 3) == 503
+        status, body = _health(urls["by address"])
+        assert status == 503 and "TLS handshake failed" in body, body
+        context = ssl.create_default_context(cafile=str(c / "ca.pem"))
+        context.check_hostname = False  # dialled by address, as Prometheus scrapes a pod; the chain is still verified
+        with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", context=context, timeout=10) as reply:
+            assert reply.status == 200 and b"bouquet_" in reply.read()
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
     finally:
         for gateway in gateways.values():
             gateway.stop()

@@ -276,7 +276,10 @@ class ReplicaConfig:
     """The process around the scheduler: where it listens and how long it drains."""
 
     listen: str = flag("127.0.0.1:50051", help="HOST:PORT for gRPC (port 0: any free port), or unix:PATH")
-    metrics_port: int | None = flag(None, help="serve Prometheus /metrics over HTTP on this port (default: none)")
+    metrics_port: int | None = flag(
+        None, help="serve Prometheus /metrics on this port (default: none); over HTTPS with --tls-cert, the same "
+        "certificate, and with --tls-client-ca scrapers must present one it signed",
+    )  # fmt: skip
     drain_seconds: float = flag(60.0, help="after SIGTERM, time to finish the work in hand")
     # $BOUQUET_REPLICA_TOKEN only (argv shows in `ps`): Embed and Info need it from the gateway; None: open.
     token: str | None = None
@@ -340,6 +343,10 @@ class GatewayConfig:
     replica_tls_ca: Path | None = flag(None, help="PEM CA: reach replicas over TLS, trusting certificates it signed")
     replica_tls_cert: Path | None = flag(None, help="PEM certificate shown to replicas that ask for one (mutual TLS)")
     replica_tls_key: Path | None = flag(None, help="PEM private key of --replica-tls-cert")
+    replica_tls_server_name: str | None = flag(
+        None, help="the name the replicas' certificates carry, checked instead of the address dialled (replicas "
+        "found by DNS are dialled by their pods' addresses)",
+    )  # fmt: skip
     max_inputs: int = flag(2048, help="inputs a request")
     long_input: str = flag(
         "truncate", help="an input over the model's limit, unless a request says: truncate it, or chunk it (embedded "
@@ -399,6 +406,8 @@ class GatewayConfig:
         check_pair(self.replica_tls_cert, self.replica_tls_key, "gateway TLS to replicas")
         if self.replica_tls_cert is not None and self.replica_tls_ca is None:
             raise ValueError("--replica-tls-cert needs --replica-tls-ca: a client certificate is sent over TLS only")
+        if self.replica_tls_server_name is not None and self.replica_tls_ca is None:
+            raise ValueError("--replica-tls-server-name needs --replica-tls-ca: the name is checked over TLS only")
         if self.workers < 1:
             raise ValueError(f"workers must be positive, got {self.workers}")
         if self.workers > 1 and self.port == 0:

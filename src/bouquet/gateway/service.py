@@ -45,7 +45,8 @@ class Service:
             credentials = channel_credentials(config.replica_tls_ca, config.replica_tls_cert, config.replica_tls_key)
         self.pool = ReplicaPool(
             config.replicas, self.catalog, self.metrics, config.max_attempts, config.request_timeout,
-            config.probe_interval, config.replica_token, credentials=credentials, dns_names=config.replicas_dns,
+            config.probe_interval, config.replica_token, credentials=credentials,
+            server_name=config.replica_tls_server_name, dns_names=config.replicas_dns,
             dns_interval=config.dns_interval,
         )  # fmt: skip
         self.admission = Admission(

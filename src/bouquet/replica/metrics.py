@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _TOKEN_BUCKETS = tuple(float(2**i) for i in range(4, 17))  # 16 .. 65536
@@ -38,7 +41,23 @@ class ReplicaMetrics:
         """One sample's current value (0 when never set), e.g. value("bouquet_batch_tokens_count")."""
         return self.registry.get_sample_value(name, labels or {}) or 0.0
 
-    def serve_http(self, port: int, addr: str) -> None:
+    def serve_http(self, port: int, addr: str, tls: TlsFiles | None = None) -> None:
         """Exposes /metrics for Prometheus on a daemon thread, on `addr` (the replica's own listen host, so a
-        replica bound to loopback does not publish its metrics to the network)."""
-        start_http_server(port, addr=addr, registry=self.registry)
+        replica bound to loopback does not publish its metrics to the network); over HTTPS with the replica's own
+        certificate when it serves gRPC over TLS (a scraper then trusts its CA), asking scrapers for a certificate
+        its client CA signed when it has one."""
+        if tls is None:
+            start_http_server(port, addr=addr, registry=self.registry)
+            return
+        start_http_server(
+            port, addr=addr, registry=self.registry, certfile=str(tls.cert), keyfile=str(tls.key),
+            client_cafile=None if tls.client_ca is None else str(tls.client_ca),
+            client_auth_required=tls.client_ca is not None,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None

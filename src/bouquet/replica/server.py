@@ -26,7 +26,7 @@ from bouquet.encodings import Encoding, encode_rows
 from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
-from bouquet.replica.metrics import ReplicaMetrics
+from bouquet.replica.metrics import ReplicaMetrics, TlsFiles
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
 from bouquet.sparse_rows import sparsify
@@ -294,7 +294,12 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     drain = config.drain_seconds
     loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop, drain)))
     if config.metrics_port is not None:
-        replica.metrics.serve_http(config.metrics_port, listen_host(config.listen))
+        tls = (
+            None
+            if config.tls_cert is None or config.tls_key is None
+            else TlsFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
+        )
+        replica.metrics.serve_http(config.metrics_port, listen_host(config.listen), tls)
     await replica.start()
     try:
         engine = await asyncio.to_thread(Engine, engine_config)

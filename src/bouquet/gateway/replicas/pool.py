@@ -74,11 +74,12 @@ class ReplicaPool:
         token: str | None = None,
         window_seconds: float = 0.25,
         credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
         dns_names: tuple[str, ...] = (),
         dns_interval: float = 2.0,
     ):
-        self._credentials = credentials
-        self.replicas = [Replica(address, credentials) for address in addresses]
+        self._credentials, self._server_name = credentials, server_name
+        self.replicas = [Replica(address, credentials, server_name) for address in addresses]
         self._dns_names = dns_names  # NAME:PORT each
         self._dns_interval = dns_interval
         self._dns_members: dict[str, set[str]] = {}  # per NAME:PORT, the addresses it gave last
@@ -129,7 +130,7 @@ class ReplicaPool:
         for address in sorted(addresses - known):
             if address not in current:
                 logger.info("replica %s appeared in %s", address, target)
-                replica = Replica(address, self._credentials)
+                replica = Replica(address, self._credentials, self._server_name)
                 self.replicas.append(replica)
                 replica.watch = self._spawn(self._watch(replica))
         for address in sorted(known - addresses):

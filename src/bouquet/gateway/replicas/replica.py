@@ -70,12 +70,16 @@ class ServiceRate:
 
 
 class Replica:
-    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None):
+    def __init__(
+        self, address: str, credentials: grpc.ChannelCredentials | None = None, server_name: str | None = None
+    ):
+        """`server_name`: the name its certificate must carry, instead of `address` (a pod's IP, found by DNS)."""
         self.address = address
         if credentials is None:
             self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         else:
-            self.channel = grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+            named = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+            self.channel = grpc.aio.secure_channel(address, credentials, options=[*CHANNEL_OPTIONS, *named])
         self.stub = embedding_pb2_grpc.EmbeddingStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.model: ServedModel | None = None  # known once Info has answered
