@@ -230,6 +230,37 @@ def test_a_body_shorter_than_its_content_length_gets_408(gateway: tuple[str, int
     assert closed_count(url, "body_timeout") == before + 1
 
 
+def test_a_body_trickled_a_byte_at_a_time_gets_408(gateway: tuple[str, int]) -> None:
+    """A byte every 0.3 s never lets the pause between bytes reach the body timeout; the whole body's deadline (the
+    timeout plus a second per 1,000 bytes) cuts it instead, within a few seconds rather than the hours it would
+    take to send."""
+    url, port = gateway
+    before = closed_count(url, "body_too_slow")
+    with good_requests(url):
+        sock = connect(port)
+        head = "POST /v1/embeddings HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: 100000\r\n\r\n".encode())
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(0.3):
+                try:
+                    sock.send(b" ")
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            raw, seconds = until_closed(sock)
+        finally:
+            stop.set()
+            sender.join()
+    headers = assert_error(raw, 408, "request_timeout")
+    assert headers["connection"] == "close" and seconds < TIMEOUT + MARGIN
+    assert closed_count(url, "body_too_slow") == before + 1
+
+
 def test_a_body_left_unread_by_an_answered_route_is_cut(gateway: tuple[str, int]) -> None:
     url, port = gateway
     before = closed_count(url, "body_timeout")

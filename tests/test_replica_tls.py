@@ -145,7 +145,7 @@ def test_a_certificate_for_a_name_and_metrics_over_https(certificates: Path) -> 
         assert _status_after(urls["named"], 30) == 200
         assert _status_after(urls["by address"], 3) == 503
         status, body = _health(urls["by address"])
-        assert status == 503 and "TLS handshake failed" in body, body
+        assert status == 503 and "TLS handshake failed" in body and "--replica-tls-server-name" in body, body
         context = ssl.create_default_context(cafile=str(c / "ca.pem"))
         context.check_hostname = False  # dialled by address, as Prometheus scrapes a pod; the chain is still verified
         with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", context=context, timeout=10) as reply:

@@ -392,6 +392,10 @@ class GatewayConfig:
     max_header_bytes: int = flag(16 * 1024, help="request line and headers; more is 431")
     header_timeout: float = flag(30.0, help="seconds for a request's headers from their first byte; then 408")
     body_timeout: float = flag(30.0, help="seconds a request body may go without a byte; then 408")
+    body_min_rate: int = flag(
+        1000, help="bytes a second a request body must average once it has had --body-timeout seconds; then 408 (a "
+        "body trickled a byte at a time is cut, an honest slow upload is not)",
+    )  # fmt: skip
     idle_timeout: float = flag(75.0, help="seconds a connection may stay with no request in progress, a new one too")
     # More than one: this process supervises them, each given this config whole (gateway/http/server.py).
     workers: int = flag(1, help="gateway processes sharing the port")
@@ -414,7 +418,7 @@ class GatewayConfig:
             raise ValueError("workers share one port: give --port a fixed port, not 0")
         for name in (
             "max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts",
-            "max_connections", "max_header_bytes", "max_concurrent_requests",
+            "max_connections", "max_header_bytes", "max_concurrent_requests", "body_min_rate",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -52,12 +52,27 @@ async def read_json(service: Service, request: Request) -> dict[str, Any]:
 
 
 async def _read_body(service: Service, request: Request, limit: int) -> bytearray:
+    """The whole body. Besides the pause between its bytes (`_next_piece`), the whole body has a deadline that
+    grows with what has arrived: `body_timeout` plus a second per `body_min_rate` bytes (Apache's
+    mod_reqtimeout MinRate), so a client trickling a byte a second cannot hold a request open for hours."""
     body = bytearray()
-    async with aclosing(request.stream()) as pieces:
-        while (piece := await _next_piece(service, pieces)) is not None:
-            body += piece
-            if len(body) > limit:
-                raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+    config = service.config
+    started = asyncio.get_running_loop().time()
+    try:
+        async with aclosing(request.stream()) as pieces, asyncio.timeout(config.body_timeout) as whole:
+            while (piece := await _next_piece(service, pieces)) is not None:
+                body += piece
+                if len(body) > limit:
+                    raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
+                whole.reschedule(started + config.body_timeout + len(body) / config.body_min_rate)
+    except TimeoutError:
+        service.metrics.connections_closed.labels("body_too_slow").inc()
+        raise RequestTimeout(
+            f"the body came slower than {config.body_min_rate} bytes a second ({len(body)} bytes in "
+            f"{asyncio.get_running_loop().time() - started:.0f} s)",
+            "request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     return body
 
 

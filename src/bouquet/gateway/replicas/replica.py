@@ -122,7 +122,7 @@ class Replica:
         return None if rate is None else (self.outstanding_tokens + tokens) / rate
 
 
-_TLS_WORDS = ("ssl", "tls", "handshake", "certificate")
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate", "verification")
 
 
 def unusable_cause(error: grpc.aio.AioRpcError) -> str:
@@ -130,6 +130,11 @@ def unusable_cause(error: grpc.aio.AioRpcError) -> str:
     code, details = error.code(), (error.details() or "").strip()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return f"it refused the gateway's token ({details}): give the gateway its replicas' $BOUQUET_REPLICA_TOKEN"
+    if code is grpc.StatusCode.UNAVAILABLE and "hostname" in details.lower():
+        return (
+            f"the TLS handshake failed ({details}): its certificate does not name the address dialled; give the "
+            "gateway the name it carries (--replica-tls-server-name)"
+        )
     if code is grpc.StatusCode.UNAVAILABLE and any(word in details.lower() for word in _TLS_WORDS):
         return (
             f"the TLS handshake failed ({details}): check --replica-tls-ca, the client certificate and that the "
