@@ -23,6 +23,7 @@ class RowOptions:
     raw_spans: bool = False  # span rows are token states as the model outputs them: no Dense modules
     encoding: Encoding = Encoding.FLOAT32  # how the finished rows travel back (bouquet/encodings.py)
     sparse: bool = False  # each sequence's row is the model's sparse row (vocabulary wide), not its embedding
+    token_vectors: bool = False  # span rows go through the model's multi-vector (ColBERT) projection, not Dense
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ class Batch:
     cu_spans[i + 1]], each a (start, end) pair of token offsets within the sequence, pooled by the mean of its
     tokens. A sequence with spans gives one row per span, in order; one without gives one row, pooled as the
     model pools. `raw_spans[i]`: sequence i's span rows skip the model's Dense modules (token states).
+    `token_vectors[i]`: sequence i's span rows go through the model's multi-vector projection instead (ColBERT's
+    per-token vectors; docs/late-interaction.md).
+
+    `key_lens[i]` (optional): only the first key_lens[i] tokens of sequence i are attended to; the tokens after
+    them attend to those but no token attends to them (ColBERT's query expansion tokens, as PyLate and Stanford's
+    ColBERT mask them). None: every token is a key.
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -51,6 +58,8 @@ class Batch:
     span_bounds: np.ndarray | None = None  # [S, 2] int32 (start, end) within the sequence; set with cu_spans
     raw_spans: np.ndarray | None = None  # [B] bool; set with cu_spans
     sparse: np.ndarray | None = None  # [B] bool; None: no sequence asks for its sparse row
+    token_vectors: np.ndarray | None = None  # [B] bool; set with cu_spans
+    key_lens: np.ndarray | None = None  # [B] int32, 1 <= key_lens[i] <= its length; None: every token is a key
 
     @classmethod
     def pack(
@@ -59,6 +68,7 @@ class Batch:
         options: RowOptions = RowOptions(),
         token_type_ids: Sequence[Sequence[int]] | None = None,
         spans: Sequence[Sequence[tuple[int, int]]] | None = None,  # per sequence, (start, end) pairs; may be empty
+        key_lens: Sequence[int] | None = None,
     ) -> Batch:
         """The one place sequences of token ids are laid end to end."""
         lengths = np.fromiter(map(len, sequences), dtype=np.int32, count=len(sequences))
@@ -66,14 +76,18 @@ class Batch:
         np.cumsum(lengths, out=cu_seqlens[1:])
         types = None if token_type_ids is None else _flatten(token_type_ids, int(cu_seqlens[-1]))
         batch = cls.from_packed(_flatten(sequences, int(cu_seqlens[-1])), cu_seqlens, options, types)
+        if key_lens is not None:
+            batch = replace(batch, key_lens=np.asarray(key_lens, dtype=np.int32))
         if spans is None:
             return batch
         counts = np.fromiter(map(len, spans), dtype=np.int32, count=len(spans))
         cu_spans = np.concatenate([np.zeros(1, np.int32), np.cumsum(counts, dtype=np.int32)])
         bounds = np.array([bound for pairs in spans for bound in pairs], dtype=np.int32).reshape(-1, 2)
-        return batch.with_spans(cu_spans, bounds, options.raw_spans)
+        return batch.with_spans(cu_spans, bounds, options.raw_spans, options.token_vectors)
 
-    def with_spans(self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False) -> Batch:
+    def with_spans(
+        self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False, token_vectors: bool = False
+    ) -> Batch:
         """This batch with pooling spans: `cu_spans` [B + 1] and `span_bounds` [S, 2], as the class describes."""
         assert len(cu_spans) == self.num_seqs + 1 and len(span_bounds) == cu_spans[-1], "spans do not fit the batch"
         return replace(
@@ -81,6 +95,7 @@ class Batch:
             cu_spans=np.asarray(cu_spans, dtype=np.int32),
             span_bounds=np.asarray(span_bounds, dtype=np.int32).reshape(-1, 2),
             raw_spans=np.full(self.num_seqs, raw, dtype=bool),
+            token_vectors=np.full(self.num_seqs, token_vectors, dtype=bool),
         )
 
     @classmethod
@@ -131,15 +146,20 @@ class Batch:
         """The options all its sequences share; a batch mixing several has none to send as one request."""
         raw = self.raw_spans is not None and bool(self.raw_spans[0])
         sparse = self.sparse is not None and bool(self.sparse[0])
+        vectors = self.token_vectors is not None and bool(self.token_vectors[0])
         first = (int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
-        options = RowOptions(*first, raw_spans=raw, encoding=Encoding(self.encodings[0]), sparse=sparse)
+        options = RowOptions(
+            *first, raw_spans=raw, encoding=Encoding(self.encodings[0]), sparse=sparse, token_vectors=vectors
+        )
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
         mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
+        mixed = mixed or (self.token_vectors is not None and (self.token_vectors != vectors).any())
         mixed = mixed or (self.encodings != options.encoding).any()
         mixed = mixed or (self.sparse is not None and (self.sparse != sparse).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
             raise ValueError(
-                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, encodings or sparse"
+                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, token_vectors, encodings or "
+                "sparse"
             )
         return options
 
@@ -165,6 +185,7 @@ class Batch:
             encodings=self.encodings[start:stop],
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
             sparse=None if self.sparse is None else self.sparse[start:stop],
+            key_lens=None if self.key_lens is None else self.key_lens[start:stop],
             **self._span_slice(start, stop),
         )
 
@@ -176,6 +197,7 @@ class Batch:
             "cu_spans": self.cu_spans[start : stop + 1] - first,
             "span_bounds": self.span_bounds[first:last],
             "raw_spans": self.raw_spans[start:stop],
+            "token_vectors": _flags(self.token_vectors, self.num_seqs)[start:stop],
         }
 
     @staticmethod
@@ -197,6 +219,7 @@ class Batch:
             encodings=np.concatenate([batch.encodings for batch in batches]),
             token_type_ids=token_type_ids,
             sparse=_concat_sparse(batches),
+            key_lens=_concat_key_lens(batches),
             **_concat_spans(batches),
         )
 
@@ -225,10 +248,20 @@ def _concat_spans(batches: Sequence[Batch]) -> dict[str, np.ndarray]:
     return {
         "cu_spans": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
         "span_bounds": np.concatenate([no_bounds if b.span_bounds is None else b.span_bounds for b in batches]),
-        "raw_spans": np.concatenate(
-            [np.zeros(b.num_seqs, bool) if b.raw_spans is None else b.raw_spans for b in batches]
-        ),
+        "raw_spans": np.concatenate([_flags(b.raw_spans, b.num_seqs) for b in batches]),
+        "token_vectors": np.concatenate([_flags(b.token_vectors, b.num_seqs) for b in batches]),
     }
+
+
+def _flags(flags: np.ndarray | None, num_seqs: int) -> np.ndarray:  # [B] bool
+    return np.zeros(num_seqs, bool) if flags is None else flags
+
+
+def _concat_key_lens(batches: Sequence[Batch]) -> np.ndarray | None:
+    """The batches' key lengths end to end; a batch without them has every token a key."""
+    if all(batch.key_lens is None for batch in batches):
+        return None
+    return np.concatenate([b.seq_lens if b.key_lens is None else b.key_lens for b in batches], dtype=np.int32)
 
 
 def count_within_budget(cu_seqlens: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:

@@ -8,11 +8,21 @@ head beside the model).
 Sparse rows (a weight per vocabulary entry) come from one of two heads. A SPLADE model (a SparseEncoder: a masked
 LM, then SpladePooling) gives nothing else: its task is "sparse". bge-m3 keeps FlagEmbedding's sparse head in
 `sparse_linear.pt` at the root of its directory, beside the dense model: its task stays "embed" (the dense rows are
-the default) and sparse rows are an extra output a request asks for. Its `colbert_linear.pt` is not read.
+the default) and sparse rows are an extra output a request asks for.
+
+Per-token (ColBERT, "multi-vector") vectors come from a projection of each token's state (`MultiVectorSpec`), in
+one of three layouts: PyLate's (Dense modules after the Transformer, its query and document settings in
+config_sentence_transformers.json; task "multi_vector"), Stanford's `HF_ColBERT` (colbertv2.0,
+answerai-colbert-small: `linear.weight` beside the encoder in one checkpoint, settings in artifact.metadata, read
+as PyLate reads them; task "multi_vector"), and bge-m3's `colbert_linear.pt` beside its dense model (task "embed",
+the token vectors an extra output). docs/late-interaction.md.
 """
 
 from __future__ import annotations
 
+import json
+import string
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +36,7 @@ from bouquet.st_layout import (
     PoolingMethod,
     PoolingSpec,
     SpladeSpec,
+    StLayout,
     find_weights,
     read_json,
     read_optional_json,
@@ -34,8 +45,8 @@ from bouquet.st_layout import (
 )
 
 __all__ = [
-    "DenseSpec", "ModelSpec", "PoolingMethod", "PoolingSpec", "SpladeSpec", "TokenWeightSpec", "num_labels",
-    "read_model_dir",
+    "DenseSpec", "ModelSpec", "MultiVectorSpec", "PoolingMethod", "PoolingSpec", "SpladeSpec", "TokenWeightSpec",
+    "num_labels", "read_model_dir",
 ]  # fmt: skip
 
 # transformers' "no limit" model_max_length (int(1e30)) and anything like it.
@@ -53,6 +64,40 @@ class TokenWeightSpec:
 
     weight_file: Path
     skip_token_ids: tuple[int, ...]  # cls, eos, pad, unk: never weighted
+
+
+COLBERT_LINEAR_FILE = "colbert_linear.pt"
+_STANFORD_METADATA = "artifact.metadata"
+# The encoder class inside an HF_ColBERT checkpoint, by config.json's model_type.
+_HF_COLBERT_ENCODERS = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
+# PyLate's defaults where its config does not say (pylate.models.ColBERT.__init__).
+_PYLATE_DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
+                    "do_query_expansion": True, "attend_to_expansion_tokens": False}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MultiVectorSpec:
+    """How a model gives one vector per token (ColBERT): its projection, then L2 normalisation; and how its
+    queries and documents are laid out, as the model's own library tokenizes them (PyLate's `tokenize`: the prefix
+    id put after the first token, a query padded with the expansion token to `query_length`, a document's
+    skiplist tokens left out)."""
+
+    projection: tuple[DenseSpec, ...]  # applied in order to each token's state
+    source: str = "dense"  # the projection's tensors: "dense" (each module's own files, Dense's names), "model"
+    # (`linear.*` inside the model's checkpoint: HF_ColBERT), "linear" (a bare Linear's file: bge-m3)
+    query_prefix: tuple[int, ...] = ()
+    document_prefix: tuple[int, ...] = ()
+    query_length: int = 0  # 0: the model's limit
+    document_length: int = 0
+    expand_queries: bool = False
+    expansion_id: int = 0
+    attend_to_expansion: bool = False
+    skiplist: tuple[int, ...] = ()
+    skip_leading: int = 0  # leading tokens without a vector (bge-m3: its [CLS])
+
+    @property
+    def dimension(self) -> int:
+        return self.projection[-1].out_features
 
 
 @dataclass(frozen=True)
@@ -74,6 +119,7 @@ class ModelSpec:
     task: str | None = None  # "embed", "score" or "sparse" as sentence-transformers' files say; None: the model class
     score_activation: str = "Identity"  # a score model's: what sentence-transformers' CrossEncoder applies
     sparse: SpladeSpec | TokenWeightSpec | None = None  # how it gives sparse rows (vocab_size wide); None: it does not
+    multi_vector: MultiVectorSpec | None = None  # how it gives per-token (ColBERT) vectors; None: it does not
 
     @property
     def architecture(self) -> str:
@@ -123,6 +169,14 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
     st_config = read_optional_json(root / "config_sentence_transformers.json") or {}
     sbert_config = read_optional_json(transformer / "sentence_bert_config.json") or {}
     hf_config = _as_reranker(hf_config, layout.logit_score, transformer)
+    task = layout.task
+    multi_vector = _multi_vector(root, transformer, layout, hf_config, st_config)
+    max_seq_length = _read_max_seq_length(transformer, hf_config, sbert_config)
+    if multi_vector is not None and hf_config["architectures"][0] == "HF_ColBERT":
+        hf_config, task = _hf_colbert_encoder(hf_config, transformer), "multi_vector"
+    if multi_vector is not None and task == "multi_vector":  # PyLate sets the Transformer's limit per call
+        lengths = [multi_vector.query_length, multi_vector.document_length]
+        max_seq_length = _within_positions(max(lengths), hf_config)
     return ModelSpec(
         path=root,
         name=name or root.name,
@@ -132,14 +186,15 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         pooling=layout.pooling,
         # Without sentence-transformers metadata nothing says; normalised rows are what servers return by default.
         normalize=True if layout.normalize is None else layout.normalize,
-        max_seq_length=_read_max_seq_length(transformer, hf_config, sbert_config),
+        max_seq_length=max_seq_length,
         prompts=dict(st_config.get("prompts") or {}),
         default_prompt_name=st_config.get("default_prompt_name"),
         dense=layout.dense,
         do_lower_case=bool(sbert_config.get("do_lower_case", False)),
-        task=layout.task,
+        task=task,
         score_activation=_score_activation(st_config, hf_config),
         sparse=layout.splade or _token_weights(root, transformer, layout.task),
+        multi_vector=multi_vector,
     )
 
 
@@ -192,6 +247,111 @@ def _token_weights(root: Path, transformer: Path, task: str | None) -> TokenWeig
     if not weight_file.is_file() or task not in (None, "embed"):
         return None
     return TokenWeightSpec(weight_file, _special_token_ids(transformer, _UNWEIGHTED_TOKENS))
+
+
+def _multi_vector(
+    root: Path, transformer: Path, layout: StLayout, hf_config: dict[str, Any], st_config: dict[str, Any]
+) -> MultiVectorSpec | None:
+    """The model's per-token projection and layout, in whichever of the three layouts it has; None: none."""
+    if layout.token_dense:
+        return _pylate(transformer, layout.token_dense, st_config)
+    if hf_config["architectures"][0] == "HF_ColBERT":
+        return _hf_colbert(transformer, hf_config)
+    colbert_linear = root / COLBERT_LINEAR_FILE
+    if colbert_linear.is_file() and layout.task in (None, "embed"):
+        hidden = int(hf_config["hidden_size"])  # FlagEmbedding's colbert_dim -1: the hidden width
+        projection = DenseSpec(hidden, hidden, True, "Identity", False, (colbert_linear,))
+        return MultiVectorSpec((projection,), source="linear", skip_leading=1)
+    return None
+
+
+def _pylate(transformer: Path, token_dense: tuple[DenseSpec, ...], st_config: dict[str, Any]) -> MultiVectorSpec:
+    """PyLate's settings (config_sentence_transformers.json), its defaults where a key is missing."""
+    config = {**_PYLATE_DEFAULTS, **{k: v for k, v in st_config.items() if v is not None}}
+    return _colbert_layout(transformer, token_dense, "dense", config)
+
+
+def _hf_colbert(transformer: Path, hf_config: dict[str, Any]) -> MultiVectorSpec:
+    """Stanford's layout read as PyLate reads it: artifact.metadata's query_maxlen, doc_maxlen,
+    attend_to_mask_tokens and marker tokens ([unused0], [unused1] by default), the projection `linear.weight`."""
+    metadata = read_optional_json(transformer / _STANFORD_METADATA) or {}
+    weight_file = find_weights(transformer)[0]
+    hidden = int(hf_config["hidden_size"])
+    dimension = int(metadata.get("dim") or _safetensors_shape(weight_file, "linear.weight")[0])
+    config = {**_PYLATE_DEFAULTS, "query_prefix": metadata.get("query_token_id", "[unused0]"),
+              "document_prefix": metadata.get("doc_token_id", "[unused1]")}  # fmt: skip
+    for ours, theirs in (("query_length", "query_maxlen"), ("document_length", "doc_maxlen"),
+                         ("attend_to_expansion_tokens", "attend_to_mask_tokens")):  # fmt: skip
+        if metadata.get(theirs) is not None:
+            config[ours] = metadata[theirs]
+    projection = DenseSpec(hidden, dimension, False, "Identity", False, (weight_file,))
+    return _colbert_layout(transformer, (projection,), "model", config)
+
+
+def _colbert_layout(
+    transformer: Path, projection: tuple[DenseSpec, ...], source: str, config: dict[str, Any]
+) -> MultiVectorSpec:
+    vocabulary = Tokenizer.from_file(str(require(transformer / "tokenizer.json")))
+    expansion = _special_token_ids(transformer, ("mask_token",)) or _special_token_ids(transformer, ("eos_token",))
+    expand = bool(config["do_query_expansion"])
+    if expand and not expansion:
+        raise ValueError(f"{transformer}: query expansion needs a mask (or EOS) token, and the tokenizer names none")
+    words = config.get("skiplist_words") or list(string.punctuation)
+    # transformers' convert_tokens_to_ids gives the unknown token's id for a word not in the vocabulary, and
+    # PyLate puts whatever it gives in the skiplist.
+    found = [vocabulary.token_to_id(word) for word in words]
+    skiplist = {token for token in found if token is not None}
+    if None in found:
+        skiplist |= set(_special_token_ids(transformer, ("unk_token",)))
+    return MultiVectorSpec(
+        projection, source,
+        query_prefix=_prefix_ids(vocabulary, config["query_prefix"], transformer),
+        document_prefix=_prefix_ids(vocabulary, config["document_prefix"], transformer),
+        query_length=int(config["query_length"]), document_length=int(config["document_length"]),
+        expand_queries=expand, expansion_id=expansion[0] if expansion else 0,
+        attend_to_expansion=expand and bool(config["attend_to_expansion_tokens"]),
+        skiplist=tuple(sorted(skiplist)),
+    )  # fmt: skip
+
+
+def _prefix_ids(vocabulary: Tokenizer, prefix: str, folder: Path) -> tuple[int, ...]:
+    """A prefix's one token id (PyLate adds "[Q] " and "[D] " to the vocabulary when it saves); "" has none."""
+    if not prefix:
+        return ()
+    token_id = vocabulary.token_to_id(prefix)
+    if token_id is None:
+        raise ValueError(
+            f"{folder / 'tokenizer.json'}: the prefix {prefix!r} is no token (PyLate adds it when it saves)"
+        )
+    return (token_id,)
+
+
+def _hf_colbert_encoder(hf_config: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """HF_ColBERT's config names its wrapper; the encoder inside is its model_type's."""
+    model_type = hf_config.get("model_type", "bert")
+    if model_type not in _HF_COLBERT_ENCODERS:
+        known = ", ".join(_HF_COLBERT_ENCODERS)
+        raise ValueError(
+            f"{folder / 'config.json'}: an HF_ColBERT over {model_type!r} is not supported; supported: {known}"
+        )
+    return {**hf_config, "architectures": [_HF_COLBERT_ENCODERS[model_type]]}
+
+
+def _safetensors_shape(path: Path, name: str) -> list[int]:
+    """A tensor's shape from a safetensors file's JSON header, without torch."""
+    if path.suffix != ".safetensors":
+        raise ValueError(f"{path}: the projection's width is read from a safetensors file, or artifact.metadata's dim")
+    with path.open("rb") as file:
+        (size,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(size))
+    if name not in header:
+        raise ValueError(f"{path}: no {name} (an HF_ColBERT checkpoint holds its projection there)")
+    return list(header[name]["shape"])
+
+
+def _within_positions(length: int, hf_config: dict[str, Any]) -> int:
+    positions = hf_config.get("max_position_embeddings")
+    return min(length, int(positions)) if positions and int(positions) > 0 else length
 
 
 def _special_token_ids(folder: Path, keys: tuple[str, ...]) -> tuple[int, ...]:

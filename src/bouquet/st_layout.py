@@ -3,7 +3,8 @@ sentence-transformers 2.x to 6.x reads them. No torch, so the gateway may use it
 
 Modules are known by their class name whatever the module path a version wrote (`sentence_transformers.models.
 Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
-is Transformer, Pooling, Dense*, Normalize? (a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
+is Transformer, Pooling, Dense*, Normalize? (a ColBERT model saved by PyLate: Transformer, then Dense modules over
+every token's state, task "multi_vector"; a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
 LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling); any other module,
 or these in another order, is refused at start-up with the file and the module named, because skipping one would
 serve different embeddings without a word.
@@ -90,6 +91,7 @@ class StLayout:
     task: str | None = None  # "embed", "score" (a CrossEncoder's), "sparse" (SPLADE); None: no modules.json says
     logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
     splade: SpladeSpec | None = None  # a SparseEncoder's pooling of its masked LM's logits
+    token_dense: tuple[DenseSpec, ...] = ()  # PyLate's Dense modules on every token's state (ColBERT)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class _ModuleParser:
         self.task = "embed"
         self.logit_score: LogitScoreSpec | None = None
         self.splade: SpladeSpec | None = None
+        self.token_dense: list[DenseSpec] = []
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -190,6 +193,9 @@ class _ModuleParser:
             self.task = "score"
         elif kind == "Pooling":
             self.pooling = read_pooling(require(folder / "config.json"))
+        elif kind == "Dense" and self.pooling is None:  # no Pooling before it: PyLate's, on token states
+            self.token_dense.append(read_dense(folder))
+            self.stage, self.task = "TokenDense", "multi_vector"
         elif kind == "Dense":
             self.dense.append(read_dense(folder))
         else:
@@ -201,7 +207,7 @@ class _ModuleParser:
             f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
             f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order "
             "(a CrossEncoder: Transformer alone, or with LogitScore; a SparseEncoder: a fill-mask Transformer, or "
-            "MLMTransformer, then SpladePooling)"
+            "MLMTransformer, then SpladePooling; a PyLate ColBERT model: Transformer, then Dense modules)"
         )
 
     def layout(self) -> StLayout:
@@ -213,7 +219,7 @@ class _ModuleParser:
             raise ValueError(f"{self.modules_file}: a {task} Transformer needs a {following} module after it")
         return StLayout(
             self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score,
-            self.splade,
+            self.splade, tuple(self.token_dense),
         )  # fmt: skip
 
 
@@ -224,7 +230,8 @@ _TRANSFORMERS = {"Transformer": "feature-extraction", "MLMTransformer": "fill-ma
 # Which module may follow which: the pipeline bouquet can run.
 _NEXT_MODULES = {
     "start": tuple(_TRANSFORMERS),
-    "Transformer": ("Pooling",),
+    "Transformer": ("Pooling", "Dense"),  # a Dense right after it projects every token (PyLate's ColBERT)
+    "TokenDense": ("Dense",),
     "CausalTransformer": ("LogitScore",),  # a causal LM's logits, read by LogitScore (a CrossEncoder)
     "MaskedLMTransformer": ("SpladePooling",),  # a masked LM's logits, pooled by SpladePooling (a SparseEncoder)
     "Pooling": ("Dense", "Normalize"),

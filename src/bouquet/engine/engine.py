@@ -33,10 +33,13 @@ from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears, quantize_cpu_linears
 from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
-from bouquet.model_dir import ModelSpec, PoolingSpec, SpladeSpec, read_model_dir
+from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, read_model_dir
 from bouquet.models import create_model
 
 logger = logging.getLogger(__name__)
+
+
+_IN_MODEL_PROJECTION = "linear."  # HF_ColBERT's projection's tensors in the model's own checkpoint
 
 
 def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.Module:
@@ -45,7 +48,10 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
         model = create_model(spec.architecture, spec.hf_config, spec.task)
     except ValueError as exc:  # an architecture or an option of its config that no family file runs
         raise ValueError(f"{spec.weight_files[0].parent / 'config.json'}: {exc}") from exc
-    load_checked(model, model.convert_checkpoint(read_checkpoint(spec.weight_files)))
+    state = read_checkpoint(spec.weight_files)
+    if spec.multi_vector is not None and spec.multi_vector.source == "model":  # HF_ColBERT: its projection's
+        state = {name: tensor for name, tensor in state.items() if not name.startswith(_IN_MODEL_PROJECTION)}
+    load_checked(model, model.convert_checkpoint(state))
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
     for module in model.modules():
@@ -77,7 +83,7 @@ def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pool
     head if it has one; for a score model (a cross-encoder), its classifier on the pooling its family declares;
     for a SPLADE model, its sparse head alone."""
     task = getattr(model, "task", "embed")
-    if spec.task is not None and spec.task != task:
+    if spec.task is not None and spec.task != task and not (spec.task == "multi_vector" and task == "embed"):
         raise ValueError(
             f"{spec.weight_files[0].parent / 'config.json'}: sentence-transformers' files give the task {spec.task!r}, "
             f"but {spec.architecture} computes {task!r}"
@@ -88,13 +94,31 @@ def load_pooler(spec: ModelSpec, model: nn.Module, device: torch.device) -> Pool
     if task == "sparse":
         return Pooler(PoolingSpec(()), spec.hidden_size, sparse_head=sparse_head).to(device).eval()
     pooling = spec.pooling or PoolingSpec((model.default_pooling,))
-    pooler = Pooler(pooling, spec.hidden_size, spec.dense, sparse_head=sparse_head)
+    token_head = () if spec.multi_vector is None else spec.multi_vector.projection
+    pooler = Pooler(pooling, spec.hidden_size, spec.dense, sparse_head=sparse_head, token_head=token_head,
+                    task=spec.task)  # fmt: skip
     for layer, dense in zip(pooler.dense, spec.dense, strict=True):
         try:
             load_checked(layer, read_checkpoint(dense.weight_files))
         except ValueError as exc:
             raise ValueError(f"Dense module {dense.weight_files[0].parent}: {exc}") from exc
+    if spec.multi_vector is not None:
+        load_token_head(spec.multi_vector, pooler.token_head)
     return pooler.to(device).eval()
+
+
+def load_token_head(spec: MultiVectorSpec, layers: nn.ModuleList) -> None:
+    """The multi-vector projection's weights, under Dense's names (`linear.weight`) whichever layout holds them."""
+    for layer, dense in zip(layers, spec.projection, strict=True):
+        state = read_checkpoint(dense.weight_files)
+        if spec.source == "model":  # HF_ColBERT: beside the encoder's
+            state = {name: tensor for name, tensor in state.items() if name.startswith(_IN_MODEL_PROJECTION)}
+        elif spec.source == "linear":  # bge-m3's colbert_linear.pt: a bare Linear's weight and bias
+            state = {f"linear.{name}": tensor for name, tensor in state.items()}
+        try:
+            load_checked(layer, state)
+        except ValueError as exc:
+            raise ValueError(f"multi-vector projection {dense.weight_files[0]}: {exc}") from exc
 
 
 def load_sparse_head(spec: ModelSpec, model: nn.Module) -> nn.Module | None:
@@ -158,6 +182,11 @@ class Engine:
     def sparse_dimension(self) -> int:
         """The width of a sparse row (the vocabulary's size); 0 when the model gives none (Batch.sparse)."""
         return self.pooler.sparse_dimension
+
+    @property
+    def token_dimension(self) -> int:
+        """The width of a token vector (the multi-vector projection's); 0 when the model gives none."""
+        return self.pooler.token_dimension
 
     @property
     def family(self) -> str:

@@ -30,9 +30,10 @@ class ModelInputs:
     max_seqlen: int
     spans: SpanInputs | None = None  # eager batches only
     sparse: SparseInputs | None = None  # eager batches only
+    key_lens: list[int] | None = None  # host copy of Batch.key_lens; eager batches only
 
     def context(self) -> ForwardContext:
-        return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens)
+        return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, key_lens=self.key_lens)
 
 
 def padded_positions(batch: Batch, num_real_tokens: int) -> np.ndarray:  # [T] int64
@@ -63,6 +64,7 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
         int(seq_lens.max(initial=0)),
         prepare_spans(batch, device),
         sparse,
+        None if batch.key_lens is None else batch.key_lens.tolist(),
     )
 
 
@@ -84,11 +86,14 @@ def prepare_spans(batch: Batch, device: torch.device) -> SpanInputs | None:
     rows[row_of_seq] = order
     rows[np.delete(np.arange(batch.num_rows), row_of_seq)] = batch.num_seqs + np.arange(len(lengths))  # ...spans
     raw = batch.raw_spans[span_seq]
+    vectors = np.zeros(len(span_seq), bool) if batch.token_vectors is None else batch.token_vectors[span_seq]
     hosts = [token_index, span_index, lengths, batch.dimensions[span_seq], batch.normalize[span_seq], raw, rows]
-    token_index_t, span_index_t, lengths_t, dimensions, normalize, raw_t, order_t = upload(hosts, device)
+    hosts.append(vectors)
+    token_index_t, span_index_t, lengths_t, dimensions, normalize, raw_t, order_t, vectors_t = upload(hosts, device)
     return SpanInputs(
         token_index_t, span_index_t, lengths_t.float(), dimensions.int(), normalize.bool(), raw_t.bool(), order_t,
         any_raw=bool(raw.any()), all_raw=bool(raw.all()),
+        token_vectors=vectors_t.bool() if vectors.any() else None, all_token_vectors=bool(vectors.all()),
     )  # fmt: skip
 
 

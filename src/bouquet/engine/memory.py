@@ -49,8 +49,8 @@ def pad_to_bucket(batch: Batch, per_doubling: int) -> Batch:
     """`batch` with its token count rounded up by `bucket_tokens`: the pad tokens are one more sequence, the
     last; sequences 0..B-1 are unchanged. The batch itself when its count is already a bucket's."""
     num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
-    if num_tokens == batch.num_tokens or batch.cu_spans is not None:
-        return batch  # a batch with pooling spans (contextual, /embed_all) runs at its exact count
+    if num_tokens == batch.num_tokens or batch.cu_spans is not None or batch.key_lens is not None:
+        return batch  # a batch with pooling spans (contextual, /embed_all, ColBERT) runs at its exact count
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
 
 

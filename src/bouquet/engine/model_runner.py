@@ -18,7 +18,7 @@ from bouquet.engine.cuda_graphs import CudaGraphRunner
 from bouquet.engine.inputs import ModelInputs, prepare_inputs, prepare_sparse
 from bouquet.engine.memory import pad_to_bucket
 from bouquet.layers.attention import bind_backend
-from bouquet.layers.attention_backends import AttentionBackend
+from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SparseInputs
@@ -31,6 +31,7 @@ class ModelRunner:
         self.device = device
         self.graphs: CudaGraphRunner | None = None  # set by the engine on CUDA when the backend can be captured
         self.token_buckets = 0  # eager steps' token counts per doubling (engine/memory.py); 0: exact
+        self._key_lens_backend: AttentionBackend | None = None  # SDPA, for batches whose keys end early
         self.set_backend(backend)
 
     def set_backend(self, backend: AttentionBackend) -> None:
@@ -38,7 +39,7 @@ class ModelRunner:
         bind_backend(self.model, backend)
 
     def execute(self, batch: Batch) -> torch.Tensor:  # [rows, dim] float32 on the device: one per sequence or span
-        if self.graphs is not None and (rows := self.graphs.run(batch)) is not None:
+        if self.graphs is not None and batch.key_lens is None and (rows := self.graphs.run(batch)) is not None:
             return rows
         padded = pad_to_bucket(batch, self.token_buckets)
         inputs = prepare_inputs(padded, self.device, self._sparse_inputs(batch))
@@ -65,9 +66,22 @@ class ModelRunner:
     def encode(self, inputs: ModelInputs, prepare: Callable[[ForwardContext], Any]) -> torch.Tensor:
         """[T, hidden] token states: the model alone."""
         ctx = inputs.context()
+        if ctx.key_lens is not None and not self.backend.supports_key_lens:
+            ctx.backend = self.key_lens_backend()
+            prepare = ctx.backend.prepare
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
             return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+
+    def key_lens_backend(self) -> AttentionBackend:
+        """SDPA for a batch whose keys end before its sequences do (ColBERT's query expansion): its key mask does
+        it at no extra cost; the other backends have no such mask. Bound to the model's shape at first use."""
+        if self._key_lens_backend is None:
+            backend = create_attention_backend("sdpa")
+            assert self.backend.shape is not None, "the engine binds its backend before any batch"
+            backend.bind(self.backend.shape)
+            self._key_lens_backend = backend
+        return self._key_lens_backend
 
 
 def uniform_normalize(batch: Batch) -> bool | None:

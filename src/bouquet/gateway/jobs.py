@@ -74,3 +74,15 @@ class ContextualJob:
     @property
     def num_chunks(self) -> int:
         return sum(map(len, self.documents))
+
+
+@dataclass(frozen=True)
+class MultiVectorJob:
+    """Per-token (ColBERT) vectors of texts, laid out as queries or as documents (late_interaction.py)."""
+
+    model: str | None
+    texts: list[str]
+    input_type: str = "document"  # "query" or "document"
+    dimensions: int | None = None  # each token vector truncated (then normalised); None: the projection's width
+    truncate: bool = True
+    response_format: ResponseFormat = FORMATS["float"]

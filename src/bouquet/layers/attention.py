@@ -50,7 +50,8 @@ class Attention(nn.Module):
         assert self.backend is not None, "attention ran before the engine bound a backend"
         assert (bias is not None) == self.position_bias, "declare position_bias to pass a bias, and pass one"
         ctx = get_forward_context()
-        out = self.backend.forward(q, k, v, ctx, self.causal, self.scale, self.sliding_window, bias)
+        backend = self.backend if ctx.backend is None else ctx.backend
+        out = backend.forward(q, k, v, ctx, self.causal, self.scale, self.sliding_window, bias)
         return out.flatten(1)
 
 

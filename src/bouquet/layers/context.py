@@ -20,6 +20,10 @@ class ForwardContext:
     max_seqlen: int
     seq_lens: list[int]  # host copy, so backends can plan without a device sync
     attn_metadata: Any = None  # what the attention backend prepared once, shared by all layers
+    # Per sequence, how many leading tokens are keys; the later ones attend but are never attended to (ColBERT's
+    # query expansion). None: every token is a key.
+    key_lens: list[int] | None = None
+    backend: Any = None  # the backend for this forward when it is not the one bound to the layers (key_lens)
 
 
 # Per thread, so two engines (or a test beside an engine) never see each other's batch.

@@ -9,6 +9,10 @@ Span rows (several rows from one sequence: late chunking's chunks, TEI's /embed_
 tokens' states whatever the model's own pooling, then its Dense modules (unless raw) and the head. Their shapes
 depend on the spans, so batches with spans run eagerly, never in a graph.
 
+Token vectors (ColBERT's per-token rows, docs/late-interaction.md) are span rows of one token each that go through
+the model's multi-vector projection (`token_head`) instead of its Dense modules, then the head; `/embed_all`'s raw
+rows and they share every step of the way but that projection.
+
 Sparse rows (layers/sparse.py) take the place of the embedding of each sequence that asks for one; a model whose
 only output is sparse (SPLADE: no pooling methods) gives nothing else. They too run eagerly only.
 """
@@ -135,6 +139,8 @@ class SpanInputs:
     order: torch.Tensor  # [R] int64: output row r is row order[r] of cat(sequence rows [B], span rows [S])
     any_raw: bool  # host copies of raw.any() and raw.all()
     all_raw: bool
+    token_vectors: torch.Tensor | None = None  # [S] bool: through the multi-vector projection; None: no span is
+    all_token_vectors: bool = False  # host copy of token_vectors.all()
 
 
 def pool_span_means(hidden: torch.Tensor, spans: SpanInputs) -> torch.Tensor:  # [S, hidden] float32
@@ -199,6 +205,8 @@ class Pooler(nn.Module):
         dense: tuple[DenseSpec, ...] = (),
         score_head: nn.Module | None = None,  # the model's own classifier, [B, hidden] -> [B, labels]
         sparse_head: nn.Module | None = None,  # (hidden [T, hidden], SparseInputs) -> [S, vocab]
+        token_head: tuple[DenseSpec, ...] = (),  # the multi-vector (ColBERT) projection of each token's state
+        task: str | None = None,  # "multi_vector": the model's rows are its token vectors (PyLate, HF_ColBERT)
     ):
         super().__init__()
         assert spec.methods or sparse_head is not None, "a pooler without pooling methods needs a sparse head"
@@ -221,6 +229,10 @@ class Pooler(nn.Module):
             self.dimension = score_head.num_labels
         if not spec.methods:
             self.task, self.dimension = "sparse", self.sparse_dimension
+        self.token_head = nn.ModuleList(Dense(layer) for layer in token_head)
+        self.token_dimension = token_head[-1].out_features if token_head else 0  # a token vector's width
+        if task == "multi_vector":
+            self.task = task
 
     @property
     def name(self) -> str:
@@ -271,10 +283,20 @@ class Pooler(nn.Module):
         model's hidden width; the others are `dimension` wide; mixed, the narrower are padded with zeros."""
         means = pool_span_means(hidden, spans)
         rows = means
-        if self.dense and not spans.all_raw:
+        if self.dense and not spans.all_raw and not spans.all_token_vectors:
             for layer in self.dense:
                 rows = layer(rows)
             if spans.any_raw:
-                width = max(rows.shape[1], means.shape[1])
-                rows = torch.where(spans.raw[:, None], _pad_columns(means, width), _pad_columns(rows, width))
+                rows = _choose(spans.raw, means, rows)
+        if spans.token_vectors is not None:
+            vectors = means
+            for layer in self.token_head:
+                vectors = layer(vectors)
+            rows = vectors if spans.all_token_vectors else _choose(spans.token_vectors, vectors, rows)
         return embedding_head(rows, spans.dimensions, spans.normalize)
+
+
+def _choose(where: torch.Tensor, rows: torch.Tensor, others: torch.Tensor) -> torch.Tensor:  # [S, widest]
+    """`rows` where `where` ([S] bool), else `others`, the narrower padded with zeros."""
+    width = max(rows.shape[1], others.shape[1])
+    return torch.where(where[:, None], _pad_columns(rows, width), _pad_columns(others, width))

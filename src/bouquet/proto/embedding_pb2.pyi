@@ -33,7 +33,7 @@ FP8_E4M3: Encoding
 FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class EmbedRequest(_message.Message):
     CU_SPANS_FIELD_NUMBER: _ClassVar[int]
     SPAN_BOUNDS_FIELD_NUMBER: _ClassVar[int]
     RAW_SPANS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    KEY_LENS_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     cu_seqlens: bytes
     token_type_ids: bytes
@@ -56,7 +58,9 @@ class EmbedRequest(_message.Message):
     cu_spans: bytes
     span_bounds: bytes
     raw_spans: bool
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ...) -> None: ...
+    token_vectors: bool
+    key_lens: bytes
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values")
@@ -83,7 +87,7 @@ class InfoRequest(_message.Message):
     def __init__(self, include_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names")
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names", "multi_vector")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +113,7 @@ class InfoResponse(_message.Message):
     SCORE_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
     SPARSE_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     SERVED_NAMES_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dimension: int
@@ -127,4 +132,29 @@ class InfoResponse(_message.Message):
     score_activation: str
     sparse_dimension: int
     served_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    multi_vector: MultiVector
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ...) -> None: ...
+
+class MultiVector(_message.Message):
+    __slots__ = ("dimension", "query_prefix", "document_prefix", "query_length", "document_length", "expand_queries", "expansion_id", "attend_to_expansion", "skiplist", "skip_leading")
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    QUERY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    QUERY_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    EXPAND_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    EXPANSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEND_TO_EXPANSION_FIELD_NUMBER: _ClassVar[int]
+    SKIPLIST_FIELD_NUMBER: _ClassVar[int]
+    SKIP_LEADING_FIELD_NUMBER: _ClassVar[int]
+    dimension: int
+    query_prefix: _containers.RepeatedScalarFieldContainer[int]
+    document_prefix: _containers.RepeatedScalarFieldContainer[int]
+    query_length: int
+    document_length: int
+    expand_queries: bool
+    expansion_id: int
+    attend_to_expansion: bool
+    skiplist: _containers.RepeatedScalarFieldContainer[int]
+    skip_leading: int
+    def __init__(self, dimension: _Optional[int] = ..., query_prefix: _Optional[_Iterable[int]] = ..., document_prefix: _Optional[_Iterable[int]] = ..., query_length: _Optional[int] = ..., document_length: _Optional[int] = ..., expand_queries: _Optional[bool] = ..., expansion_id: _Optional[int] = ..., attend_to_expansion: _Optional[bool] = ..., skiplist: _Optional[_Iterable[int]] = ..., skip_leading: _Optional[int] = ...) -> None: ...

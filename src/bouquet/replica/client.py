@@ -28,6 +28,8 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
         raw_spans=options.raw_spans,
+        token_vectors=options.token_vectors,
+        key_lens=b"" if batch.key_lens is None else _int32_bytes(batch.key_lens),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,6 +50,7 @@ class Limits:
     mean_spans: bool = True  # whether span means can go through the model's head (one pooling method, embed task)
     sparse_dimension: int = 0  # a sparse row's width (the vocabulary's); 0: the model gives no sparse rows
     sparse_only: bool = False  # a SPLADE model: every row is sparse, a request must ask for sparse rows
+    token_dimension: int = 0  # a multi-vector (ColBERT) token row's width; 0: the model gives none
 
     @classmethod
     def from_engine(cls, engine: StepEngine) -> Limits:
@@ -62,13 +63,16 @@ class Limits:
             mean_spans=engine.task == "embed" and len(engine.pooling.methods) == 1,
             sparse_dimension=engine.sparse_dimension,
             sparse_only=engine.task == "sparse",
+            token_dimension=getattr(engine, "token_dimension", 0),  # tests' stand-in engines may not say
         )
 
-    def full_width(self, raw_spans: bool, sparse: bool = False) -> int:
-        """The width of a row: a sparse row's is the vocabulary's, a raw span row's the model's hidden size, any
-        other's `dimension`."""
+    def full_width(self, raw_spans: bool, sparse: bool = False, token_vectors: bool = False) -> int:
+        """The width of a row: a sparse row's is the vocabulary's, a raw span row's the model's hidden size, a token
+        vector's the multi-vector projection's, any other's `dimension`."""
         if sparse:
             return self.sparse_dimension
+        if token_vectors:
+            return self.token_dimension
         return (self.hidden_size or self.dimension) if raw_spans else self.dimension
 
 
@@ -84,18 +88,35 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
         raw_spans=message.raw_spans,
         encoding=_encoding(message.encoding),
         sparse=message.sparse,
+        token_vectors=message.token_vectors,
     )
     _validate_sparse(limits, message)
-    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans)
+    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans,
+              options.token_vectors)  # fmt: skip
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
+    if message.key_lens:
+        batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
     if not message.cu_spans:
-        if message.span_bounds or message.raw_spans:
-            raise InvalidInput("span_bounds and raw_spans need cu_spans")
+        if message.span_bounds or message.raw_spans or message.token_vectors:
+            raise InvalidInput("span_bounds, raw_spans and token_vectors need cu_spans")
         return batch
     cu_spans = _int32s("cu_spans", message.cu_spans)
     span_bounds = _int32s("span_bounds", message.span_bounds)
-    _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans)
-    return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans)
+    _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans, options.token_vectors)
+    return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans, options.token_vectors)
+
+
+def _key_lens(data: bytes, seq_lens: np.ndarray) -> np.ndarray:  # [B] int32
+    key_lens = _int32s("key_lens", data)
+    if len(key_lens) != len(seq_lens):
+        raise InvalidInput(f"key_lens has {len(key_lens)} values for {len(seq_lens)} sequences")
+    bad = (key_lens < 1) | (key_lens > seq_lens)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise InvalidInput(
+            f"key_lens[{index}] is {int(key_lens[index])}: a sequence's keys are 1 to its {int(seq_lens[index])} tokens"
+        )
+    return key_lens
 
 
 def _validate_sparse(limits: Limits, message: embedding_pb2.EmbedRequest) -> None:
@@ -137,6 +158,7 @@ def _validate(
     token_type_ids: np.ndarray | None,
     dimensions: int,
     raw_spans: bool = False,
+    token_vectors: bool = False,
 ) -> None:
     """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
     if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != len(input_ids):
@@ -156,14 +178,15 @@ def _validate(
         if len(token_type_ids) != len(input_ids):
             raise InvalidInput(f"token_type_ids has {len(token_type_ids)} values for {len(input_ids)} input_ids")
         _check_range("token_type_ids", token_type_ids, limits.type_vocab_size)
-    width = limits.full_width(raw_spans)
+    width = limits.full_width(raw_spans, token_vectors=token_vectors)
     if not 0 <= dimensions <= width:
         raise InvalidInput(f"dimensions must be in [0, {width}] (0 keeps all), got {dimensions}")
 
 
 def _validate_spans(
-    limits: Limits, seq_lens: np.ndarray, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool
-) -> None:
+    limits: Limits, seq_lens: np.ndarray, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool,
+    token_vectors: bool = False,
+) -> None:  # fmt: skip
     """Spans in any order, overlapping or not; each within its sequence and not empty; at most one span per token
     of its sequence (which bounds the rows a request can ask for)."""
     if len(cu_spans) != len(seq_lens) + 1 or cu_spans[0] != 0 or int(cu_spans[-1]) * 2 != len(span_bounds):
@@ -181,7 +204,10 @@ def _validate_spans(
         )
     if raw and counts.min() == 0:
         raise InvalidInput(f"raw_spans: sequence {int(np.argmin(counts))} has no spans")
-    if not raw and not limits.mean_spans:
+    if token_vectors and (raw or not limits.token_dimension):
+        why = "not with raw_spans" if raw else "this model has no multi-vector (ColBERT) projection"
+        raise InvalidInput(f"token_vectors: {why}")
+    if not raw and not token_vectors and not limits.mean_spans:
         raise InvalidInput("this model's rows cannot be pooled over spans (it pools by several methods, or scores)")
     bounds = span_bounds.reshape(-1, 2)
     ends = np.repeat(seq_lens, counts)

@@ -45,6 +45,8 @@ class StepEngine(Protocol):
     @property
     def sparse_dimension(self) -> int: ...  # a sparse row's width; 0: the model gives none
     @property
+    def token_dimension(self) -> int: ...  # a multi-vector token row's width; 0: the model gives none
+    @property
     def max_seq_length(self) -> int: ...
     @property
     def pooling(self) -> PoolingSpec: ...
@@ -114,7 +116,9 @@ class Scheduler:
                 f"request has {batch.num_tokens}; retry later or on another replica"
             )
         raw = batch.raw_spans is not None and bool(batch.raw_spans.any())
-        full_width = self.limits.full_width(raw, batch.any_sparse)  # one request: all its sequences sparse or none
+        vectors = batch.token_vectors is not None and bool(batch.token_vectors.any())
+        # one request: all its sequences sparse or none, token vectors or none
+        full_width = self.limits.full_width(raw, batch.any_sparse, vectors)
         rows = np.empty((batch.num_rows, batch.width(full_width)), np.float32)
         request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_rows)
         self._queue.append(request)

@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import Encoding, encode_rows
+from bouquet.model_dir import MultiVectorSpec
 from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
@@ -103,7 +104,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             vocab_size=spec.vocab_size, prompts=spec.prompts, default_prompt_name=spec.default_prompt_name or "",
             max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
             task=engine.task, score_activation=spec.score_activation, sparse_dimension=engine.sparse_dimension,
-            served_names=served_names,
+            served_names=served_names, multi_vector=multi_vector_info(spec.multi_vector, engine.max_seq_length),
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
@@ -152,6 +153,19 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+def multi_vector_info(spec: MultiVectorSpec | None, max_seq_length: int) -> embedding_pb2.MultiVector | None:
+    """What the gateway needs to lay out a ColBERT model's queries and documents (proto/embedding.proto)."""
+    if spec is None:
+        return None
+    return embedding_pb2.MultiVector(
+        dimension=spec.dimension, query_prefix=spec.query_prefix, document_prefix=spec.document_prefix,
+        query_length=min(spec.query_length or max_seq_length, max_seq_length),
+        document_length=min(spec.document_length or max_seq_length, max_seq_length),
+        expand_queries=spec.expand_queries, expansion_id=spec.expansion_id,
+        attend_to_expansion=spec.attend_to_expansion, skiplist=spec.skiplist, skip_leading=spec.skip_leading,
+    )  # fmt: skip
 
 
 def sparse_response(rows: np.ndarray) -> embedding_pb2.EmbedResponse:  # rows: [B, vocabulary] float32

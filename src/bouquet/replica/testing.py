@@ -31,6 +31,7 @@ class RecordingEngine:
         self.spec = engine.spec
         self.dimension = engine.dimension
         self.sparse_dimension = engine.sparse_dimension
+        self.token_dimension = engine.token_dimension
         self.max_seq_length = engine.max_seq_length
         self.pooling = engine.pooling
         self.family = engine.family

@@ -53,6 +53,7 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: ClassVar[bool] = False
     supports_sliding_window: ClassVar[bool] = False
     supports_position_bias: ClassVar[bool] = False
+    supports_key_lens: ClassVar[bool] = False  # ForwardContext.key_lens; the engine runs SDPA for such batches
     shape: AttentionShape | None = None
 
     def bind(self, shape: AttentionShape) -> None:

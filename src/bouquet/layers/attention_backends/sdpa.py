@@ -26,6 +26,7 @@ class _Group:
     seq_len: int
     gather_index: torch.Tensor | None  # [b * L] packed row per padded slot; None for a contiguous run
     key_mask: torch.Tensor | None  # [b, 1, 1, L] True where a key is real; None when nothing is padded
+    short_keys: bool = False  # some sequence's keys end before it does (ForwardContext.key_lens), not just padding
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class SdpaBackend(AttentionBackend):
     # Both through an explicit mask, so a windowed layer still costs full attention here.
     supports_sliding_window: ClassVar[bool] = True
     supports_position_bias: ClassVar[bool] = True
+    supports_key_lens: ClassVar[bool] = True  # keys ending before their sequence, through the same key mask
 
     def __init__(self, min_efficiency: float = 0.8):
         self.min_efficiency = min_efficiency
@@ -68,7 +70,7 @@ class SdpaBackend(AttentionBackend):
         groups, row_slots = [], []
         for members in plan_groups(ctx.seq_lens, self.min_efficiency):
             members.sort()
-            group, rows, slots = _make_group(members, ctx.seq_lens, starts)
+            group, rows, slots = _make_group(members, ctx.seq_lens, starts, ctx.key_lens)
             row_slots.append((rows, slots + sum(g.num_seqs * g.seq_len for g in groups)))
             groups.append(group)
         device = ctx.cu_seqlens.device
@@ -100,13 +102,15 @@ class SdpaBackend(AttentionBackend):
 
 
 def _make_group(
-    members: list[int], seq_lens: list[int], starts: list[int]
+    members: list[int], seq_lens: list[int], starts: list[int], key_lens: list[int] | None = None
 ) -> tuple[_Group, torch.Tensor, torch.Tensor]:
     """The group, and which packed rows land in which of its padded slots."""
     lengths = [seq_lens[i] for i in members]
+    keys = lengths if key_lens is None else [key_lens[i] for i in members]
+    short_keys = keys != lengths
     seq_len = max(lengths)
     contiguous = members == list(range(members[0], members[-1] + 1))
-    if contiguous and min(lengths) == seq_len:
+    if contiguous and min(lengths) == seq_len and not short_keys:
         first = starts[members[0]]
         num_slots = len(members) * seq_len
         group = _Group(first, len(members), seq_len, None, None)
@@ -117,15 +121,16 @@ def _make_group(
     # Pad slots read the sequence's own first row: any finite value will do, since a pad key is masked
     # (bidirectional) or lies after every real query (causal), and pad queries are never read back.
     gather = torch.where(is_real, member_starts[:, None] + slot[None, :], member_starts[:, None]).flatten()
-    key_mask = None if min(lengths) == seq_len else is_real[:, None, None, :]
+    is_key = slot[None, :] < torch.tensor(keys)[:, None]  # [b, L]: real, and not after the sequence's keys
+    key_mask = None if min(keys) == seq_len else is_key[:, None, None, :]
     real_slots = is_real.flatten().nonzero().squeeze(1)
-    return _Group(-1, len(members), seq_len, gather, key_mask), gather[real_slots], real_slots
+    return _Group(-1, len(members), seq_len, gather, key_mask, short_keys), gather[real_slots], real_slots
 
 
 def _to_device(group: _Group, device: torch.device) -> _Group:
     assert group.gather_index is not None
     key_mask = None if group.key_mask is None else group.key_mask.to(device)
-    return _Group(group.start, group.num_seqs, group.seq_len, group.gather_index.to(device), key_mask)
+    return _Group(group.start, group.num_seqs, group.seq_len, group.gather_index.to(device), key_mask, group.short_keys)
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ class _Masking:
 
     def mask(self, group: _Group, like: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
         """SDPA's attn_mask for the group (on `like`'s device, scores in its dtype) and its is_causal."""
-        if self.window is None and self.bias is None:
+        if self.window is None and self.bias is None and not (self.causal and group.short_keys):
             # Right padding: with a causal mask, real queries never see the pad keys behind them.
             return (None, True) if self.causal else (group.key_mask, False)
         length = group.seq_len

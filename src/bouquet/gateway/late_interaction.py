@@ -1,0 +1,128 @@
+"""Per-token (ColBERT, "multi-vector") vectors: a model's queries and documents laid out as its own library
+tokenizes them, and every kept token's vector computed as a span of one (docs/late-interaction.md).
+
+The layout is PyLate's `ColBERT.tokenize` and `encode` (which Stanford's ColBERT and bge-m3 agree with for what they
+share): the text is tokenized to `length - len(prefix)` tokens, the prefix ids ("[Q] ", "[D] ") go after the first
+token; a query is padded with the expansion token ([MASK]) to the query length, and every one of its tokens is
+kept, the expansion tokens included (hidden from attention unless the model attends to them: `key_lens`); a
+document keeps every token but those of its skiplist (punctuation). bge-m3 leaves out its first token ([CLS]).
+The replica computes each kept token's state, projects it (the model's multi-vector projection) and normalises it
+(replica side: `Batch.token_vectors`), the same span machinery `/embed_all` uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.jobs import MultiVectorJob
+from bouquet.proto import embedding_pb2
+
+if TYPE_CHECKING:
+    from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.service import Service
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A request's sequences as the replica computes them: ids, the kept tokens as spans of one, and how many
+    leading tokens of each are keys (None: all)."""
+
+    sequences: list[list[int]]
+    spans: list[list[tuple[int, int]]]
+    key_lens: list[int] | None
+
+
+def token_limit(info: embedding_pb2.MultiVector, is_query: bool) -> int:
+    """The tokens a text is tokenized to, before its prefix goes in."""
+    length = info.query_length if is_query else info.document_length
+    return length - len(info.query_prefix if is_query else info.document_prefix)
+
+
+def lay_out(token_ids: list[list[int]], info: embedding_pb2.MultiVector, is_query: bool) -> Layout:
+    """Token ids (tokenized to `token_limit`, special tokens included) as the model's library feeds them."""
+    prefix = list(info.query_prefix if is_query else info.document_prefix)
+    expand = is_query and info.expand_queries
+    skip = set() if is_query else set(info.skiplist)
+    sequences, spans, key_lens = [], [], []
+    for ids in token_ids:
+        sequence = [*ids[:1], *prefix, *ids[1:]]
+        key_lens.append(len(sequence))
+        if expand:
+            sequence += [info.expansion_id] * (info.query_length - len(sequence))
+        kept = [i for i in range(info.skip_leading, len(sequence)) if sequence[i] not in skip]
+        sequences.append(sequence)
+        spans.append([(i, i + 1) for i in kept])
+    hidden = expand and not info.attend_to_expansion
+    return Layout(sequences, spans, key_lens if hidden else None)
+
+
+def pack(layout: Layout, options: RowOptions) -> Batch:
+    return Batch.pack(layout.sequences, options, spans=layout.spans, key_lens=layout.key_lens)
+
+
+# Filled by `learn_layout` when a replica's Info has one: model name -> its layout.
+_LAYOUTS: dict[str, embedding_pb2.MultiVector] = {}
+
+
+async def learn_layout(model: ServedModel, service: Service) -> embedding_pb2.MultiVector | None:
+    """Asks a healthy replica of `model` for its Info once, and keeps its multi-vector layout (catalog.py keeps
+    what every route needs; this is for this route alone)."""
+    if model.name in _LAYOUTS:
+        return _LAYOUTS[model.name]
+    token = service.config.replica_token
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    for replica in service.pool.replicas:
+        if replica.model is None or replica.model.name != model.name or not replica.healthy:
+            continue
+        info: embedding_pb2.InfoResponse = await replica.stub.Info(
+            embedding_pb2.InfoRequest(), timeout=10, metadata=metadata
+        )
+        if info.HasField("multi_vector"):
+            _LAYOUTS[model.name] = info.multi_vector
+            return info.multi_vector
+        return None
+    return None
+
+
+async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedModel, list[np.ndarray], int]:
+    """Each input's token vectors ([kept tokens, width], in the job's encoding), and the tokens computed."""
+    model = service.catalog.get(job.model)
+    info = await learn_layout(model, service)
+    if info is None:
+        raise model.wrong_task("per-token (multi-vector) vectors")
+    service.check_inputs(len(job.texts))
+    is_query = job.input_type == "query"
+    limit = token_limit(info, is_query)
+    layouts: list[Layout] = []
+
+    async def batch() -> Batch:
+        tokenizer = model.require_tokenizer()
+        ids = await tokenizer.encode(job.texts, "", job.truncate, "right", limit)
+        if any(len(sequence) > limit for sequence in ids):
+            raise InvalidRequest(f"an input is over {limit} tokens and truncate is false", "input_too_long", "input")
+        layouts.append(lay_out(ids, info, is_query))
+        options = RowOptions(dimensions=_dimensions(job.dimensions, info), normalize=True,
+                             encoding=job.response_format.encoding, token_vectors=True)  # fmt: skip
+        return pack(layouts[0], options)
+
+    if is_query and info.expand_queries:  # every query is padded to the query length
+        estimate = len(job.texts) * info.query_length
+    else:  # a token is at least a byte, plus the special tokens and the prefix
+        estimate = sum(min(len(text.encode()) + 4, limit) + len(info.document_prefix) for text in job.texts)
+    rows, tokens = await service.compute(model, estimate, batch)
+    counts = np.array([len(spans) for spans in layouts[0].spans])
+    return model, np.split(rows, np.cumsum(counts)[:-1]), tokens
+
+
+def _dimensions(dimensions: int | None, info: embedding_pb2.MultiVector) -> int:
+    if dimensions is None:
+        return 0
+    if not 1 <= dimensions <= info.dimension:
+        message = f"dimensions must be between 1 and {info.dimension} for this model's token vectors, got {dimensions}"
+        raise InvalidRequest(message, "invalid_value", "dimensions")
+    return dimensions

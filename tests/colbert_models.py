@@ -1,0 +1,116 @@
+"""Tiny random-weight ColBERT models beside the MiniLM tokenizer, in the three layouts people have them: PyLate's
+(a BERT encoder, then PyLate's Dense projection over every token; its settings in config_sentence_transformers.json),
+Stanford's HF_ColBERT (`bert.*` and `linear.weight` in one checkpoint, artifact.metadata), and bge-m3's
+`colbert_linear.pt` beside its dense model.
+
+PyLate itself is not installed here: every release pins sentence-transformers and transformers to versions older
+than the project's (1.6.0: sentence-transformers==5.3.0, transformers<=5.3.0), so the files are written as its
+`ColBERT.save` and `Dense.save` write them (read from its 1.6.0 source), and `pylate_encode` reimplements its
+`tokenize` and `encode` on transformers' forward."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+from family_checks import VOCAB_SIZE, save_tiny
+from safetensors.torch import save_file
+
+LIMIT = 64
+WEIGHT_SCALE = 0.3  # projections' std: attention far from uniform
+QUERY_LENGTH = 16
+DOCUMENT_LENGTH = 40
+_SHAPE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+PREFIXES = ("[unused0]", "[unused1]")  # tokens of the MiniLM vocabulary, standing for PyLate's added "[Q] ", "[D] "
+
+
+def _bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(**_SHAPE, max_position_embeddings=LIMIT), add_pooling_layer=False)
+
+
+def _projection(hidden: int, dimension: int, seed: int, bias: bool = False) -> torch.nn.Linear:
+    linear = torch.nn.Linear(hidden, dimension, bias=bias)
+    generator = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        linear.weight.copy_(WEIGHT_SCALE * torch.randn(linear.weight.shape, generator=generator))
+        if bias:
+            linear.bias.copy_(0.1 * torch.randn(linear.bias.shape, generator=generator))
+    return linear.eval()
+
+
+def build_pylate(out: Path, tokenizer_dir: Path, attend_to_expansion: bool = False, seed: int = 0) -> Path:
+    """PyLate's layout: the encoder at the root, `1_Dense` (PyLate's Dense, 64 -> 24, no bias)."""
+    save_tiny(_bert(), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (out / "modules.json").write_text(json.dumps(modules))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": DOCUMENT_LENGTH - 1}))
+    dense = out / "1_Dense"
+    dense.mkdir()
+    config = {"in_features": 64, "out_features": 24, "bias": False,
+              "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
+    (dense / "config.json").write_text(json.dumps(config))
+    save_file(
+        {"linear.weight": _projection(64, 24, seed).weight.detach().contiguous()}, str(dense / "model.safetensors")
+    )
+    settings = {"query_prefix": PREFIXES[0], "document_prefix": PREFIXES[1], "query_length": QUERY_LENGTH,
+                "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": attend_to_expansion,
+                "skiplist_words": list(string.punctuation), "do_query_expansion": True, "prompts": {},
+                "default_prompt_name": None, "similarity_fn_name": "MaxSim"}  # fmt: skip
+    (out / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    return out
+
+
+def build_hf_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Stanford's layout: config.json names HF_ColBERT; `bert.*` and `linear.weight` (64 -> 24) in one file."""
+    from safetensors.torch import load_file
+
+    save_tiny(_bert(), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    state = {f"bert.{name}": tensor for name, tensor in load_file(str(out / "model.safetensors")).items()}
+    state["linear.weight"] = _projection(64, 24, seed).weight.detach().contiguous()
+    save_file(state, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["HF_ColBERT"]}))
+    metadata = {"query_maxlen": QUERY_LENGTH, "doc_maxlen": DOCUMENT_LENGTH, "attend_to_mask_tokens": False, "dim": 24}
+    (out / "artifact.metadata").write_text(json.dumps(metadata))
+    return out
+
+
+def pylate_encode(
+    model_dir: Path, projection: torch.nn.Linear, texts: list[str], is_query: bool, attend_to_expansion: bool = False,
+    prefixes: tuple[str, str] = PREFIXES,
+) -> list[torch.Tensor]:  # fmt: skip
+    """PyLate's ColBERT.encode (1.6.0), one text at a time on transformers' BertModel: tokenized to length - 1
+    (queries padded with [MASK] to it, the padding's attention mask 0 unless attend_to_expansion_tokens), the
+    prefix id inserted after [CLS] with mask 1, the Dense projection on every token's state, a query's every token
+    kept, a document's skiplist (string.punctuation's ids) and padding left out, each vector L2-normalised."""
+    from transformers import AutoTokenizer, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.pad_token_id = tokenizer.mask_token_id
+    model = BertModel.from_pretrained(str(model_dir), add_pooling_layer=False).eval()
+    length = QUERY_LENGTH if is_query else DOCUMENT_LENGTH
+    prefix_id = tokenizer.convert_tokens_to_ids(prefixes[0] if is_query else prefixes[1])
+    skiplist = torch.tensor(tokenizer.convert_tokens_to_ids(list(string.punctuation)))
+    out = []
+    for text in texts:
+        padding = "max_length" if is_query else False
+        encoded = tokenizer([text], truncation=True, max_length=length - 1, padding=padding, return_tensors="pt")
+        ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        ids = torch.cat([ids[:, :1], torch.tensor([[prefix_id]]), ids[:, 1:]], dim=1)
+        mask = torch.cat([mask[:, :1], torch.ones(1, 1, dtype=mask.dtype), mask[:, 1:]], dim=1)
+        if is_query and attend_to_expansion:
+            mask.fill_(1)
+        with torch.no_grad():
+            states = projection(model(input_ids=ids, attention_mask=mask).last_hidden_state)[0]
+        keep = (
+            torch.ones(ids.shape[1], dtype=torch.bool) if is_query else ~torch.isin(ids[0], skiplist) & mask[0].bool()
+        )
+        out.append(torch.nn.functional.normalize(states[keep], p=2, dim=1))
+    return out

@@ -1,0 +1,194 @@
+"""ColBERT per-token vectors in the engine against the models' own libraries' formulas: PyLate's layout (queries
+expanded with [MASK] and hidden from attention or attended to, documents without their skiplist), Stanford's
+HF_ColBERT and bge-m3's colbert_linear.pt (FlagEmbedding's), float32 and bfloat16, through the same layout the
+gateway sends (gateway/late_interaction.py) and the replica's Info."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from colbert_models import (
+    DOCUMENT_LENGTH,
+    QUERY_LENGTH,
+    WEIGHT_SCALE,
+    build_hf_colbert,
+    build_pylate,
+    pylate_encode,
+)
+from corpus import documents
+from safetensors.torch import load_file
+from sparse_models import build_bge_m3
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
+from bouquet.gateway.late_interaction import lay_out, pack, token_limit
+from bouquet.model_dir import read_model_dir
+from bouquet.replica.server import multi_vector_info
+from bouquet.tokenizer import TextTokenizer
+
+TEXTS = [*documents(6), "a", "Hello, world! (yes): it's #1.", "short query?"]
+FLOAT32_COSINE = 0.99999
+BFLOAT16_BOUND = 1e-2  # 1 - cosine, per token vector
+
+
+def _engine(model_dir: Path, dtype: str = "float32") -> Engine:
+    return Engine(EngineConfig(model_path=model_dir, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
+
+
+def _projection(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear.eval()
+
+
+def engine_vectors(engine: Engine, texts: list[str], is_query: bool) -> list[np.ndarray]:
+    """What the gateway asks the replica for: the texts tokenized to the layout's limit, laid out, packed."""
+    info = multi_vector_info(engine.spec.multi_vector, engine.max_seq_length)
+    assert info is not None
+    tokenizer = TextTokenizer(engine.spec.tokenizer_file, max_length=token_limit(info, is_query))
+    layout = lay_out(tokenizer.encode(texts), info, is_query)
+    # a step's rows are as wide as its widest kind (the sequence rows it also pools); the replica keeps a request's
+    rows = engine.embed(pack(layout, RowOptions(token_vectors=True)))[:, : engine.token_dimension]
+    return np.split(rows, np.cumsum([len(spans) for spans in layout.spans])[:-1])
+
+
+def assert_vectors_match(ours: list[np.ndarray], theirs: list[torch.Tensor], dtype: str) -> None:
+    worst = 1.0
+    for mine, reference in zip(ours, theirs, strict=True):
+        expected = reference.numpy()
+        assert mine.shape == expected.shape
+        cosines = (mine * expected).sum(1) / np.linalg.norm(mine, axis=1) / np.linalg.norm(expected, axis=1)
+        np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, atol=1e-5)
+        worst = min(worst, float(cosines.min()))
+    print(f"least cosine per token vector: {worst:.7f} ({dtype})")
+    assert worst >= (FLOAT32_COSINE if dtype == "float32" else 1 - BFLOAT16_BOUND)
+
+
+@pytest.fixture(scope="module")
+def pylate_dirs(tmp_path_factory, minilm_path: Path) -> dict[bool, Path]:
+    """By attend_to_expansion_tokens: PyLate's default (False: expansion tokens hidden from attention) and True."""
+    return {
+        attend: build_pylate(tmp_path_factory.mktemp(f"pylate-{attend}"), minilm_path, attend)
+        for attend in (False, True)
+    }
+
+
+def test_pylate_directory_reads_its_settings(pylate_dirs) -> None:
+    spec = read_model_dir(pylate_dirs[False])
+    assert spec.task == "multi_vector" and spec.multi_vector is not None and spec.dense == ()
+    layout = spec.multi_vector
+    assert (layout.query_prefix, layout.document_prefix) == ((1,), (2,))  # [unused0], [unused1]
+    assert (layout.query_length, layout.document_length, layout.expansion_id) == (QUERY_LENGTH, DOCUMENT_LENGTH, 103)
+    assert layout.expand_queries and not layout.attend_to_expansion and layout.dimension == 24
+    assert 1010 in layout.skiplist and 1012 in layout.skiplist and len(layout.skiplist) == len(string.punctuation)
+    assert spec.max_seq_length == DOCUMENT_LENGTH  # not sentence_bert_config.json's, which PyLate sets per call
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("attend", [False, True])
+@pytest.mark.parametrize("is_query", [True, False])
+def test_pylate_vectors_match(pylate_dirs, dtype: str, attend: bool, is_query: bool) -> None:
+    model_dir = pylate_dirs[attend]
+    projection = _projection(load_file(str(model_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
+    engine = _engine(model_dir, dtype)
+    try:
+        assert (engine.task, engine.token_dimension) == ("multi_vector", 24)
+        ours = engine_vectors(engine, TEXTS, is_query)
+    finally:
+        engine.close()
+    theirs = pylate_encode(model_dir, projection, TEXTS, is_query, attend)
+    if is_query:
+        assert all(len(vectors) == QUERY_LENGTH for vectors in ours)  # [MASK] expansion kept as vectors
+    assert_vectors_match(ours, theirs, dtype)
+
+
+def test_hidden_expansion_tokens_change_the_query_vectors(pylate_dirs) -> None:
+    """The key mask is not a no-op: attending to the expansion tokens gives other vectors for the same weights."""
+    engine = _engine(pylate_dirs[False])
+    try:
+        hidden = engine_vectors(engine, TEXTS[-1:], True)[0]
+        info = multi_vector_info(engine.spec.multi_vector, engine.max_seq_length)
+        tokenizer = TextTokenizer(engine.spec.tokenizer_file, max_length=token_limit(info, True))
+        layout = lay_out(tokenizer.encode(TEXTS[-1:]), info, True)
+        attended = engine.embed(Batch.pack(layout.sequences, RowOptions(token_vectors=True), spans=layout.spans))
+        attended = attended[:, : engine.token_dimension]
+    finally:
+        engine.close()
+    assert layout.key_lens is not None and layout.key_lens[0] < QUERY_LENGTH
+    assert np.abs(hidden - attended).max() > 1e-3
+
+
+def test_hf_colbert_vectors_match(tmp_path, minilm_path: Path) -> None:
+    model_dir = build_hf_colbert(tmp_path / "colbert", minilm_path)
+    spec = read_model_dir(model_dir)
+    assert spec.task == "multi_vector" and spec.architecture == "BertModel" and spec.multi_vector is not None
+    assert spec.multi_vector.source == "model" and spec.multi_vector.query_prefix == (1,)
+    projection = _projection(load_file(str(model_dir / "model.safetensors"))["linear.weight"])
+    engine = _engine(model_dir)
+    try:
+        ours = {is_query: engine_vectors(engine, TEXTS, is_query) for is_query in (True, False)}
+    finally:
+        engine.close()
+    for is_query in (True, False):
+        assert_vectors_match(ours[is_query], pylate_encode(model_dir, projection, TEXTS, is_query), "float32")
+
+
+def flag_embedding_colbert(
+    model_dir: Path, colbert_linear: torch.nn.Linear, ids: list[list[int]]
+) -> list[torch.Tensor]:
+    """FlagEmbedding's M3 `_colbert_embedding` and `encode`: colbert_linear on every state but the first ([CLS]),
+    normalised, one sequence at a time (no padding)."""
+    from transformers import XLMRobertaModel
+
+    model = XLMRobertaModel.from_pretrained(str(model_dir), add_pooling_layer=False).eval()
+    with torch.no_grad():
+        states = [model(torch.tensor([sequence])).last_hidden_state[0] for sequence in ids]
+        return [torch.nn.functional.normalize(colbert_linear(state[1:]), dim=-1) for state in states]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bge_m3_colbert_vectors_match_flag_embedding(tmp_path, minilm_path: Path, dtype: str) -> None:
+    model_dir, _ = build_bge_m3(tmp_path / "bge-m3", minilm_path)
+    colbert_linear = _projection(WEIGHT_SCALE * torch.randn(64, 64, generator=torch.Generator().manual_seed(5)),
+                                 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(6)))  # fmt: skip
+    torch.save(colbert_linear.state_dict(), model_dir / "colbert_linear.pt")
+    spec = read_model_dir(model_dir)
+    assert spec.task == "embed" and spec.multi_vector is not None and spec.multi_vector.skip_leading == 1
+    engine = _engine(model_dir, dtype)
+    try:
+        assert (engine.task, engine.token_dimension) == ("embed", 64)
+        ours = engine_vectors(engine, TEXTS, is_query=False)
+        ids = TextTokenizer(spec.tokenizer_file, max_length=engine.max_seq_length).encode(TEXTS)
+        dense = engine.embed(Batch.pack(ids))  # the dense rows are still there, unchanged
+    finally:
+        engine.close()
+    assert dense.shape == (len(TEXTS), 64)
+    assert_vectors_match(ours, flag_embedding_colbert(model_dir, colbert_linear, ids), dtype)
+
+
+def test_token_vectors_survive_the_wire_slicing_and_concatenation() -> None:
+    from bouquet.replica.client import embed_request
+    from bouquet.replica.request import Limits, decode_request
+
+    options = RowOptions(token_vectors=True)
+    batch = Batch.pack([[101, 5, 6, 103], [101, 7, 102]], options, spans=[[(0, 1), (1, 2)], [(2, 3)]], key_lens=[3, 3])
+    limits = Limits(30522, 2, 64, 384, token_dimension=24)
+    decoded = decode_request(embed_request(batch), limits)
+    assert decoded.token_vectors is not None and decoded.token_vectors.all()
+    assert decoded.key_lens is not None and decoded.key_lens.tolist() == [3, 3]
+    joined = Batch.concat([decoded.slice(1, 2), Batch.pack([[101, 9, 102]]), decoded.slice(0, 1)])
+    assert joined.key_lens is not None and joined.key_lens.tolist() == [3, 3, 3]
+    assert joined.token_vectors is not None and joined.token_vectors.tolist() == [True, False, True]
+    bad = Batch.pack([[101, 5, 102]], options, spans=[[(0, 1)]], key_lens=[4])
+    with pytest.raises(ValueError, match="key_lens"):
+        decode_request(embed_request(bad), limits)
+    with pytest.raises(ValueError, match="multi-vector"):
+        decode_request(embed_request(batch), Limits(30522, 2, 64, 384))
