@@ -34,12 +34,20 @@ async def refuse_unread(service: Service, request: Request) -> None:
 
 async def read_json(service: Service, request: Request) -> dict[str, Any]:
     """The body as a JSON object."""
+    return parse_json_object(await read_body(service, request))
+
+
+async def read_body(service: Service, request: Request) -> bytes | bytearray:
+    """The body's bytes, gunzipped if they came compressed, within the size limit."""
     limit = service.config.max_payload_bytes
     length = content_length(request)
     if length is not None and length > limit:
         raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
     encoding = request.headers.get("content-encoding", "identity")
-    body = _decoded(await _read_body(service, request, limit), encoding, limit)
+    return _decoded(await _read_body(service, request, limit), encoding, limit)
+
+
+def parse_json_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as error:

@@ -1,5 +1,5 @@
-"""An error as each API answers it (the bodies and statuses are errors.py's): OpenAI's body, Cohere's, or TEI's
-with TEI's status."""
+"""An error as each API answers it (the bodies and statuses are errors.py's): OpenAI's body, Cohere's, the Open
+Inference Protocol's, or TEI's with TEI's status."""
 
 from __future__ import annotations
 
@@ -23,3 +23,9 @@ def tei_error_response(error: ApiError) -> Response:
     status, error_type = tei_error(error)
     body = orjson.dumps({"error": error.message, "error_type": error_type})
     return Response(body, status, error.headers, media_type="application/json")
+
+
+def kserve_error_response(error: ApiError) -> Response:
+    """The Open Inference Protocol's error body, `{"error": message}`."""
+    body = orjson.dumps({"error": error.message})
+    return Response(body, error.status, error.headers, media_type="application/json")

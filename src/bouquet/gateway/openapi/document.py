@@ -8,6 +8,17 @@ from typing import Any
 
 from bouquet.gateway import errors
 from bouquet.gateway.openapi.docs_page import DOCS_ASSETS
+from bouquet.gateway.openapi.kserve import (
+    KSERVE_ERROR_BODY,
+    KSERVE_INFER_REQUEST,
+    KSERVE_INFER_RESPONSE,
+    KSERVE_LIVE,
+    KSERVE_MODEL_METADATA,
+    KSERVE_MODEL_READY,
+    KSERVE_READY,
+    KSERVE_SERVER_METADATA,
+    KSERVE_VERSION_PATH,
+)
 from bouquet.gateway.openapi.pieces import COMPONENTS, STRING, Schema, named, nullable, response_schema
 from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
@@ -131,7 +142,7 @@ class Operation:
     ok: dict[str, Schema]  # media type -> the 200 body
     request: Schema | None = None
     statuses: frozenset[int] = frozenset()  # besides CONNECTION, and 401 where the key applies
-    errors: str = "openai"  # "openai", "tei", "both" (/rerank and /tokenize: by the body), or "cohere"
+    errors: str = "openai"  # "openai", "tei", "both" (/rerank and /tokenize: by the body), "cohere" or "kserve"
     public: bool = False  # no API key asked (TEI keeps these open)
     parameters: tuple[Schema, ...] = ()
 
@@ -149,6 +160,12 @@ _MODEL_PATH = {
 }  # fmt: skip
 _MODEL_QUERY = {"name": "model", "in": "query", "required": False, "schema": STRING, "description": "default: first"}
 _ASSET_PATH = {"name": "asset", "in": "path", "required": True, "schema": {"type": "string", "enum": list(DOCS_ASSETS)}}
+
+# KServe's routes with and without a version: /v2/models/{model}/... and /v2/models/{model}/versions/1/...
+_KSERVE_VERSIONS: tuple[tuple[str, tuple[Schema, ...]], ...] = (
+    ("", (_MODEL_PATH,)),
+    ("/versions/{version}", (_MODEL_PATH, KSERVE_VERSION_PATH)),
+)
 
 OPERATIONS: tuple[Operation, ...] = (
     # OpenAI's, and Infinity's without the /v1 prefix
@@ -203,6 +220,30 @@ OPERATIONS: tuple[Operation, ...] = (
     # Perplexity's
     Operation("/v1/contextualizedembeddings", "post", "Perplexity: late-chunked chunk embeddings per document",
               "Perplexity", _json(CONTEXTUAL), CONTEXTUAL_REQUEST, COMPUTE),
+    # KServe's Open Inference Protocol (v2), with its error body
+    Operation("/v2/health/live", "get", "KServe v2: the server is live", "KServe", _json(KSERVE_LIVE), public=True,
+              errors="kserve"),
+    Operation("/v2/health/ready", "get", "KServe v2: a replica is healthy", "KServe", _json(KSERVE_READY),
+              statuses=frozenset({503}), public=True, errors="kserve"),
+    Operation("/v2", "get", "KServe v2: the server's metadata", "KServe", _json(KSERVE_SERVER_METADATA),
+              errors="kserve"),
+    *(
+        Operation(f"/v2/models/{{model}}{version}/infer", "post", "KServe v2: embed a BYTES tensor of texts", "KServe",
+                  {**_json(KSERVE_INFER_RESPONSE), "application/octet-stream": {**STRING, "format": "binary"}},
+                  KSERVE_INFER_REQUEST, COMPUTE, "kserve", parameters=parameters)
+        for version, parameters in _KSERVE_VERSIONS
+    ),
+    *(
+        Operation(f"/v2/models/{{model}}{version}/ready", "get", "KServe v2: a healthy replica serves the model",
+                  "KServe", _json(KSERVE_MODEL_READY), statuses=MODEL_LOOKUP | {400}, errors="kserve", public=True,
+                  parameters=parameters)
+        for version, parameters in _KSERVE_VERSIONS
+    ),
+    *(
+        Operation(f"/v2/models/{{model}}{version}", "get", "KServe v2: the model's inputs and outputs", "KServe",
+                  _json(KSERVE_MODEL_METADATA), statuses=MODEL_LOOKUP | {400}, errors="kserve", parameters=parameters)
+        for version, parameters in _KSERVE_VERSIONS
+    ),
     # public, as TEI keeps them
     Operation("/metrics", "get", "Prometheus metrics", "Operations", {"text/plain": STRING}, public=True),
     Operation("/openapi.json", "get", "this document", "Operations", _json({"type": "object"}), public=True),
@@ -233,6 +274,8 @@ def _error(operation: Operation, status: int) -> Schema:
         shapes.append(tei_error(status))
     if operation.errors == "cohere" and status in own:
         shapes.append(named(f"CohereError{status}", response_schema({"message": STRING})))
+    if operation.errors == "kserve" and status in own:
+        shapes.append(named(f"KServeError{status}", KSERVE_ERROR_BODY))
     both = operation.errors == "both" and status in OPENAI_ERROR_TYPES
     if operation.errors == "openai" or status in CONNECTION or both:
         shapes.append(openai_error(status))
@@ -266,6 +309,9 @@ def _operation(operation: Operation) -> Schema:
     return described
 
 
+_TAGS = ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Perplexity", "KServe", "Operations")
+
+
 @cache
 def openapi_spec() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
@@ -283,7 +329,7 @@ def openapi_spec() -> dict[str, Any]:
             "A body is read as JSON whatever its Content-Type, and may be gzip-compressed "
             "(Content-Encoding: gzip; another encoding is a 415).",
         },
-        "tags": [{"name": n} for n in ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Perplexity", "Operations")],
+        "tags": [{"name": n} for n in _TAGS],
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "--api-key"}},
             "headers": _HEADERS,

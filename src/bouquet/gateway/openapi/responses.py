@@ -122,7 +122,10 @@ SCORES = named("Scores", response_schema({
     ),
     "usage": USAGE,
 }))  # fmt: skip
-TASK: Schema = {"type": "string", "enum": ["embed", "score", "sparse"], "description": "sparse: a SPLADE model"}
+TASK: Schema = {
+    "type": "string", "enum": ["embed", "score", "sparse", "multi_vector"],
+    "description": "sparse: a SPLADE model; multi_vector: a ColBERT model (per-token vectors)",
+}  # fmt: skip
 SPARSE: Schema = {**BOOLEAN, "description": "whether /embed_sparse serves it (SPLADE, or bge-m3's sparse head)"}
 MODEL_CARD = named("Model", response_schema({
     "id": STRING, "object": {"type": "string", "enum": ["model"]}, "created": INTEGER, "owned_by": STRING,
