@@ -44,6 +44,8 @@ EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "tiny-reranker"
 RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict", "/v2/rerank"}
 SPARSE = "tiny-splade"
+COLBERT = "tiny-colbert"
+MODEL_OF_ROUTE = {"/embed_sparse": SPARSE, "/v1/multi-vector": COLBERT}
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -168,12 +170,21 @@ def splade_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> P
 
 
 @pytest.fixture(scope="module")
-def server(reranker_dir: Path, splade_dir: Path, minilm_path: Path, minilm_fp32: Engine) -> Iterator[str]:
+def colbert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
+    from colbert_models import build_pylate
+
+    return build_pylate(tmp_path_factory.mktemp("openapi-colbert") / COLBERT, minilm_path)  # the directory names the model
+
+
+@pytest.fixture(scope="module")
+def server(
+    reranker_dir: Path, splade_dir: Path, colbert_dir: Path, minilm_path: Path, minilm_fp32: Engine
+) -> Iterator[str]:
     """In process (tests/in_process.py): a replica per model and the gateway app with the API key, on a loopback
     port of the gateway's own HTTP server: schemathesis sends its cases over a socket, headers as it spoiled them."""
-    models = (minilm_path, reranker_dir, splade_dir)
+    models = (minilm_path, reranker_dir, splade_dir, colbert_dir)
     with (
-        engines(reranker_dir, splade_dir) as others,
+        engines(reranker_dir, splade_dir, colbert_dir) as others,
         served([minilm_fp32, *others], model_dirs=models, api_key=API_KEY, listen=True) as running,
     ):
         yield running.url
@@ -188,7 +199,7 @@ def test_server_answers_as_documented(case: schemathesis.Case, server: str) -> N
     if isinstance(case.body, dict) and case.body.get("model") is None and case.operation.method == "post":
         # The default model is whichever replica reported first: name the one the route serves.
         path = case.operation.path
-        case.body["model"] = RERANKER if path in RERANK_ROUTES else SPARSE if path == "/embed_sparse" else EMBEDDER
+        case.body["model"] = MODEL_OF_ROUTE.get(path, RERANKER if path in RERANK_ROUTES else EMBEDDER)
     # A case whose Authorization header schemathesis left out or spoiled goes as it is (a 401); the rest with the key.
     spoiled_key = case.meta is not None and case.meta.is_negative_at(ParameterLocation.HEADER)
     headers = {} if spoiled_key else {"Authorization": f"Bearer {API_KEY}"}

@@ -19,6 +19,7 @@ from bouquet.gateway.openapi.kserve import (
     KSERVE_SERVER_METADATA,
     KSERVE_VERSION_PATH,
 )
+from bouquet.gateway.openapi.multi_vector import MULTI_VECTOR_REQUEST, MULTI_VECTOR_RESPONSE
 from bouquet.gateway.openapi.pieces import COMPONENTS, STRING, Schema, named, nullable, response_schema
 from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
@@ -220,6 +221,9 @@ OPERATIONS: tuple[Operation, ...] = (
     # Perplexity's
     Operation("/v1/contextualizedembeddings", "post", "Perplexity: late-chunked chunk embeddings per document",
               "Perplexity", _json(CONTEXTUAL), CONTEXTUAL_REQUEST, COMPUTE),
+    # Jina's multi-vector: ColBERT's per-token vectors
+    Operation("/v1/multi-vector", "post", "Jina: a ColBERT model's per-token vectors, as a query or a document",
+              "Jina", _json(MULTI_VECTOR_RESPONSE), MULTI_VECTOR_REQUEST, COMPUTE),
     # KServe's Open Inference Protocol (v2), with its error body
     Operation("/v2/health/live", "get", "KServe v2: the server is live", "KServe", _json(KSERVE_LIVE), public=True,
               errors="kserve"),
@@ -276,6 +280,8 @@ def _error(operation: Operation, status: int) -> Schema:
         shapes.append(named(f"CohereError{status}", response_schema({"message": STRING})))
     if operation.errors == "kserve" and status in own:
         shapes.append(named(f"KServeError{status}", KSERVE_ERROR_BODY))
+    if operation.errors == "kserve" and status == 404:
+        shapes.append(openai_error(404))  # a model name no route matches (a newline in it) gets the app's 404
     both = operation.errors == "both" and status in OPENAI_ERROR_TYPES
     if operation.errors == "openai" or status in CONNECTION or both:
         shapes.append(openai_error(status))
@@ -309,7 +315,7 @@ def _operation(operation: Operation) -> Schema:
     return described
 
 
-_TAGS = ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Perplexity", "KServe", "Operations")
+_TAGS = ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Jina", "Perplexity", "KServe", "Operations")
 
 
 @cache

@@ -26,7 +26,7 @@ _TASK_ROUTES = {
     "embed": ("/v1/embeddings", "/embed", "/v1/contextualizedembeddings"),
     "score": ("/rerank", "/v1/rerank", "/score", "/predict"),
     "sparse": ("/embed_sparse",),
-    "multi_vector": (),  # ColBERT's per-token vectors: loaded, no route serves them yet (docs/late-interaction.md)
+    "multi_vector": ("/v1/multi-vector",),  # ColBERT's per-token vectors (docs/late-interaction.md)
 }
 
 
@@ -58,7 +58,7 @@ class ServedModel:
         served = [*_TASK_ROUTES[self.task]] + (
             ["/embed_sparse"] if self.sparse_dimension and self.task != "sparse" else []
         )
-        return ", ".join(served) or "no route yet"
+        return ", ".join(served)
 
     def wrong_task(self, wanted: str) -> InvalidRequest:
         """The 400 (TEI: 424) for a route this model cannot serve, naming its task and the routes it has."""

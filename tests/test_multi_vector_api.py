@@ -1,0 +1,109 @@
+"""Jina's `/v1/multi-vector` over real HTTP against the gateway app and a real replica in this process
+(tests/in_process.py), on a small PyLate-layout ColBERT model (tests/colbert_models.py): each input's token vectors
+as PyLate's formula gives them (reimplemented there: PyLate's releases pin older transformers), as queries ([MASK]
+expansion kept) and as documents (punctuation skipped); base64 rows; `dimensions`; the model's task refused on the
+dense routes and the reverse, with the routes to use named."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from colbert_models import QUERY_LENGTH, build_pylate, pylate_encode
+from in_process import api
+from safetensors.torch import load_file
+from test_colbert import _projection
+
+from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
+
+COLBERT = "tiny-colbert"
+TEXTS = ["Packed sequences run without padding.", "What is late interaction, exactly?", "one"]
+
+
+@pytest.fixture(scope="module")
+def colbert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
+    return build_pylate(tmp_path_factory.mktemp("colbert") / COLBERT, minilm_path)  # the directory names the model
+
+
+@pytest.fixture(scope="module")
+def client(colbert_dir: Path, minilm_path: Path, minilm_fp32: Engine) -> Iterator[httpx.Client]:
+    engine = Engine(EngineConfig(colbert_dir, "cpu", "float32", cpu_warmup_tokens=0))
+    try:
+        with api([engine, minilm_fp32], model_dirs=(colbert_dir, minilm_path)) as http:
+            yield http
+    finally:
+        engine.close()
+
+
+def _theirs(colbert_dir: Path, is_query: bool) -> list[np.ndarray]:
+    projection = _projection(load_file(str(colbert_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
+    return [vectors.numpy() for vectors in pylate_encode(colbert_dir, projection, TEXTS, is_query)]
+
+
+def _least_cosine(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
+    worst = 1.0
+    for mine, expected in zip(ours, theirs, strict=True):
+        assert mine.shape == expected.shape
+        cosines = (mine * expected).sum(1) / np.linalg.norm(mine, axis=1) / np.linalg.norm(expected, axis=1)
+        worst = min(worst, float(cosines.min()))
+    return worst
+
+
+@pytest.mark.parametrize("input_type", ["query", "document"])
+def test_token_vectors_match_pylate(client: httpx.Client, colbert_dir: Path, input_type: str) -> None:
+    body = {"model": COLBERT, "input": TEXTS, "input_type": input_type}
+    reply = client.post("/v1/multi-vector", json=body)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["model"] == COLBERT and [item["index"] for item in answer["data"]] == [0, 1, 2]
+    ours = [np.array(item["embeddings"], np.float32) for item in answer["data"]]
+    if input_type == "query":
+        assert all(len(rows) == QUERY_LENGTH for rows in ours)  # padded with [MASK], each kept as a vector
+    assert _least_cosine(ours, _theirs(colbert_dir, input_type == "query")) >= 0.99999
+    assert answer["usage"]["total_tokens"] > 0
+
+
+def test_base64_rows_and_dimensions(client: httpx.Client, colbert_dir: Path) -> None:
+    body = {"model": COLBERT, "input": [{"text": t} for t in TEXTS], "embedding_type": "base64", "dimensions": 8}
+    reply = client.post("/v1/multi-vector", json=body)
+    assert reply.status_code == 200, reply.text
+    ours = [
+        np.stack([np.frombuffer(base64.b64decode(row), "<f4") for row in item["embeddings"]])
+        for item in reply.json()["data"]
+    ]
+    assert all(rows.shape[1] == 8 for rows in ours)
+    np.testing.assert_allclose(np.linalg.norm(ours[0], axis=1), 1.0, atol=1e-5)  # cut, then normalised
+    theirs = [rows[:, :8] for rows in _theirs(colbert_dir, is_query=False)]
+    assert _least_cosine(ours, theirs) >= 0.99999
+
+
+def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None:
+    dense = client.post("/v1/embeddings", json={"model": COLBERT, "input": "a"})
+    assert dense.status_code == 400 and dense.json()["error"]["code"] == "wrong_task"
+    assert "/v1/multi-vector" in dense.json()["error"]["message"]
+    multi = client.post("/v1/multi-vector", json={"model": "all-MiniLM-L6-v2", "input": "a"})
+    assert multi.status_code == 400 and multi.json()["error"]["code"] == "wrong_task"
+    card = client.get(f"/v1/models/{COLBERT}").json()
+    assert card["task"] == "multi_vector"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"model": COLBERT, "input": []}, 400, "input"),
+        ({"model": COLBERT, "input": ["a"], "input_type": "passage"}, 400, "input_type"),
+        ({"model": COLBERT, "input": ["a"], "embedding_type": "fp8"}, 400, "embedding_type"),
+        ({"model": COLBERT, "input": ["a"], "dimensions": 999}, 400, "dimensions"),
+        ({"model": COLBERT, "input": ["a"], "task": "retrieval"}, 400, "task"),
+        ({"model": COLBERT, "input": [1]}, 422, "input[0]"),
+    ],
+)
+def test_bad_requests_name_their_field(client: httpx.Client, body: dict[str, object], status: int, param: str) -> None:
+    reply = client.post("/v1/multi-vector", json=body)
+    assert reply.status_code == status, reply.text
+    assert reply.json()["error"]["param"] == param
