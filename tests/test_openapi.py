@@ -173,7 +173,7 @@ def splade_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> P
 def colbert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
     from colbert_models import build_pylate
 
-    return build_pylate(tmp_path_factory.mktemp("openapi-colbert") / COLBERT, minilm_path)  # the directory names the model
+    return build_pylate(tmp_path_factory.mktemp("openapi-colbert") / COLBERT, minilm_path)  # its name: the model's
 
 
 @pytest.fixture(scope="module")
