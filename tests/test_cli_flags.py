@@ -48,9 +48,10 @@ INTERNAL = {
     "api_key", "input_path", "output_path", "address", "ray", "device", "replica_configs", "gateway_config",
 }  # fmt: skip
 SERVE_PICKS = {"--listen", "--metrics-port", "--replica", "--config"}  # serve gives these itself, per child
-# What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS).
+# What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS, always a token).
 NOT_FOR_SERVE = {"--tls-cert", "--tls-key", "--tls-client-ca", "--replica-tls-ca", "--replica-tls-cert",
-                 "--replica-tls-key", "--replicas-dns", "--dns-interval"}  # fmt: skip
+                 "--replica-tls-key", "--replica-tls-server-name", "--replicas-dns", "--dns-interval",
+                 "--insecure"}  # fmt: skip
 
 
 def command(name: str) -> argparse.ArgumentParser:
@@ -244,7 +245,8 @@ GATEWAY_SAMPLES = {
     "--max-inflight-tokens": "100000", "--admission-seconds": "1.5", "--admission-wait": "0.5",
     "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
     "--probe-interval": "0.25", "--tokenizer-threads": "1", "--max-connections": "5000", "--max-header-bytes": "8192",
-    "--header-timeout": "20.0", "--body-timeout": "20.0", "--idle-timeout": "60.0", "--token-id-input": "",
+    "--header-timeout": "20.0", "--body-timeout": "20.0", "--body-min-rate": "500", "--idle-timeout": "60.0",
+    "--token-id-input": "",
     "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example", "--long-input": "chunk",
 }  # fmt: skip
 

@@ -40,10 +40,12 @@ RAY_OPTIONS = options_of(RayConfig)
 SERVE_OPTIONS = options_of(ServeConfig)
 # What serve does not take from its user: it gives these to each child itself (its replicas are its own children on
 # private Unix sockets: no TLS, no DNS), or they are its own (ServeConfig's host, port, workers, drain).
-_SERVE_SETS = ["model_path", "listen", "metrics_port", "tls_cert", "tls_key", "tls_client_ca", "served_model_names"]
+_SERVE_SETS = [
+    "model_path", "listen", "metrics_port", "tls_cert", "tls_key", "tls_client_ca", "served_model_names", "insecure",
+]  # fmt: skip
 _SERVE_GATEWAY_SETS = [
     "replicas", "replicas_dns", "dns_interval", "replica_tls_ca", "replica_tls_cert", "replica_tls_key", "model_dirs",
-    "host", "port", "drain_seconds", "workers",
+    "host", "port", "drain_seconds", "workers", "replica_tls_server_name",
 ]  # fmt: skip
 _SERVE_ENGINE = options_of(EngineConfig, skip=_SERVE_SETS)
 _SERVE_REPLICA = options_of(ReplicaConfig, skip=[*_SERVE_SETS, "drain_seconds"])
