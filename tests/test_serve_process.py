@@ -66,6 +66,8 @@ def test_sigterm_finishes_requests_in_flight():
         serve.stop()
 
 
+@pytest.mark.fault
+@pytest.mark.long  # 15 s; a fault campaign's case: CI runs it in its long tier
 def test_sigkill_of_serve_still_answers_the_requests_in_flight():
     """serve killed outright: its gateways get SIGTERM and finish their requests while the replicas, told to go
     only once their gateways are done, keep serving them; then every child exits."""
@@ -114,6 +116,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.fault
+@pytest.mark.long  # 8 s; a fault campaign's case: CI runs it in its long tier
 def test_a_killed_replica_is_restarted_on_its_socket_and_served_again():
     port = free_port()
     serve = start_serve(port, "--device", "cpu", "--dtype", "float32")
