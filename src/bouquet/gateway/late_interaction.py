@@ -65,34 +65,10 @@ def pack(layout: Layout, options: RowOptions) -> Batch:
     return Batch.pack(layout.sequences, options, spans=layout.spans, key_lens=layout.key_lens)
 
 
-# Filled by `learn_layout` when a replica's Info has one: model name -> its layout.
-_LAYOUTS: dict[str, embedding_pb2.MultiVector] = {}
-
-
-async def learn_layout(model: ServedModel, service: Service) -> embedding_pb2.MultiVector | None:
-    """Asks a healthy replica of `model` for its Info once, and keeps its multi-vector layout (catalog.py keeps
-    what every route needs; this is for this route alone)."""
-    if model.name in _LAYOUTS:
-        return _LAYOUTS[model.name]
-    token = service.config.replica_token
-    metadata = (("authorization", f"Bearer {token}"),) if token else None
-    for replica in service.pool.replicas:
-        if replica.model is None or replica.model.name != model.name or not replica.healthy:
-            continue
-        info: embedding_pb2.InfoResponse = await replica.stub.Info(
-            embedding_pb2.InfoRequest(), timeout=10, metadata=metadata
-        )
-        if info.HasField("multi_vector"):
-            _LAYOUTS[model.name] = info.multi_vector
-            return info.multi_vector
-        return None
-    return None
-
-
 async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedModel, list[np.ndarray], int]:
     """Each input's token vectors ([kept tokens, width], in the job's encoding), and the tokens computed."""
     model = service.catalog.get(job.model)
-    info = await learn_layout(model, service)
+    info = model.multi_vector  # its replica's Info told the catalog, at discovery
     if info is None:
         raise model.wrong_task("per-token (multi-vector) vectors")
     service.check_inputs(len(job.texts))

@@ -39,7 +39,7 @@ class ServedModel:
     vocab_size: int
     family: str  # the models/ file serving it
     architecture: str
-    task: str  # "embed", "score" (a cross-encoder: its rows are raw logits) or "sparse" (SPLADE)
+    task: str  # "embed", "score" (a cross-encoder: its rows are raw logits), "sparse" (SPLADE) or "multi_vector"
     score_activation: str
     pooling: str
     normalize: bool  # rows are normalised when a request does not say
@@ -51,6 +51,8 @@ class ServedModel:
     labels: tuple[str, ...] = ()  # a score model's label names by index (TEI's /predict)
     sparse_dimension: int = 0  # a sparse row's width (SPLADE, bge-m3's sparse head); 0: no sparse rows
     served_names: tuple[str, ...] = ()  # the replica's --served-model-name, each listed by /v1/models
+    # How its per-token (ColBERT) vectors are laid out, from Info; None: the model gives none (late_interaction.py)
+    multi_vector: embedding_pb2.MultiVector | None = None
 
     @property
     def routes(self) -> str:
@@ -186,6 +188,7 @@ class ModelCatalog:
             max_batch_tokens=info.max_batch_tokens,
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
             labels=_labels(spec, info), sparse_dimension=info.sparse_dimension,
+            multi_vector=info.multi_vector if info.HasField("multi_vector") else None,
         )  # fmt: skip
 
 
