@@ -107,3 +107,17 @@ def test_bad_requests_name_their_field(client: httpx.Client, body: dict[str, obj
     reply = client.post("/v1/multi-vector", json=body)
     assert reply.status_code == status, reply.text
     assert reply.json()["error"]["param"] == param
+
+
+def test_token_vectors_are_bounded_per_request(colbert_dir: Path, minilm_fp32: Engine) -> None:
+    """As sparse rows are: two queries give 2 x QUERY_LENGTH vectors, over a limit of QUERY_LENGTH + 1 (413);
+    one is under it."""
+    engine = Engine(EngineConfig(colbert_dir, "cpu", "float32", cpu_warmup_tokens=0))
+    try:
+        with api([engine], model_dirs=(colbert_dir,), max_token_vectors=QUERY_LENGTH + 1) as http:
+            body = {"model": COLBERT, "input": TEXTS[:2], "input_type": "query"}
+            refused = http.post("/v1/multi-vector", json=body)
+            assert refused.status_code == 413 and refused.json()["error"]["code"] == "too_many_token_vectors"
+            assert http.post("/v1/multi-vector", json={**body, "input": TEXTS[:1]}).status_code == 200
+    finally:
+        engine.close()

@@ -363,6 +363,10 @@ class GatewayConfig:
         (), help="a browser origin allowed to call, or * (repeat; default: no CORS headers at all)"
     )
     max_request_tokens: int = flag(300_000, help="tokens a request, after truncation")
+    max_token_vectors: int = flag(
+        65_536, help="per-token (ColBERT) vectors a request may return, e.g. 128 documents of 512 tokens; more: 413 "
+        "(a document's vectors are ~256 KB at 128 float32 dimensions)",
+    )  # fmt: skip
     # TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings (which truncation
     # throws away anyway) would cost the gateway gigabytes to parse and tokenize.
     max_payload_bytes: int = flag(2 * 1024 * 1024, help="bytes a request body; more is 413")
@@ -418,7 +422,7 @@ class GatewayConfig:
             raise ValueError("workers share one port: give --port a fixed port, not 0")
         for name in (
             "max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts",
-            "max_connections", "max_header_bytes", "max_concurrent_requests", "body_min_rate",
+            "max_connections", "max_header_bytes", "max_concurrent_requests", "body_min_rate", "max_token_vectors",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

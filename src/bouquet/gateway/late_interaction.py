@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
-from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.jobs import MultiVectorJob
 from bouquet.proto import embedding_pb2
 
@@ -82,6 +82,7 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
         if any(len(sequence) > limit for sequence in ids):
             raise InvalidRequest(f"an input is over {limit} tokens and truncate is false", "input_too_long", "input")
         layouts.append(lay_out(ids, info, is_query))
+        _check_vectors(sum(map(len, layouts[0].spans)), service.config.max_token_vectors)
         options = RowOptions(dimensions=_dimensions(job.dimensions, info), normalize=True,
                              encoding=job.response_format.encoding, token_vectors=True)  # fmt: skip
         return pack(layouts[0], options)
@@ -93,6 +94,17 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
     rows, tokens = await service.compute(model, estimate, batch)
     counts = np.array([len(spans) for spans in layouts[0].spans])
     return model, np.split(rows, np.cumsum(counts)[:-1]), tokens
+
+
+def _check_vectors(vectors: int, limit: int) -> None:
+    """Token vectors are bounded per request, as sparse rows are: a document's are ~256 KB at 128 float32
+    dimensions, so a request of 2,048 long documents would answer half a gigabyte."""
+    if vectors > limit:
+        message = (
+            f"the inputs give {vectors} token vectors, over the limit of {limit} a request: send fewer inputs a "
+            "request (--max-token-vectors)"
+        )
+        raise TooLarge(message, "too_many_token_vectors", "input")
 
 
 def _dimensions(dimensions: int | None, info: embedding_pb2.MultiVector) -> int:
