@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_kubernetes_manifests import _crd_schemas, _strict  # the CRD schemas, read and made strict once
 
 from bouquet import cli
 from bouquet.config import default_model_path
@@ -31,7 +32,6 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kserve"
-CRD_SCHEMAS = ROOT / "tests" / "crd_schemas"
 RUNTIMES = "serving.kserve.io/v1alpha1", "ServingRuntime"
 SERVICES = "serving.kserve.io/v1beta1", "InferenceService"
 EXPECTED = {RUNTIMES: {"bouquet", "bouquet-gpu"}, SERVICES: {"minilm", "minilm-gpu"}}
@@ -87,28 +87,6 @@ def docs() -> list[Doc]:
 
 def _of(docs: list[Doc], kind: tuple[str, str]) -> dict[str, Doc]:
     return {d["metadata"]["name"]: d for d in docs if (d["apiVersion"], d["kind"]) == kind}
-
-
-def _crd_schemas() -> dict[tuple[str, str], Doc]:
-    schemas = {}
-    for path in sorted(CRD_SCHEMAS.glob("*.json")):
-        crd = json.loads(path.read_text())
-        schemas[crd["apiVersion"], crd["kind"]] = crd["schema"]
-    return schemas
-
-
-def _strict(schema: Any) -> Any:
-    """The schema with unknown fields refused wherever it lists its fields, as `kubectl apply --validate=strict`
-    refuses them (a structural schema would otherwise prune them silently)."""
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: _strict(value) for key, value in schema.items()}
-    lists_fields = "properties" in schema and "additionalProperties" not in schema
-    if lists_fields and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        strict["additionalProperties"] = False
-    return strict
 
 
 def _runtime_container(runtime: Doc) -> Doc:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bouquet.gateway.testing import free_port, start_gateway, start_replica
+from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 
@@ -74,6 +74,15 @@ def _health(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def _ready_urls(gateways: dict[str, Process]) -> dict[str, str]:
+    """Each gateway's URL, once it listens."""
+    urls = {}
+    for name, gateway in gateways.items():
+        gateway.wait_ready()
+        urls[name] = f"http://127.0.0.1:{gateway.process.args[gateway.process.args.index('--port') + 1]}"
+    return urls
+
+
 def _with_token(token: str) -> list[str]:
     return ["env", f"BOUQUET_REPLICA_TOKEN={token}"]  # a secret goes by environment, never argv
 
@@ -100,10 +109,7 @@ def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certifica
     }
     try:
         replica.wait_ready()
-        urls = {}
-        for name, gateway in gateways.items():
-            gateway.wait_ready()
-            urls[name] = f"http://127.0.0.1:{gateway.process.args[gateway.process.args.index('--port') + 1]}"
+        urls = _ready_urls(gateways)
         assert _status_after(urls["mutual"], 30) == 200
         for name in ("wrong token", "no client certificate", "plaintext"):
             assert _status_after(urls[name], 3) == 503, name
@@ -139,10 +145,7 @@ def test_a_certificate_for_a_name_and_metrics_over_https(certificates: Path) -> 
     }
     try:
         replica.wait_ready()
-        urls = {}
-        for name, gateway in gateways.items():
-            gateway.wait_ready()
-            urls[name] = f"http://127.0.0.1:{gateway.process.args[gateway.process.args.index('--port') + 1]}"
+        urls = _ready_urls(gateways)
         assert _status_after(urls["named"], 30) == 200
         assert _status_after(urls["by address"], 3) == 503
         status, body = _health(urls["by address"])

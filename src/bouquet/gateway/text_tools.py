@@ -27,13 +27,19 @@ async def tokenize(
 
 
 async def decode(
-    service: Service, model_name: str | None, sequences: list[list[int]], skip_special: bool, param: str
+    service: Service,
+    model_name: str | None,
+    sequences: list[list[int]],
+    skip_special: bool,
+    param: str,
+    indexed: bool = True,
 ) -> list[str]:
-    """One string per sequence of token ids; an id outside the vocabulary is refused, naming `param`."""
+    """One string per sequence of token ids; an id outside the vocabulary is refused, naming `param` (with the
+    sequence's index where the request gave a list of them)."""
     model = service.catalog.get(model_name)
     for index, sequence in enumerate(sequences):
         if any(not 0 <= i < model.vocab_size for i in sequence):
-            where = f"'{param}[{index}]'" if len(sequences) > 1 or param == "ids" else f"'{param}'"
+            where = f"'{param}[{index}]'" if indexed else f"'{param}'"
             raise InvalidRequest(f"{where} holds an id outside the vocabulary", "invalid_token_id", param)
     service.check_inputs(len(sequences))
     service.check_tokens(sum(map(len, sequences)))

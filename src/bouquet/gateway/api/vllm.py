@@ -82,7 +82,7 @@ async def _detokenize(service: Service, request: Request) -> Response:
     if not isinstance(tokens, list) or not all(map(is_int, tokens)):
         raise Unprocessable("'tokens' must be a list of token ids", "invalid_type", "tokens")
     model_name = optional_field(body, "model", str)
-    (prompt,) = await text_tools.decode(service, model_name, [tokens], False, "tokens")
+    (prompt,) = await text_tools.decode(service, model_name, [tokens], False, "tokens", indexed=False)
     return json_response({"prompt": prompt})
 
 
