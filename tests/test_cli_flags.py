@@ -46,6 +46,7 @@ from bouquet.processes.gateway_workers import worker_sections
 INTERNAL = {
     "token_buckets", "seq_buckets", "max_graphs", "max_steps_in_flight", "sort_window", "token", "replica_token",
     "api_key", "input_path", "output_path", "address", "ray", "device", "replica_configs", "gateway_config",
+    "replicas_followed",
 }  # fmt: skip
 SERVE_PICKS = {"--listen", "--metrics-port", "--replica", "--config"}  # serve gives these itself, per child
 # What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS, always a token).

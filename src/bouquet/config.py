@@ -403,9 +403,11 @@ class GatewayConfig:
     idle_timeout: float = flag(75.0, help="seconds a connection may stay with no request in progress, a new one too")
     # More than one: this process supervises them, each given this config whole (gateway/http/server.py).
     workers: int = flag(1, help="gateway processes sharing the port")
+    # Internal: Ray Serve's gateway (ray_serve/gateway.py) is handed its replicas as they register, not by address.
+    replicas_followed: bool = False
 
     def __post_init__(self) -> None:
-        if not self.replicas and not self.replicas_dns:
+        if not self.replicas and not self.replicas_dns and not self.replicas_followed:
             raise ValueError("the gateway needs at least one --replica HOST:PORT or --replicas-dns NAME:PORT")
         for target in self.replicas_dns:
             name, _, port = target.rpartition(":")

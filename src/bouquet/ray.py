@@ -54,7 +54,7 @@ class Embedder:
         **engine_fields: Any,
     ):
         if engine_fields.get("num_threads") is None:
-            engine_fields["num_threads"] = _actor_cpus()
+            engine_fields["num_threads"] = actor_cpus()
         self.engine = Engine(create_engine_config(model, device, dtype, **engine_fields))
         spec = self.engine.spec
         tokenizer = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
@@ -88,7 +88,7 @@ def _texts(batch: dict[str, np.ndarray]) -> list[str]:
     return texts
 
 
-def _actor_cpus() -> int | None:
+def actor_cpus() -> int | None:
     """The CPUs Ray assigned this actor, as intra-op threads; None outside an actor (torch's default)."""
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None

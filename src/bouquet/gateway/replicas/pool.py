@@ -119,10 +119,12 @@ class ReplicaPool:
                 logger.warning("resolving %s failed (%s); keeping its %d replicas", target, error,
                                len(self._dns_members.get(target, ())))  # fmt: skip
             else:
-                self._follow(target, {_address(str(info[4][0]), int(port)) for info in infos})
+                self.follow(target, {_address(str(info[4][0]), int(port)) for info in infos})
             await asyncio.sleep(self._dns_interval)
 
-    def _follow(self, target: str, addresses: set[str]) -> None:
+    def follow(self, target: str, addresses: set[str]) -> None:
+        """`addresses` are the replicas `target` gives now (a DNS name, or Ray Serve's registry): new ones join, gone
+        ones are retired."""
         known = self._dns_members.get(target, set())
         self._dns_members[target] = addresses
         self._metrics.dns_replicas.labels(target).set(len(addresses))

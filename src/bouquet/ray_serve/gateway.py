@@ -1,0 +1,66 @@
+"""The gateway as the application's ingress: Ray Serve's proxy hands each HTTP request to this deployment, which
+runs the gateway's own ASGI app (gateway/app.py: every route, tokenization, chunking, admission, the replica
+pool with its retries elsewhere), so the API is `bouquet serve`'s. Its replicas are followed from the registry as
+`--replicas-dns` follows a name: a new one joins once its Info and health answer, one that goes gets no new work
+and finishes its calls; an unreachable or restarting registry keeps the last list. It reports its admission's
+demand to the registry for the replicas' autoscaler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.applications import Starlette
+
+from bouquet.config import GatewayConfig
+from bouquet.gateway.app import create_app
+from bouquet.gateway.service import Service
+from bouquet.ray_serve.registry import RENEW_SECONDS, Demand
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "ray-serve-registry"  # the pool's name for the registry's list, as a DNS name's would be
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class BouquetGateway:
+    async def __init__(self, config: GatewayConfig, registry: DeploymentHandle, replicas: DeploymentHandle) -> None:
+        # `replicas` is held only so that the replica deployment belongs to this application.
+        self._app = create_app(config)
+        self._service: Service = self._app.state.service
+        self._registry = registry
+        self._id = serve.get_replica_context().replica_tag
+        self._following = asyncio.ensure_future(self._follow())
+
+    def __serve_build_asgi_app__(self) -> Starlette:
+        return self._app  # Ray Serve runs its lifespan: the pool starts, and closes when this replica stops
+
+    async def _follow(self) -> None:
+        followed: set[str] = set()
+        while True:
+            try:
+                addresses, complete = await self._registry.replicas.remote()
+                # An incomplete list (a registry just restarted) adds, never removes.
+                followed = set(addresses) if complete else followed | set(addresses)
+                self._service.pool.follow(SOURCE, followed)
+                await self._registry.report_demand.remote(self._id, self._demand())
+            except Exception as error:  # the registry restarting or unreachable: keep the last list
+                logger.warning("the registry did not answer (%s); keeping its %d replicas", error, len(followed))
+            await asyncio.sleep(RENEW_SECONDS)
+
+    def _demand(self) -> Demand:
+        """What the demand gauges say (docs/scaling.md): tokens waiting and admitted, over the admission limit."""
+        metrics = self._service.metrics
+        wanted = sum(
+            sample.value
+            for gauge in (metrics.admission_waiting_tokens, metrics.admission_admitted_tokens)
+            for family in gauge.collect()
+            for sample in family.samples
+        )
+        return Demand(wanted, float(self._service.admission.limit()))
+
+    async def __del__(self) -> None:
+        self._following.cancel()
