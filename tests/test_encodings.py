@@ -16,6 +16,7 @@ import corpus
 import grpc
 import numpy as np
 import openai
+import orjson
 import pytest
 import torch
 from conftest import row_cosines
@@ -140,15 +141,17 @@ def test_rows_from_bytes_checks_the_length():
 
 def test_request_fields_name_what_they_refuse():
     for name, response_format in FORMATS.items():
-        assert parse_openai({"input": "a", "encoding_format": name}).response_format == response_format
-        assert parse_tei({"inputs": "a", "encoding_format": name}).response_format == response_format
-    half = parse_openai({"input": "a", "encoding_format": "base64", "embed_dtype": "float16", "endianness": "big"})
+        assert parse_openai(orjson.dumps({"input": "a", "encoding_format": name})).response_format == response_format
+        assert parse_tei(orjson.dumps({"inputs": "a", "encoding_format": name})).response_format == response_format
+    half = parse_openai(
+        orjson.dumps({"input": "a", "encoding_format": "base64", "embed_dtype": "float16", "endianness": "big"})
+    )
     assert half.response_format == ResponseFormat(Encoding.FLOAT16, base64=True, big_endian=True)
     for name, encoding in [("fp8_e4m3", Encoding.FP8_E4M3), ("fp8_e5m2", Encoding.FP8_E5M2)]:
-        fp8 = parse_openai({"input": "a", "encoding_format": "base64", "embed_dtype": name})
+        fp8 = parse_openai(orjson.dumps({"input": "a", "encoding_format": "base64", "embed_dtype": name}))
         assert fp8.response_format == ResponseFormat(encoding, base64=True)
     defaults = {"input": "a", "encoding_format": "int8", "embed_dtype": "float32", "endianness": "native"}
-    assert parse_openai(defaults).response_format == FORMATS["int8"]
+    assert parse_openai(orjson.dumps(defaults)).response_format == FORMATS["int8"]
     refused = [
         ({"encoding_format": "int4"}, "invalid_value", "encoding_format"),
         ({"encoding_format": "base64", "embed_dtype": "fp8"}, "invalid_value", "embed_dtype"),
@@ -159,10 +162,10 @@ def test_request_fields_name_what_they_refuse():
     ]
     for fields, code, param in refused:
         with pytest.raises(InvalidRequest) as raised:
-            parse_openai({"input": "a", **fields})
+            parse_openai(orjson.dumps({"input": "a", **fields}))
         assert (raised.value.code, raised.value.param) == (code, param)
     with pytest.raises(Unprocessable):
-        parse_tei({"inputs": "a", "encoding_format": 8})
+        parse_tei(orjson.dumps({"inputs": "a", "encoding_format": 8}))
 
 
 # A real replica behind the real gateway, in this process (tests/in_process.py), the gateway on a loopback port:

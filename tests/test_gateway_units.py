@@ -7,17 +7,18 @@ import subprocess
 import sys
 import time
 
+import orjson
 import pytest
 
 from bouquet.batch import Batch
 from bouquet.config import GatewayConfig
 from bouquet.encodings import FORMATS
 from bouquet.gateway.admission import Admission
-from bouquet.gateway.api.fields import parse_inputs
 from bouquet.gateway.api.openai import parse_openai
 from bouquet.gateway.api.tei import parse_tei
 from bouquet.gateway.chunking import chunk_spans
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unprocessable
+from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.metrics import GatewayMetrics
 
 
@@ -170,21 +171,51 @@ def test_concurrent_requests_over_the_cap_are_refused_at_once():
         assert admission.requests == 1
 
 
+def _openai(body: dict) -> EmbedJob:
+    return parse_openai(orjson.dumps(body))
+
+
+def _tei(body: dict) -> EmbedJob:
+    return parse_tei(orjson.dumps(body))
+
+
+def _inputs(value: object) -> tuple[list[str] | None, list[list[int]] | None]:
+    job = _openai({"input": value})
+    return job.texts, job.token_ids
+
+
 def test_inputs_of_every_form():
-    assert parse_inputs("a", "input") == (["a"], None)
-    assert parse_inputs(["a", "b"], "input") == (["a", "b"], None)
-    assert parse_inputs([1, 2], "input") == (None, [[1, 2]])
-    assert parse_inputs([[1], [2, 3]], "input") == (None, [[1], [2, 3]])
+    assert _inputs("a") == (["a"], None)
+    assert _inputs(["a", "b"]) == (["a", "b"], None)
+    assert _inputs([1, 2]) == (None, [[1, 2]])
+    assert _inputs([[1], [2, 3]]) == (None, [[1], [2, 3]])
+    assert _inputs(["a", [1]]) == (["a"], [[1]])  # mixed, as TEI takes: text_positions says where the text goes
     for bad in (True, [True], [1, "a"], [[1], 2], {"a": 1}, [None], [[1.5]]):
         with pytest.raises(Unprocessable):
-            parse_inputs(bad, "input")
+            _inputs(bad)
     for empty in ("", [], [""], [[]]):
-        with pytest.raises(InvalidRequest):
-            parse_inputs(empty, "input")
+        with pytest.raises(InvalidRequest) as raised:
+            _inputs(empty)
+        assert raised.value.code == "empty_input" and raised.value.param.startswith("input")
+
+
+def test_a_type_error_names_the_field_at_its_path():
+    with pytest.raises(Unprocessable) as raised:
+        _openai({"input": ["a", "b", 1.5]})
+    assert (raised.value.code, raised.value.param) == ("invalid_type", "input[2]")
+    with pytest.raises(InvalidRequest) as raised:
+        _openai({"input": "a", "extra": 1})
+    assert (raised.value.code, raised.value.param) == ("unsupported_parameter", "extra")
+    assert parse_openai(orjson.dumps({"input": "a", "extra": 1}), strict=False).texts == ["a"]
+    with pytest.raises(InvalidRequest) as raised:
+        parse_openai(b'{"input": "\xff"}')
+    assert raised.value.code == "invalid_utf8"
+    with pytest.raises(InvalidRequest, match="not valid JSON"):
+        parse_openai(b"{not json")
 
 
 def test_request_defaults():
-    job = parse_openai({"input": "a", "model": "m", "user": "u"})
+    job = _openai({"input": "a", "model": "m", "user": "u"})
     # normalize None: the model's Normalize module decides (the gateway learns it from Info)
     assert (job.model, job.normalize, job.truncate, job.response_format, job.dimensions) == (
         "m",
@@ -193,14 +224,14 @@ def test_request_defaults():
         FORMATS["float"],
         None,
     )
-    tei = parse_tei({"inputs": ["a"], "normalize": False, "truncate": False, "truncation_direction": "Left"})
+    tei = _tei({"inputs": ["a"], "normalize": False, "truncate": False, "truncation_direction": "Left"})
     assert (tei.normalize, tei.truncate, tei.truncation_direction) == (False, False, "left")
     with pytest.raises(InvalidRequest):
-        parse_tei({"inputs": "a", "truncation_direction": "up"})
+        _tei({"inputs": "a", "truncation_direction": "up"})
     with pytest.raises(Unprocessable):
-        parse_tei({"inputs": "a", "normalize": 1})
+        _tei({"inputs": "a", "normalize": 1})
     with pytest.raises(InvalidRequest):
-        parse_openai({"model": "m"})
+        _openai({"model": "m"})
 
 
 def test_gateway_workers_need_a_fixed_port():

@@ -14,40 +14,98 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import scoring
-from bouquet.gateway.api.fields import (
-    document_text,
-    optional_field,
-    refuse_unknown,
-    required_list,
-    required_text,
-    strict,
-)
-from bouquet.gateway.api.vllm import ACTIVATION_FIELDS, raw_scores
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.api.fields import Instruction, Model, Text, Texts, described, strict
+from bouquet.gateway.api.vllm import Activation, raw_scores
+from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.http.body import read_body, read_request
+from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import cohere_error_response
 from bouquet.gateway.jobs import EmbedJob, RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 
-V1_RERANK_FIELDS = frozenset(
-    {"query", "documents", "model", "top_n", "return_documents", "instruction", *ACTIVATION_FIELDS}
-)
-EMBED_FIELDS = frozenset({
-    "model", "texts", "inputs", "images", "input_type", "embedding_types", "output_dimension", "max_tokens",
-    "truncate", "priority",
-})  # fmt: skip
-RERANK_FIELDS = frozenset({"model", "query", "documents", "top_n", "max_tokens_per_doc", "priority"})
+TopN = Annotated[int, Meta(ge=1, description="default: every document")] | None
+# Cohere's scheduling hint and v2's per-document cut: refused by name rather than silently ignored (null is left out)
+Refused = Annotated[Any, described("refused", nullable=True, enum=[None])]
+
+
+class CohereDocument(msgspec.Struct):
+    """A document as an object (Jina's); its other fields are ignored."""
+
+    text: Text
+
+
+class CohereRerankRequest(RequestBody):
+    query: Text
+    documents: Annotated[list[Text | CohereDocument], Meta(min_length=1)]
+    model: Model = None
+    top_n: TopN = None
+    return_documents: Annotated[bool, Meta(extra_json_schema={"default": True})] | None = None
+    instruction: Instruction = None
+    activation: Activation = None
+    use_activation: Activation = None
+
+
+class CohereContent(msgspec.Struct):
+    """A part of an input's content: only text is embedded here."""
+
+    type: Annotated[str, Meta(extra_json_schema={"enum": ["text"]})]
+    text: str
+
+
+class CohereInput(msgspec.Struct):
+    content: Annotated[list[CohereContent], Meta(min_length=1)]
+
+
+class CohereV2EmbedRequest(RequestBody):
+    """Exactly one of texts and inputs."""
+
+    model: Model = None
+    texts: Annotated[Texts, described("the texts (or `inputs`)")] | None = None
+    inputs: Annotated[
+        list[CohereInput], Meta(min_length=1, description="each input's text content, joined (images are refused)")
+    ] | None = None  # fmt: skip
+    images: Annotated[list[str], described("refused unless empty: no image model", maxItems=0)] | None = None
+    input_type: Annotated[str, described(
+        "the model's prompt of that role (query, document / passage, ...)",
+        enum=["search_query", "search_document", "classification", "clustering"],
+    )] | None = None  # fmt: skip
+    embedding_types: Annotated[list[Annotated[str, Meta(extra_json_schema={"enum": [
+        "float", "int8", "uint8", "binary", "ubinary", "base64"]})]], Meta(min_length=1, description="default: float")
+    ] | None = None  # fmt: skip
+    output_dimension: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1, description="keep each input's first N tokens")] | None = None
+    truncate: Annotated[str, Meta(extra_json_schema={"enum": ["NONE", "START", "END"], "default": "END"})] | None = None
+    priority: Refused = None
+
+    __openapi__: ClassVar[dict[str, Any]] = {"oneOf": [{"required": ["texts"]}, {"required": ["inputs"]}]}
+
+
+class CohereV2RerankRequest(RequestBody):
+    query: Text
+    documents: Texts
+    model: Model = None
+    top_n: TopN = None
+    max_tokens_per_doc: Refused = None
+    priority: Refused = None
+
+
+V1_RERANK = BodyDecoder(CohereRerankRequest)
+V2_EMBED = BodyDecoder(CohereV2EmbedRequest)
+V2_RERANK = BodyDecoder(CohereV2RerankRequest)
+
 # Each embedding type: the encoding its rows take, and whether each row is a base64 string of its bytes.
 EMBEDDING_TYPES: dict[str, tuple[Encoding, bool]] = {
     "float": (Encoding.FLOAT32, False),
@@ -79,18 +137,18 @@ def routes() -> list[Route]:
 
 
 async def _v1_rerank(service: Service, request: Request) -> Response:
-    return await rerank_body(service, request, await read_json(service, request))
+    return await rerank_body(service, request, await read_body(service, request))
 
 
-async def rerank_body(service: Service, request: Request, body: dict[str, Any]) -> Response:
+async def rerank_body(service: Service, request: Request, body: Bytes) -> Response:
     """v1's rerank (and Jina's and vLLM's) of a body already read."""
-    job, top_n, return_documents = parse_cohere_rerank(body, strict(service))
+    job, top_n, return_documents = v1_rerank_job(V1_RERANK.decode(body, strict(service)))
     model, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
     return json_response(v1_rerank_response(scores, job, model, tokens, top_n, return_documents))
 
 
 async def _v2_embed(service: Service, request: Request) -> Response:
-    parsed = parse_embed(await read_json(service, request), strict(service))
+    parsed = embed_request(await read_request(service, request, V2_EMBED))
     model = service.catalog.get(parsed.job.model)
     job = replace(parsed.job, prompt_name=prompt_name(model.prompts, parsed.input_type))
     _, rows, tokens = await unless_disconnected(request, service.embed(job))
@@ -98,28 +156,21 @@ async def _v2_embed(service: Service, request: Request) -> Response:
 
 
 async def _v2_rerank(service: Service, request: Request) -> Response:
-    job, top_n = parse_rerank(await read_json(service, request), strict(service))
+    job, top_n = v2_rerank_job(await read_request(service, request, V2_RERANK))
     _, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
     return json_response(rerank_response(scores, top_n, tokens))
 
 
-def parse_cohere_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None, bool]:
+def v1_rerank_job(body: CohereRerankRequest) -> tuple[RerankJob, int | None, bool]:
     """Cohere's, Jina's and vLLM's body (documents as strings or {"text": ...}), its top_n and return_documents."""
-    if strict:
-        refuse_unknown(body, V1_RERANK_FIELDS)
-    query = required_text(body, "query")
-    documents = [document_text(document, index) for index, document in enumerate(required_list(body, "documents"))]
-    top_n = optional_field(body, "top_n", int)
-    if top_n is not None and top_n < 1:
-        raise InvalidRequest(f"'top_n' must be at least 1, got {top_n}", "invalid_value", "top_n")
-    return_documents = optional_field(body, "return_documents", bool)
+    documents = [document if isinstance(document, str) else document.text for document in body.documents]
     job = RerankJob(
-        model=optional_field(body, "model", str),
-        pairs=[(query, text) for text in documents],
-        raw_scores=raw_scores(body),
-        instruction=optional_field(body, "instruction", str),
+        model=body.model,
+        pairs=[(body.query, text) for text in documents],
+        raw_scores=raw_scores(body.activation, body.use_activation),
+        instruction=body.instruction,
     )
-    return job, top_n, True if return_documents is None else return_documents
+    return job, body.top_n, body.return_documents is not False
 
 
 def v1_rerank_response(
@@ -150,32 +201,29 @@ class CohereEmbed:
     embedding_types: tuple[str, ...]
 
 
-def parse_embed(body: dict[str, Any], strict: bool = True) -> CohereEmbed:
-    if strict:
-        refuse_unknown(body, EMBED_FIELDS)
-    _refuse_priority(body)
-    if body.get("images"):
+def embed_request(body: CohereV2EmbedRequest) -> CohereEmbed:
+    _refuse_priority(body.priority)
+    if body.images:
         raise InvalidRequest("images are not supported: no image model is served", "unsupported_parameter", "images")
     texts = _texts(body)
-    input_type = optional_field(body, "input_type", str)
+    input_type = body.input_type
     if input_type is not None and input_type not in INPUT_TYPE_PROMPTS:
         known = ", ".join(INPUT_TYPE_PROMPTS)
         raise InvalidRequest(f"'input_type' must be one of {known}, got {input_type!r}", "invalid_value", "input_type")
-    truncate = (optional_field(body, "truncate", str) or "END").upper()
+    truncate = (body.truncate or "END").upper()
     if truncate not in TRUNCATE:
         raise InvalidRequest(f"'truncate' must be one of {TRUNCATE}, got {truncate!r}", "invalid_value", "truncate")
-    max_tokens = _positive(body, "max_tokens")
     job = EmbedJob(
-        model=optional_field(body, "model", str),
+        model=body.model,
         texts=texts,
         token_ids=None,
-        dimensions=_positive(body, "output_dimension"),
+        dimensions=body.output_dimension,
         truncate=truncate != "NONE",
         truncation_direction="left" if truncate == "START" else "right",
-        truncate_tokens=max_tokens,
+        truncate_tokens=body.max_tokens,
         long_input="truncate" if truncate == "NONE" else None,  # over the limit stays an error, never chunked
     )
-    return CohereEmbed(job, input_type, _embedding_types(body))
+    return CohereEmbed(job, input_type, _embedding_types(body.embedding_types))
 
 
 def prompt_name(prompts: dict[str, str], input_type: str | None) -> str | None:
@@ -202,16 +250,12 @@ def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[
     }
 
 
-def parse_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, int | None]:
-    if strict:
-        refuse_unknown(body, RERANK_FIELDS)
-    _refuse_priority(body)
-    if body.get("max_tokens_per_doc") is not None:
+def v2_rerank_job(body: CohereV2RerankRequest) -> tuple[RerankJob, int | None]:
+    _refuse_priority(body.priority)
+    if body.max_tokens_per_doc is not None:
         message = "'max_tokens_per_doc' is not supported: each pair is cut to the model's limit"
         raise InvalidRequest(message, "unsupported_parameter", "max_tokens_per_doc")
-    fields = {name: value for name, value in body.items() if name in {"model", "query", "documents", "top_n"}}
-    job, top_n, _ = parse_cohere_rerank(fields)
-    return job, top_n
+    return RerankJob(model=body.model, pairs=[(body.query, text) for text in body.documents]), body.top_n
 
 
 def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> dict[str, Any]:
@@ -221,10 +265,10 @@ def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> dict[
     return {"id": str(uuid.uuid4()), "results": results, "meta": _meta(tokens, "search_units")}
 
 
-def _refuse_priority(body: dict[str, Any]) -> None:
+def _refuse_priority(priority: Any) -> None:
     """Cohere's scheduling hint: the scheduler here is first come, first served, so a priority is refused by name
     rather than silently ignored."""
-    if body.get("priority") is not None:
+    if priority is not None:
         message = "'priority' is not supported: requests are served first come, first served"
         raise InvalidRequest(message, "unsupported_parameter", "priority")
 
@@ -234,60 +278,36 @@ def _meta(tokens: int, unit: str = "input_tokens") -> dict[str, Any]:
     return {"api_version": {"version": "2"}, "billed_units": billed}
 
 
-def _texts(body: dict[str, Any]) -> list[str]:
+def _texts(body: CohereV2EmbedRequest) -> list[str]:
     """`texts`, or `inputs`' text content (each input a `content` list of `{"type": "text", "text": ...}`): exactly
     one of them, as the SDK sends (it leaves out what is not given, so a null is a client's mistake here)."""
-    if "texts" in body and "inputs" in body:
+    if body.texts is not None and body.inputs is not None:
         raise InvalidRequest("give 'texts' or 'inputs', not both", "invalid_value", "inputs")
-    if "inputs" not in body:
-        if "texts" not in body:
+    if body.inputs is None:
+        if body.texts is None:
             raise InvalidRequest("'texts' (or 'inputs') is required", "missing_required_parameter", "texts")
-        return _strings(body["texts"], "texts")
-    inputs = body["inputs"]
-    if not isinstance(inputs, list) or not inputs:
-        raise Unprocessable("'inputs' must be a non-empty list of {content: [...]}", "invalid_type", "inputs")
-    return [_input_text(item, index) for index, item in enumerate(inputs)]
+        return body.texts
+    return [_input_text(item, index) for index, item in enumerate(body.inputs)]
 
 
-def _strings(value: Any, name: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(text, str) for text in value):
-        raise Unprocessable(f"'{name}' must be a list of strings", "invalid_type", name)
-    if not value or not all(value):
-        raise InvalidRequest(f"'{name}' must not be empty, nor hold an empty string", "empty_input", name)
-    return value
-
-
-def _input_text(item: Any, index: int) -> str:
-    content = item.get("content") if isinstance(item, dict) else None
-    if not isinstance(content, list) or not content:
-        raise Unprocessable(f"'inputs[{index}].content' must be a non-empty list", "invalid_type", "inputs")
+def _input_text(item: CohereInput, index: int) -> str:
     parts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+    for part in item.content:
+        if part.type != "text":
             message = f"'inputs[{index}]': only text content ({{'type': 'text', 'text': ...}}) is supported"
             raise InvalidRequest(message, "unsupported_parameter", "inputs")
-        parts.append(part["text"])
+        parts.append(part.text)
     text = " ".join(parts)
     if not text:
         raise InvalidRequest(f"'inputs[{index}]' holds no text", "empty_input", "inputs")
     return text
 
 
-def _embedding_types(body: dict[str, Any]) -> tuple[str, ...]:
-    value = body.get("embedding_types")
+def _embedding_types(value: list[str] | None) -> tuple[str, ...]:
     if value is None:
         return ("float",)
-    if not isinstance(value, list) or not value or not all(isinstance(name, str) for name in value):
-        raise Unprocessable("'embedding_types' must be a non-empty list of strings", "invalid_type", "embedding_types")
     unknown = [name for name in value if name not in EMBEDDING_TYPES]
     if unknown:
         known = ", ".join(EMBEDDING_TYPES)
         raise InvalidRequest(f"unknown embedding_types {unknown}; known: {known}", "invalid_value", "embedding_types")
     return tuple(dict.fromkeys(value))
-
-
-def _positive(body: dict[str, Any], name: str) -> int | None:
-    value = optional_field(body, name, int)
-    if value is not None and value < 1:
-        raise InvalidRequest(f"'{name}' must be at least 1, got {value}", "invalid_value", name)
-    return value

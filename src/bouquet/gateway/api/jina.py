@@ -10,26 +10,47 @@ cut, then normalised), `truncate` (true: cut to the model's query or document le
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
+from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import FORMATS, ResponseFormat
-from bouquet.gateway.api.fields import optional_field, refuse_unknown, required_text, strict
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.api.fields import Model, Text, choice, described
+from bouquet.gateway.http.body import read_request
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import MultiVectorJob
 from bouquet.gateway.late_interaction import token_vectors
 from bouquet.gateway.service import Service
 
 ROUTE = "/v1/multi-vector"
-FIELDS = frozenset({"input", "model", "input_type", "embedding_type", "dimensions", "truncate"})
 INPUT_TYPES = ("query", "document")
 EMBEDDING_TYPES = ("float", "base64", "binary", "ubinary", "int8", "uint8")
+
+
+class TextItem(msgspec.Struct, forbid_unknown_fields=True):
+    """A document as Jina's object; any other field (Jina's image inputs) is refused: no image model is served."""
+
+    text: Text
+
+
+class MultiVectorRequest(RequestBody):
+    """Per-token (ColBERT) vectors; a field the route does not take is refused (400)."""
+
+    input: Text | Annotated[list[Text | TextItem], Meta(min_length=1)]
+    model: Model = None
+    input_type: Annotated[str, described("default document", enum=list(INPUT_TYPES))] | None = None
+    embedding_type: Annotated[str, Meta(extra_json_schema={"enum": list(EMBEDDING_TYPES)})] | None = None
+    dimensions: Annotated[int, described("each token vector cut to this width, then normalised")] | None = None
+    truncate: Annotated[bool, described("false: an input over the model's length is a 400")] | None = None
+
+
+MULTI_VECTOR = BodyDecoder(MultiVectorRequest)
 
 
 def routes() -> list[Route]:
@@ -37,51 +58,21 @@ def routes() -> list[Route]:
 
 
 async def _multi_vector(service: Service, request: Request) -> Response:
-    job = parse_multi_vector(await read_json(service, request), strict(service))
+    job = multi_vector_job(await read_request(service, request, MULTI_VECTOR))
     model, vectors, tokens = await unless_disconnected(request, token_vectors(service, job))
     return json_response(multi_vector_response(vectors, job.model or model.id, tokens, job.response_format))
 
 
-def parse_multi_vector(body: dict[str, Any], strict: bool = True) -> MultiVectorJob:
-    if strict:
-        refuse_unknown(body, FIELDS)
-    input_type = optional_field(body, "input_type", str) or "document"
-    if input_type not in INPUT_TYPES:
-        raise InvalidRequest(f"'input_type' must be one of {INPUT_TYPES}, got {input_type!r}", "invalid_value",
-                             "input_type")  # fmt: skip
-    embedding_type = optional_field(body, "embedding_type", str) or "float"
-    if embedding_type not in EMBEDDING_TYPES:
-        message = f"'embedding_type' must be one of {EMBEDDING_TYPES}, got {embedding_type!r}"
-        raise InvalidRequest(message, "invalid_value", "embedding_type")
-    dimensions = optional_field(body, "dimensions", int)
-    truncate = optional_field(body, "truncate", bool)
+def multi_vector_job(body: MultiVectorRequest) -> MultiVectorJob:
+    items = [body.input] if isinstance(body.input, str) else body.input
     return MultiVectorJob(
-        model=optional_field(body, "model", str),
-        texts=_texts(body.get("input")),
-        input_type=input_type,
-        dimensions=dimensions,
-        truncate=truncate is not False,
-        response_format=FORMATS[embedding_type],
+        model=body.model,
+        texts=[item if isinstance(item, str) else item.text for item in items],
+        input_type=choice(body.input_type, "input_type", INPUT_TYPES, "document"),
+        dimensions=body.dimensions,
+        truncate=body.truncate is not False,
+        response_format=FORMATS[choice(body.embedding_type, "embedding_type", EMBEDDING_TYPES, "float")],
     )
-
-
-def _texts(value: Any) -> list[str]:
-    """A string, a list of strings, or a list of `{"text": ...}` objects (Jina's documents)."""
-    if value is None:
-        raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise Unprocessable("'input' must be a string or a list of strings", "invalid_type", "input")
-    if not items:
-        raise InvalidRequest("'input' must not be empty", "empty_input", "input")
-    texts = []
-    for index, item in enumerate(items):
-        if isinstance(item, dict):
-            refuse_unknown(item, {"text"})  # Jina's image inputs: no image model is served
-            texts.append(required_text(item, "text") if "text" in item else required_text({}, f"input[{index}].text"))
-        else:
-            texts.append(required_text({f"input[{index}]": item}, f"input[{index}]"))
-    return texts
 
 
 def multi_vector_response(

@@ -6,41 +6,70 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
+    Dimensions,
+    EmbedDtype,
+    EncodingFormat,
+    Endianness,
+    Input,
+    LongInput,
+    Model,
+    described,
     long_input,
-    optional_field,
-    parse_dimensions,
     parse_inputs,
-    parse_response_format,
-    refuse_unknown,
     refuse_unless,
+    response_format,
     text_positions,
 )
 from bouquet.gateway.errors import InvalidRequest
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.http.body import read_request
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 
-# What the route reads; anything else is refused by name (400 unsupported_parameter) unless the server runs with
-# --allow-unknown-fields, so a client never gets other vectors than it asked for without being told.
-OPENAI_FIELDS = frozenset(
-    {"input", "model", "encoding_format", "dimensions", "user",
-     # vLLM's extensions: honoured as vLLM does, or refused below when a value asks for what is not done here
-     "normalize", "truncate_prompt_tokens", "add_special_tokens", "embed_dtype", "endianness", "use_activation",
-     "priority", "request_id",
-     "modality",  # Infinity's (text only)
-     "long_input"}  # bouquet's: "chunk" embeds an over-long input whole
-)  # fmt: skip
+
+class EmbeddingsRequest(RequestBody):
+    """Other fields are refused by name (400 unsupported_parameter) unless the server runs with
+    --allow-unknown-fields, so a client never gets other vectors than it asked for without being told."""
+
+    input: Input
+    model: Model = None
+    encoding_format: EncodingFormat = None
+    dimensions: Dimensions = None
+    user: str | None = None
+    # vLLM's extensions: honoured as vLLM does, or refused when a value asks for what is not done here
+    normalize: Annotated[bool, described("vLLM's; default: as the model's Normalize module says")] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(
+        ge=-1, description="vLLM's: the first k tokens, specials kept; -1: the model's limit; over the limit: 400",
+        extra_json_schema={"not": {"enum": [0]}},
+    )] | None = None  # fmt: skip
+    # Any: a value other than true, of any type, is refused by name (1 == True, yet not a boolean)
+    add_special_tokens: Annotated[
+        Any, described("vLLM's; only true is done here", type="boolean", enum=[True, None], nullable=True)
+    ] = None
+    embed_dtype: EmbedDtype = None
+    endianness: Endianness = None
+    use_activation: Annotated[
+        bool, described("vLLM's newer name for normalize; given both, they must agree (else 400)")
+    ] | None = None  # fmt: skip
+    priority: Annotated[int, described("vLLM's hint; requests are served first come here")] | None = None
+    request_id: str | None = None
+    modality: Annotated[Any, described("Infinity's", type="string", enum=["text", None], nullable=True)] = None
+    long_input: LongInput = None  # bouquet's: "chunk" embeds an over-long input whole
+
+
+EMBEDDINGS = BodyDecoder(EmbeddingsRequest)
 
 
 def routes() -> list[Route]:
@@ -54,40 +83,39 @@ def routes() -> list[Route]:
 
 
 async def _embeddings(service: Service, request: Request) -> Response:
-    job = parse_openai(await read_json(service, request), strict=not service.config.allow_unknown_fields)
+    job = embed_job(await read_request(service, request, EMBEDDINGS))
     model, rows, tokens = await unless_disconnected(request, service.embed(job))
     return json_response(with_response_id(openai_response(rows, job.model or model.id, tokens, job.response_format)))
 
 
-def parse_openai(body: dict[str, Any], strict: bool = True) -> EmbedJob:
-    if strict:
-        refuse_unknown(body, OPENAI_FIELDS)
-    optional_field(body, "user", str)
-    response_format = parse_response_format(body)
-    if "input" not in body:
-        raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
-    refuse_unless(body, "add_special_tokens", True, "special tokens are always added, as the model was trained")
-    refuse_unless(body, "modality", "text", "only text is embedded here")
-    optional_field(body, "priority", int)  # vLLM's scheduling hint: requests here are served first come
-    optional_field(body, "request_id", str)
-    texts, token_ids = parse_inputs(body["input"], "input")
-    positions = text_positions(body["input"], texts, token_ids)
+def embed_job(body: EmbeddingsRequest) -> EmbedJob:
+    """What the types leave to check: the values of names, the inputs of one kind, the two switches agreeing."""
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    refuse_unless(
+        body.add_special_tokens, "add_special_tokens", True, "special tokens are always added, as the model was trained"
+    )
+    refuse_unless(body.modality, "modality", "text", "only text is embedded here")
+    texts, token_ids = parse_inputs(body.input, "input")
     return EmbedJob(
-        model=optional_field(body, "model", str),
+        model=body.model,
         texts=texts,
         token_ids=token_ids,
-        dimensions=parse_dimensions(body),
-        normalize=_normalize(body),
-        response_format=response_format,
-        truncate_tokens=_truncate_prompt_tokens(body),
-        text_positions=positions,
-        long_input=long_input(body),
+        dimensions=body.dimensions,
+        normalize=_normalize(body.normalize, body.use_activation),
+        response_format=formats,
+        truncate_tokens=_truncate_prompt_tokens(body.truncate_prompt_tokens),
+        text_positions=text_positions(body.input, texts, token_ids),
+        long_input=long_input(body.long_input),
     )
 
 
-def _normalize(body: dict[str, Any]) -> bool | None:
+def parse_openai(body: bytes, strict: bool = True) -> EmbedJob:
+    """A `/v1/embeddings` body's job, from its bytes."""
+    return embed_job(EMBEDDINGS.decode(body, strict))
+
+
+def _normalize(normalize: bool | None, use_activation: bool | None) -> bool | None:
     """vLLM's `normalize`, or `use_activation`, its newer name for the same switch on an embedding model."""
-    normalize, use_activation = optional_field(body, "normalize", bool), optional_field(body, "use_activation", bool)
     if normalize is not None and use_activation is not None and normalize != use_activation:
         raise InvalidRequest(
             "'normalize' and 'use_activation' are the same switch here; they disagree",
@@ -97,10 +125,9 @@ def _normalize(body: dict[str, Any]) -> bool | None:
     return normalize if normalize is not None else use_activation
 
 
-def _truncate_prompt_tokens(body: dict[str, Any]) -> int | None:
+def _truncate_prompt_tokens(value: int | None) -> int | None:
     """vLLM's: each input cut to k tokens as its tokenizer truncates (vLLM 0.32: the first k, special tokens kept,
     for these models' tokenizers, whose truncation side is the right); -1: the model's limit."""
-    value = optional_field(body, "truncate_prompt_tokens", int)
     if value is None or value == -1:
         return None
     if value < 1:

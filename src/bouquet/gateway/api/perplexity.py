@@ -3,24 +3,50 @@ each chunk embedded in the context of its whole document (contextual.py; docs/co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import ResponseFormat, encode_rows
-from bouquet.gateway.api.fields import optional_field, parse_response_format, refuse_unknown, strict
+from bouquet.gateway.api.fields import (
+    Dimensions,
+    EmbedDtype,
+    EncodingFormat,
+    Endianness,
+    Model,
+    Text,
+    response_format,
+)
 from bouquet.gateway.contextual import contextual_embeddings
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.http.body import read_request
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import ContextualJob
 from bouquet.gateway.service import Service
 
-CONTEXTUAL_FIELDS = frozenset({"input", "model", "dimensions", "encoding_format", "embed_dtype", "endianness"})
 ROUTE = "/v1/contextualizedembeddings"
+
+
+class ContextualizedEmbeddingsRequest(RequestBody):
+    """Other fields are refused by name (400 unsupported_parameter) unless the server runs with
+    --allow-unknown-fields."""
+
+    input: Annotated[
+        list[Annotated[list[Text], Meta(min_length=1)]],
+        Meta(min_length=1, description="documents, each a list of its chunks in order (docs/contextual.md)"),
+    ]
+    model: Model = None
+    dimensions: Dimensions = None
+    encoding_format: EncodingFormat = None
+    embed_dtype: EmbedDtype = None
+    endianness: Endianness = None
+
+
+CONTEXTUAL = BodyDecoder(ContextualizedEmbeddingsRequest)
 
 
 def routes() -> list[Route]:
@@ -28,35 +54,18 @@ def routes() -> list[Route]:
 
 
 async def _contextual_embeddings(service: Service, request: Request) -> Response:
-    job = parse_contextual(await read_json(service, request), strict(service))
+    job = contextual_job(await read_request(service, request, CONTEXTUAL))
     model, documents, tokens = await unless_disconnected(request, contextual_embeddings(service, job))
     return json_response(contextual_response(documents, job.model or model.id, tokens, job.response_format))
 
 
-def parse_contextual(body: dict[str, Any], strict: bool = True) -> ContextualJob:
-    if strict:
-        refuse_unknown(body, CONTEXTUAL_FIELDS)
-    if "input" not in body:
-        raise InvalidRequest("'input' is required", "missing_required_parameter", "input")
-    documents = body["input"]
-    if not isinstance(documents, list) or not all(isinstance(document, list) for document in documents):
-        message = "'input' must be a list of documents, each a list of chunks (strings)"
-        raise Unprocessable(message, "invalid_type", "input")
-    if not documents:
-        raise InvalidRequest("'input' must not be empty", "empty_input", "input")
-    for index, chunks in enumerate(documents):
-        if not chunks:
-            raise InvalidRequest(f"'input[{index}]' has no chunks", "empty_input", "input")
-        for number, chunk in enumerate(chunks):
-            if not isinstance(chunk, str):
-                raise Unprocessable(f"'input[{index}][{number}]' must be a string", "invalid_type", "input")
-            if not chunk:
-                raise InvalidRequest(f"'input[{index}][{number}]' is an empty string", "empty_input", "input")
+def contextual_job(body: ContextualizedEmbeddingsRequest) -> ContextualJob:
     return ContextualJob(
-        optional_field(body, "model", str),
-        documents,
-        optional_field(body, "dimensions", int),
-        parse_response_format(body),  # Perplexity's base64_int8 and base64_binary too; encoded here, on the host
+        body.model,
+        body.input,
+        body.dimensions,
+        # Perplexity's base64_int8 and base64_binary too; encoded here, on the host
+        response_format(body.encoding_format, body.embed_dtype, body.endianness),
     )
 
 

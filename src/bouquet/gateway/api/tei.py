@@ -16,49 +16,35 @@ from starlette.routing import Route
 from bouquet.gateway import text_tools
 from bouquet.gateway.api import vllm
 from bouquet.gateway.api.fields import (
-    is_int,
     long_input,
-    optional_field,
-    parse_dimensions,
     parse_inputs,
-    parse_response_format,
-    refuse_unknown,
+    response_format,
     strict,
     text_positions,
     truncation_direction,
 )
+from bouquet.gateway.api.tei_requests import (
+    DECODE,
+    EMBED,
+    EMBED_ALL,
+    EMBED_SPARSE,
+    SIMILARITY,
+    TOKENIZE,
+    EmbedAllRequest,
+    EmbedSparseRequest,
+    SimilarityParameters,
+    SimilarityRequest,
+    TEIEmbedRequest,
+)
 from bouquet.gateway.contextual import embed_all
 from bouquet.gateway.errors import InvalidRequest, Unavailable, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.http.body import read_body
+from bouquet.gateway.http.decode import present
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, openai_errors, unless_disconnected
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 from bouquet.sparse_rows import SparseRows
-
-# What each route reads; anything else is refused by name unless the server runs with --allow-unknown-fields.
-TEI_FIELDS = frozenset(
-    {
-        "inputs",
-        "normalize",
-        "truncate",
-        "truncation_direction",
-        "prompt_name",
-        "dimensions",
-        "model",
-        "encoding_format",
-        "embed_dtype",
-        "endianness",
-        "long_input",
-    }
-)
-
-EMBED_SPARSE_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"})
-EMBED_ALL_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "prompt_name", "model"})
-SIMILARITY_FIELDS = frozenset({"inputs", "parameters", "model"})
-SIMILARITY_PARAMETERS = frozenset({"truncate", "truncation_direction", "prompt_name"})
-TOKENIZE_FIELDS = frozenset({"inputs", "add_special_tokens", "prompt_name", "model"})
-DECODE_FIELDS = frozenset({"ids", "skip_special_tokens", "model"})
 
 
 def routes() -> list[Route]:
@@ -79,10 +65,10 @@ def routes() -> list[Route]:
 
 
 async def _embed(service: Service, request: Request) -> Response:
-    return await _embed_body(service, request, await read_json(service, request))
+    return await _embed_body(service, request, await read_body(service, request))
 
 
-async def _embed_body(service: Service, request: Request, body: dict[str, Any]) -> Response:
+async def _embed_body(service: Service, request: Request, body: bytes | bytearray) -> Response:
     job = parse_tei(body, strict(service))
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     return json_response(job.response_format.answer(rows))  # a list of numbers a row, or a base64 string
@@ -92,18 +78,18 @@ async def _root(service: Service, request: Request) -> Response:
     """TEI's `POST /` embeds; an object as `inputs` (`{"source_sentence", "sentences"}`) asks for similarities, as
     the Hugging Face Inference API takes both at one URL: huggingface_hub's
     `InferenceClient(model=URL).sentence_similarity` and litellm's `huggingface/` similarity requests send it here."""
-    body = await read_json(service, request)
-    if isinstance(body.get("inputs"), dict):
+    body = await read_body(service, request)
+    if present(body).get("inputs") == b"{":
         return await _similarity_body(service, request, body)
     return await _embed_body(service, request, body)
 
 
 async def _similarity(service: Service, request: Request) -> Response:
-    return await _similarity_body(service, request, await read_json(service, request))
+    return await _similarity_body(service, request, await read_body(service, request))
 
 
-async def _similarity_body(service: Service, request: Request, body: dict[str, Any]) -> Response:
-    job = parse_similarity(body, strict(service))
+async def _similarity_body(service: Service, request: Request, body: bytes | bytearray) -> Response:
+    job = similarity_job(SIMILARITY.decode(body, strict(service)))
     service.check_inputs(job.num_inputs)
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     return json_response(text_tools.similarities(rows))
@@ -111,51 +97,45 @@ async def _similarity_body(service: Service, request: Request, body: dict[str, A
 
 async def _embed_sparse(service: Service, request: Request) -> Response:
     """Per input, its sparse row's nonzero entries `{"index", "value"}` by ascending vocabulary id."""
-    job = parse_embed_sparse(await read_json(service, request), strict(service))
+    job = embed_sparse_job(EMBED_SPARSE.decode(await read_body(service, request), strict(service)))
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     assert isinstance(rows, SparseRows)
     return json_response([_entries(*rows.row(index)) for index in range(rows.num_rows)])
 
 
 async def _embed_all(service: Service, request: Request) -> Response:
-    job = parse_embed_all(await read_json(service, request), strict(service))
+    job = embed_all_job(EMBED_ALL.decode(await read_body(service, request), strict(service)))
     _, token_states, _ = await unless_disconnected(request, embed_all(service, job))
     return json_response(token_states)
 
 
 async def _tokenize(service: Service, request: Request) -> Response:
     """TEI's body (`inputs`), or vLLM's (`prompt`)."""
-    body = await read_json(service, request)
-    if "prompt" in body and "inputs" not in body:
+    body = await read_body(service, request)
+    fields = present(body)
+    if "prompt" in fields and "inputs" not in fields:
         return await openai_errors(vllm.tokenize(service, body))
-    if strict(service):
-        refuse_unknown(body, TOKENIZE_FIELDS)
-    texts, token_ids = parse_inputs(body.get("inputs"), "inputs")
-    if texts is None or token_ids is not None:
-        raise Unprocessable("'inputs' must be a string or a list of strings", "invalid_type", "inputs")
-    add_special = body.get("add_special_tokens", True)
-    if not isinstance(add_special, bool):
-        raise Unprocessable("'add_special_tokens' must be a boolean", "invalid_type", "add_special_tokens")
-    model = service.catalog.get(optional_field(body, "model", str))
-    prompt = model.prompt(optional_field(body, "prompt_name", str))
-    return json_response(await text_tools.tokenize(service, model, texts, prompt, add_special))
+    parsed = TOKENIZE.decode(body, strict(service))
+    model = service.catalog.get(parsed.model)
+    prompt = model.prompt(parsed.prompt_name)
+    texts = [parsed.inputs] if isinstance(parsed.inputs, str) else parsed.inputs
+    return json_response(await text_tools.tokenize(service, model, texts, prompt, parsed.add_special_tokens))
 
 
 async def _decode(service: Service, request: Request) -> Response:
     """`{"ids": [...] | [[...], ...], "skip_special_tokens"}` -> one string per sequence."""
-    body = await read_json(service, request)
-    if strict(service):
-        refuse_unknown(body, DECODE_FIELDS)
-    ids = body.get("ids")
-    if ids is None:
-        raise InvalidRequest("'ids' is required", "missing_required_parameter", "ids")
-    batch = ids if isinstance(ids, list) and ids and isinstance(ids[0], list) else [ids]
-    model_name = optional_field(body, "model", str)
-    for index, sequence in enumerate(batch):
-        if not isinstance(sequence, list) or not all(map(is_int, sequence)):
-            raise Unprocessable(f"'ids[{index}]' must be a list of token ids", "invalid_type", "ids")
-    skip = optional_field(body, "skip_special_tokens", bool)
-    return json_response(await text_tools.decode(service, model_name, batch, skip is not False, "ids"))
+    parsed = DECODE.decode(await read_body(service, request), strict(service))
+    ids = parsed.ids
+    nested = bool(ids) and isinstance(ids[0], list)
+    for index, item in enumerate(ids):
+        if isinstance(item, list) is not nested:
+            where = f"ids[{index}]"
+            raise Unprocessable(
+                f"'{where}' must be a {'list of token ids' if nested else 'token id'}", "invalid_type", "ids"
+            )
+    batch: list[list[int]] = ids if nested else [ids]  # type: ignore[list-item,assignment]
+    skip = parsed.skip_special_tokens is not False
+    return json_response(await text_tools.decode(service, parsed.model, batch, skip, "ids"))
 
 
 async def _info(service: Service, request: Request) -> Response:
@@ -193,88 +173,63 @@ async def health(service: Service, request: Request) -> Response:
     return json_response({"status": "ok", "unix": time.time()})  # Infinity's clock field
 
 
-def parse_tei(body: dict[str, Any], strict: bool = True) -> EmbedJob:
-    if strict:
-        refuse_unknown(body, TEI_FIELDS)
-    if "inputs" not in body:
-        raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
-    texts, token_ids = parse_inputs(body["inputs"], "inputs")
-    positions = text_positions(body["inputs"], texts, token_ids)
-    normalize = optional_field(body, "normalize", bool)
-    truncate = optional_field(body, "truncate", bool)
+def parse_tei(body: bytes | bytearray, strict: bool = True) -> EmbedJob:
+    """An `/embed` body's job, from its bytes."""
+    return embed_job(EMBED.decode(body, strict))
+
+
+def embed_job(body: TEIEmbedRequest) -> EmbedJob:
+    texts, token_ids = parse_inputs(body.inputs, "inputs")
     return EmbedJob(
-        model=optional_field(body, "model", str),
+        model=body.model,
         texts=texts,
         token_ids=token_ids,
-        dimensions=parse_dimensions(body),
-        normalize=normalize,
-        truncate=True if truncate is None else truncate,
-        truncation_direction=truncation_direction(body),
-        prompt_name=optional_field(body, "prompt_name", str),
-        response_format=parse_response_format(body),
-        text_positions=positions,
+        dimensions=body.dimensions,
+        normalize=body.normalize,
+        truncate=body.truncate is not False,
+        truncation_direction=truncation_direction(body.truncation_direction),
+        prompt_name=body.prompt_name,
+        response_format=response_format(body.encoding_format, body.embed_dtype, body.endianness),
+        text_positions=text_positions(body.inputs, texts, token_ids),
         # truncate=false stays an error for an over-long input, as on TEI, unless the request asks to chunk it
-        long_input=long_input(body) or ("truncate" if truncate is False else None),
+        long_input=long_input(body.long_input) or ("truncate" if body.truncate is False else None),
     )
 
 
-def parse_embed_sparse(body: dict[str, Any], strict: bool = True) -> EmbedJob:
-    if strict:
-        refuse_unknown(body, EMBED_SPARSE_FIELDS)
-    job = parse_tei({name: value for name, value in body.items() if name in EMBED_SPARSE_FIELDS}, strict=False)
+def embed_sparse_job(body: EmbedSparseRequest) -> EmbedJob:
+    job = embed_all_job(body)
     if job.text_positions is not None:
         message = "a batch mixing texts and token ids is not taken on /embed_sparse: send one kind a request"
         raise InvalidRequest(message, "unsupported_parameter", "inputs")
-    return replace(job, sparse=True)
+    return replace(job, sparse=True, long_input="truncate" if body.truncate is False else None)
 
 
-def parse_similarity(body: dict[str, Any], strict: bool = True) -> EmbedJob:
+def similarity_job(body: SimilarityRequest) -> EmbedJob:
     """TEI's /similarity: `{"inputs": {"source_sentence", "sentences"}, "parameters": {...}}` as one embedding job,
     the source first, rows not normalised (the cosine does that)."""
-    if strict:
-        refuse_unknown(body, SIMILARITY_FIELDS)
-    inputs = body.get("inputs")
-    if not isinstance(inputs, dict):
-        raise Unprocessable("'inputs' must be an object with source_sentence and sentences", "invalid_type", "inputs")
-    source, sentences = inputs.get("source_sentence"), inputs.get("sentences")
-    if not isinstance(source, str) or not isinstance(sentences, list):
-        raise Unprocessable("'inputs' needs a string source_sentence and a list of sentences", "invalid_type", "inputs")
-    if not sentences or not source or not all(isinstance(s, str) and s for s in sentences):
-        raise InvalidRequest("'inputs.sentences' cannot be empty, nor hold an empty string", "empty_input", "inputs")
-    parameters = {} if body.get("parameters") is None else body["parameters"]  # false, 0 or "" are no object
-    if not isinstance(parameters, dict):
-        raise Unprocessable("'parameters' must be an object", "invalid_type", "parameters")
-    if strict:
-        refuse_unknown(parameters, SIMILARITY_PARAMETERS)
-    truncate = optional_field(parameters, "truncate", bool)
+    parameters = body.parameters or SimilarityParameters()
     return EmbedJob(
-        model=optional_field(body, "model", str),
-        texts=[source, *sentences],
+        model=body.model,
+        texts=[body.inputs.source_sentence, *body.inputs.sentences],
         token_ids=None,
         normalize=False,
-        truncate=True if truncate is None else truncate,
-        truncation_direction=truncation_direction(parameters),
-        prompt_name=optional_field(parameters, "prompt_name", str),
+        truncate=parameters.truncate is not False,
+        truncation_direction=truncation_direction(parameters.truncation_direction),
+        prompt_name=parameters.prompt_name,
     )
 
 
-def parse_embed_all(body: dict[str, Any], strict: bool = True) -> EmbedJob:
+def embed_all_job(body: EmbedAllRequest) -> EmbedJob:
     """TEI's EmbedAllRequest: `inputs`, `truncate`, `truncation_direction`, `prompt_name` (and bouquet's `model`)."""
-    if strict:
-        refuse_unknown(body, EMBED_ALL_FIELDS)
-    if "inputs" not in body:
-        raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
-    texts, token_ids = parse_inputs(body["inputs"], "inputs")
-    truncate = optional_field(body, "truncate", bool)
-    mixed = texts is not None and token_ids is not None  # texts and lists of ids in one batch, as TEI takes
+    texts, token_ids = parse_inputs(body.inputs, "inputs")
     return EmbedJob(
-        model=optional_field(body, "model", str),
+        model=body.model,
         texts=texts,
         token_ids=token_ids,
-        truncate=True if truncate is None else truncate,
-        truncation_direction=truncation_direction(body),
-        prompt_name=optional_field(body, "prompt_name", str),
-        text_positions=tuple(i for i, item in enumerate(body["inputs"]) if isinstance(item, str)) if mixed else None,
+        truncate=body.truncate is not False,
+        truncation_direction=truncation_direction(body.truncation_direction),
+        prompt_name=body.prompt_name,
+        text_positions=text_positions(body.inputs, texts, token_ids),  # texts and ids in one batch, as TEI takes
     )
 
 

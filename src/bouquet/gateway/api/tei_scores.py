@@ -13,26 +13,15 @@ from starlette.routing import Route
 
 from bouquet.gateway import scoring
 from bouquet.gateway.api import cohere
-from bouquet.gateway.api.fields import (
-    optional_field,
-    refuse_unknown,
-    required_text,
-    required_texts,
-    strict,
-    truncation_direction,
-)
+from bouquet.gateway.api.fields import strict, truncation_direction
+from bouquet.gateway.api.tei_requests import PREDICT, RERANK, PredictRequest, TEIRerankRequest
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.http.body import read_body, read_request
+from bouquet.gateway.http.decode import present
 from bouquet.gateway.http.endpoint import endpoint, json_response, openai_errors, unless_disconnected
 from bouquet.gateway.jobs import PredictInput, PredictJob, RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
-from bouquet.tokenizer import TRUNCATION_DIRECTIONS
-
-RERANK_FIELDS = frozenset(
-    {"query", "texts", "model", "raw_scores", "return_text", "truncate", "truncation_direction", "instruction"}
-)
-PREDICT_FIELDS = frozenset({"inputs", "truncate", "truncation_direction", "raw_scores", "model", "instruction"})
 
 
 def routes() -> list[Route]:
@@ -44,38 +33,33 @@ def routes() -> list[Route]:
 
 async def _rerank(service: Service, request: Request) -> Response:
     """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
-    body = await read_json(service, request)
-    if "documents" in body:
+    body = await read_body(service, request)
+    if "documents" in present(body):
         return await openai_errors(cohere.rerank_body(service, request, body))
-    job, return_text = parse_tei_rerank(body, strict(service))
+    job, return_text = tei_rerank_job(RERANK.decode(body, strict(service)))
     _, scores, _ = await unless_disconnected(request, scoring.score(service, job))
     return json_response(tei_response(scores, job, return_text))
 
 
 async def _predict(service: Service, request: Request) -> Response:
-    job = parse_predict(await read_json(service, request), strict(service))
+    job = predict_job(await read_request(service, request, PREDICT))
     model, scores, _ = await unless_disconnected(request, scoring.predict(service, job))
     return json_response(predict_response(scores, job, model))
 
 
-def parse_tei_rerank(body: dict[str, Any], strict: bool = True) -> tuple[RerankJob, bool]:
-    """TEI's body, and whether to return each text."""
-    if strict:
-        refuse_unknown(body, RERANK_FIELDS)
-    if truncation_direction(body) != "right":
+def tei_rerank_job(body: TEIRerankRequest) -> tuple[RerankJob, bool]:
+    """TEI's body as a job, and whether to return each text."""
+    if truncation_direction(body.truncation_direction) != "right":
         message = "truncation_direction 'left' is not supported for pairs: the longer part is cut from its end"
         raise InvalidRequest(message, "unsupported_parameter", "truncation_direction")
-    query = required_text(body, "query")
-    texts = required_texts(body.get("texts"), "texts")
-    truncate = optional_field(body, "truncate", bool)
     job = RerankJob(
-        model=optional_field(body, "model", str),
-        pairs=[(query, text) for text in texts],
-        truncate=True if truncate is None else truncate,
-        raw_scores=bool(optional_field(body, "raw_scores", bool)),
-        instruction=optional_field(body, "instruction", str),
+        model=body.model,
+        pairs=[(body.query, text) for text in body.texts],
+        truncate=body.truncate is not False,
+        raw_scores=bool(body.raw_scores),
+        instruction=body.instruction,
     )
-    return job, bool(optional_field(body, "return_text", bool))
+    return job, bool(body.return_text)
 
 
 def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:
@@ -87,37 +71,29 @@ def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[
     ]
 
 
-def parse_predict(body: dict[str, Any], strict: bool = True) -> PredictJob:
+def predict_job(body: PredictRequest) -> PredictJob:
     """TEI's `inputs`: "text", ["text"], ["first", "second"] (a pair), or a batch [["text"], ["first", "second"]]."""
-    if strict:
-        refuse_unknown(body, PREDICT_FIELDS)
-    inputs, single = _inputs(body.get("inputs"))
-    direction = str(optional_field(body, "truncation_direction", str) or "right").lower()
-    if direction not in TRUNCATION_DIRECTIONS:
-        message = f"truncation_direction must be one of {TRUNCATION_DIRECTIONS}, got {direction!r}"
-        raise InvalidRequest(message, "invalid_value", "truncation_direction")
+    inputs, single = _inputs(body.inputs)
+    direction = truncation_direction(body.truncation_direction)
     if direction == "left" and any(isinstance(sequence, tuple) for sequence in inputs):
         message = "truncation_direction 'left' is not supported for pairs: the longer part is cut from its end"
         raise InvalidRequest(message, "unsupported_parameter", "truncation_direction")
-    truncate = optional_field(body, "truncate", bool)
     return PredictJob(
-        model=optional_field(body, "model", str),
+        model=body.model,
         inputs=inputs,
         single=single,
-        truncate=truncate is not False,
+        truncate=body.truncate is not False,
         truncation_direction=direction,
-        raw_scores=bool(optional_field(body, "raw_scores", bool)),
-        instruction=optional_field(body, "instruction", str),
+        raw_scores=bool(body.raw_scores),
+        instruction=body.instruction,
     )
 
 
-def _inputs(value: Any) -> tuple[list[PredictInput], bool]:
-    if value is None:
-        raise InvalidRequest("'inputs' is required", "missing_required_parameter", "inputs")
+def _inputs(value: str | list[Any]) -> tuple[list[PredictInput], bool]:
+    """One text, one pair (a list of strings) or a batch of [text] / [first, second]; the types, and that no text
+    is empty, already checked."""
     if isinstance(value, str):
-        return [_sequence([value], "inputs")], True
-    if not isinstance(value, list):
-        raise Unprocessable("'inputs' must be a string, a pair of strings or a list of them", "invalid_type", "inputs")
+        return [value], True
     if not value:
         raise InvalidRequest("'inputs' is an empty list", "empty_input", "inputs")
     if isinstance(value[0], str):
@@ -129,8 +105,6 @@ def _sequence(value: Any, name: str) -> PredictInput:
     """A list of one string (a text) or two (a pair)."""
     if not isinstance(value, list) or not 1 <= len(value) <= 2 or not all(isinstance(text, str) for text in value):
         raise Unprocessable(f"'{name}' must be a text or a pair: a list of one or two strings", "invalid_type", name)
-    if not all(value):
-        raise InvalidRequest(f"'{name}' holds an empty string", "empty_input", name)
     return value[0] if len(value) == 1 else (value[0], value[1])
 
 

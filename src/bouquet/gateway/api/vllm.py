@@ -6,35 +6,72 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
+from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.gateway import scoring, text_tools
-from bouquet.gateway.api.fields import (
-    is_int,
-    optional_field,
-    refuse_unknown,
-    required_text,
-    required_texts,
-    strict,
-)
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
-from bouquet.gateway.http.body import read_json
+from bouquet.gateway.api.fields import Instruction, Model, Text, Texts, Truncate, described
+from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.http.body import read_request
+from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 
-ACTIVATION_FIELDS = {"activation", "use_activation"}  # false for the raw logits (TEI's raw_scores)
-SCORE_FIELDS = frozenset({"text_1", "text_2", "model", "truncate", "instruction", *ACTIVATION_FIELDS})
-# vLLM's newer names for /score's two sides, each taken for text_1 or text_2
-SCORE_ALIASES = {"queries": "text_1", "data_1": "text_1", "documents": "text_2", "items": "text_2", "data_2": "text_2"}
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
-DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+# vLLM's `activation` (older) or `use_activation`: false for the logits (TEI's raw_scores); given both, they agree
+Activation = Annotated[bool, described("vLLM's: false for the logits, no activation", default=True)] | None
+Side = Text | Texts
+# vLLM's newer names for /score's two sides: each side is given by exactly one of its names (else 400)
+SCORE_SIDES: dict[str, tuple[str, ...]] = {
+    "text_1": ("text_1", "queries", "data_1"),
+    "text_2": ("text_2", "documents", "items", "data_2"),
+}
+
+
+class ScoreRequest(RequestBody):
+    """Each side by exactly one of its names: text_1, queries or data_1; text_2, documents, items or data_2."""
+
+    text_1: (
+        Annotated[Side, described("one text scored against each text_2, or as many as text_2, pair by pair")] | None
+    ) = None
+    text_2: Side | None = None
+    model: Model = None
+    truncate: Truncate = None
+    instruction: Instruction = None
+    activation: Activation = None
+    use_activation: Activation = None
+    queries: Annotated[Side, described("vLLM's: text_1")] | None = None
+    data_1: Annotated[Side, described("vLLM's: text_1")] | None = None
+    documents: Annotated[Side, described("vLLM's: text_2")] | None = None
+    items: Annotated[Side, described("vLLM's: text_2")] | None = None
+    data_2: Annotated[Side, described("vLLM's: text_2")] | None = None
+
+    __openapi__: ClassVar[dict[str, Any]] = {
+        "allOf": [{"oneOf": [{"required": [name]} for name in names]} for names in SCORE_SIDES.values()]
+    }
+
+
+class VLLMTokenizeRequest(RequestBody):
+    prompt: Text
+    model: Model = None
+    add_special_tokens: Annotated[bool, Meta(extra_json_schema={"default": True})] | None = None
+    return_token_strs: Annotated[bool, Meta(extra_json_schema={"default": False})] | None = None
+
+
+class DetokenizeRequest(RequestBody):
+    tokens: Annotated[list[int], described("token ids; one outside the vocabulary is a 400")]
+    model: Model = None
+
+
+SCORE = BodyDecoder(ScoreRequest)
+TOKENIZE = BodyDecoder(VLLMTokenizeRequest)
+DETOKENIZE = BodyDecoder(DetokenizeRequest)
 
 
 def routes(health: Handler) -> list[Route]:
@@ -48,24 +85,19 @@ def routes(health: Handler) -> list[Route]:
 
 
 async def _score(service: Service, request: Request) -> Response:
-    job = parse_score(await read_json(service, request), strict(service))
+    job = score_job(await read_request(service, request, SCORE))
     model, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
     return json_response(score_response(scores, model, tokens))
 
 
-async def tokenize(service: Service, body: dict[str, Any]) -> Response:
+async def tokenize(service: Service, body: Bytes) -> Response:
     """`{"prompt"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
-    if strict(service):
-        refuse_unknown(body, TOKENIZE_FIELDS)
-    prompt = optional_field(body, "prompt", str)
-    if not prompt:
-        raise InvalidRequest("'prompt' is required and must not be empty", "empty_input", "prompt")
-    model = service.catalog.get(optional_field(body, "model", str))
-    add_special = optional_field(body, "add_special_tokens", bool)
-    tokens = await text_tools.tokenize(service, model, [prompt], "", add_special is not False)
+    parsed = TOKENIZE.decode(body, not service.config.allow_unknown_fields)
+    model = service.catalog.get(parsed.model)
+    tokens = await text_tools.tokenize(service, model, [parsed.prompt], "", parsed.add_special_tokens is not False)
     ids = [token["id"] for token in tokens[0]]
     # the vocabulary's token strings (HF's convert_ids_to_tokens), not TEI's spans of the text
-    strings = model.require_tokenizer().token_strings(ids) if optional_field(body, "return_token_strs", bool) else None
+    strings = model.require_tokenizer().token_strings(ids) if parsed.return_token_strs else None
     return json_response(
         {"count": len(ids), "max_model_len": model.max_seq_length, "tokens": ids, "token_strs": strings}
     )
@@ -73,56 +105,42 @@ async def tokenize(service: Service, body: dict[str, Any]) -> Response:
 
 async def _detokenize(service: Service, request: Request) -> Response:
     """`{"model", "tokens"}` -> `{"prompt"}`, special tokens kept as HF's decode keeps them."""
-    body = await read_json(service, request)
-    if strict(service):
-        refuse_unknown(body, DETOKENIZE_FIELDS)
-    tokens = body.get("tokens")
-    if tokens is None:
-        raise InvalidRequest("'tokens' is required", "missing_required_parameter", "tokens")
-    if not isinstance(tokens, list) or not all(map(is_int, tokens)):
-        raise Unprocessable("'tokens' must be a list of token ids", "invalid_type", "tokens")
-    model_name = optional_field(body, "model", str)
-    (prompt,) = await text_tools.decode(service, model_name, [tokens], False, "tokens", indexed=False)
+    parsed = await read_request(service, request, DETOKENIZE)
+    (prompt,) = await text_tools.decode(service, parsed.model, [parsed.tokens], False, "tokens", indexed=False)
     return json_response({"prompt": prompt})
 
 
-def parse_score(body: dict[str, Any], strict: bool = True) -> RerankJob:
+def score_job(body: ScoreRequest) -> RerankJob:
     """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
-    body = _score_aliases(body)
-    if strict:
-        refuse_unknown(body, SCORE_FIELDS)
-    first, second = body.get("text_1"), body.get("text_2")
-    queries = [required_text(body, "text_1")] if isinstance(first, str) else required_texts(first, "text_1")
-    documents = [required_text(body, "text_2")] if isinstance(second, str) else required_texts(second, "text_2")
+    queries, documents = (_side(body, names) for names in SCORE_SIDES.values())
     if len(queries) == 1:
         queries = queries * len(documents)
     if len(queries) != len(documents):
         message = f"'text_1' has {len(queries)} texts and 'text_2' {len(documents)}: give one text_1, or as many"
         raise InvalidRequest(message, "invalid_value", "text_1")
-    truncate = optional_field(body, "truncate", bool)
     return RerankJob(
-        optional_field(body, "model", str),
+        body.model,
         list(zip(queries, documents, strict=True)),
-        truncate is not False,
-        raw_scores=raw_scores(body),
-        instruction=optional_field(body, "instruction", str),
+        body.truncate is not False,
+        raw_scores=raw_scores(body.activation, body.use_activation),
+        instruction=body.instruction,
     )
 
 
-def _score_aliases(body: dict[str, Any]) -> dict[str, Any]:
-    """The body with vLLM's newer side names (queries, documents, items, data_1, data_2) as text_1 and text_2."""
-    renamed = dict(body)
-    for alias, name in SCORE_ALIASES.items():
-        if alias in body:
-            if name in renamed:
-                raise InvalidRequest(f"'{alias}' and another field both give {name}; send one", "invalid_value", alias)
-            renamed[name] = renamed.pop(alias)
-    return renamed
+def _side(body: ScoreRequest, names: tuple[str, ...]) -> list[str]:
+    """One side's texts, given by exactly one of its names."""
+    given = [name for name in names if getattr(body, name) is not None]
+    if not given:
+        raise InvalidRequest(f"'{names[0]}' is required", "missing_required_parameter", names[0])
+    if len(given) > 1:
+        raise InvalidRequest(f"'{given[1]}' and '{given[0]}' both give {names[0]}; send one", "invalid_value", given[1])
+    value: str | list[str] = getattr(body, given[0])
+    return [value] if isinstance(value, str) else value
 
 
-def raw_scores(body: dict[str, Any]) -> bool:
+def raw_scores(activation: bool | None, use_activation: bool | None) -> bool:
     """vLLM's `activation` (older) or `use_activation`: false asks for the logits, the model's activation undone."""
-    values = {optional_field(body, name, bool) for name in sorted(ACTIVATION_FIELDS)} - {None}
+    values = {activation, use_activation} - {None}
     if len(values) > 1:
         raise InvalidRequest("'activation' and 'use_activation' disagree", "invalid_value", "use_activation")
     return values == {False}

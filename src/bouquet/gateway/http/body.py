@@ -8,8 +8,9 @@ import asyncio
 import zlib
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
@@ -21,20 +22,24 @@ from bouquet.gateway.errors import (
     Unprocessable,
     UnsupportedMedia,
 )
+from bouquet.gateway.http.decode import BodyDecoder
 from bouquet.gateway.service import Service
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 async def refuse_unread(service: Service, request: Request) -> None:
     """A large body refused before it is read while the bulk lane is over its cap (`Admission.refuse_unread`);
-    one over the body limit is left to `read_json`'s 413."""
+    one over the body limit is left to `read_body`'s 413."""
     length = content_length(request)
     if length is not None and length <= service.config.max_payload_bytes:
         await service.admission.refuse_unread(length)
 
 
-async def read_json(service: Service, request: Request) -> dict[str, Any]:
-    """The body as a JSON object."""
-    return parse_json_object(await read_body(service, request))
+async def read_request(service: Service, request: Request, decoder: BodyDecoder[T]) -> T:
+    """The body decoded into its route's struct (http/decode.py), unknown fields refused unless the server runs
+    with --allow-unknown-fields."""
+    return decoder.decode(await read_body(service, request), strict=not service.config.allow_unknown_fields)
 
 
 async def read_body(service: Service, request: Request) -> bytes | bytearray:

@@ -5,7 +5,7 @@ its Content-Length waiting forever, and had a 50 MB header accepted.
 - Size: the request line and headers hold at most `max_header_bytes`, counted as they arrive (httptools would
   otherwise gather a header whole before anyone sees it); more is 431.
 - Time: headers complete within `header_timeout` of their first byte, else 408. A body that goes `body_timeout`
-  without a byte is answered 408 by `http/body.read_json`, which every body-reading route uses, so the answer goes
+  without a byte is answered 408 by `http/body.read_body`, which every body-reading route uses, so the answer goes
   through the route's error path and metrics; here only a body left unread after the route answered is cut. A
   connection with no request in progress, a fresh one included, is closed after `idle_timeout` (uvicorn's
   keep-alive timer, armed here on connect as well).

@@ -19,7 +19,7 @@ from bouquet.gateway.openapi.kserve import (
     KSERVE_SERVER_METADATA,
     KSERVE_VERSION_PATH,
 )
-from bouquet.gateway.openapi.multi_vector import MULTI_VECTOR_REQUEST, MULTI_VECTOR_RESPONSE
+from bouquet.gateway.openapi.multi_vector import MULTI_VECTOR_RESPONSE
 from bouquet.gateway.openapi.pieces import COMPONENTS, STRING, Schema, named, nullable, response_schema
 from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
@@ -30,6 +30,7 @@ from bouquet.gateway.openapi.requests import (
     DETOKENIZE_REQUEST,
     EMBED_ALL_REQUEST,
     EMBED_SPARSE_REQUEST,
+    MULTI_VECTOR_REQUEST,
     OPENAI_EMBEDDINGS_REQUEST,
     PREDICT_REQUEST,
     RERANK_REQUEST,
@@ -125,7 +126,7 @@ _TEI_ANSWERED = {
 # Error statuses by cause. Every route: the connection's own answers (http/protocol.py, OpenAI-shaped): 408 headers
 # too slow, 431 headers too large, 503 every connection busy.
 CONNECTION = frozenset({408, 431, 503})
-BODY = frozenset({400, 408, 413, 415, 422})  # http/body.read_json and the route's parser
+BODY = frozenset({400, 408, 413, 415, 422})  # http/body.read_body and the route's parser
 MODEL_LOOKUP = frozenset({404, 503})  # ModelCatalog.get: unknown model; no replica has reported yet
 WORK = frozenset({429})  # max_concurrent_requests, and admission for those that compute
 COMPUTE = BODY | MODEL_LOOKUP | WORK  # a body read, a model found, rows computed
