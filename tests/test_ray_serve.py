@@ -1,0 +1,229 @@
+"""`bouquet.ray_serve` on a local Ray cluster of 2 CPUs: the application `serve run bouquet.ray_serve:app` starts,
+reached over real HTTP through Ray Serve's proxy. Its answers are those of the gateway `bouquet serve` runs (the
+same app in this process, in front of this process's engine), and a replica actor killed while requests are in
+flight costs none of them: each gets its 200 and its vectors, and Ray Serve's replacement joins the gateway."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from conftest import row_cosines
+from corpus import NON_ASCII_TEXTS, documents, queries
+from in_process import api
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ray[serve]' (the test extras pin it)")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ray[serve]'")
+openai = pytest.importorskip("openai")
+
+import bouquet  # noqa: E402
+from bouquet.gateway.testing import free_port  # noqa: E402
+from bouquet.ray_serve import app  # noqa: E402
+from bouquet.ray_serve.autoscaling import DemandPolicy  # noqa: E402
+from bouquet.ray_serve.config import app_config  # noqa: E402
+
+APP = "bouquet"
+MODEL = "all-MiniLM-L6-v2"
+# Two replicas of one CPU each, float32 as the reference engine; no start-up build of oneDNN's primitives (its
+# seconds are the replicas' to spend on requests here).
+ARGS = {"dtype": "float32", "device": "cpu", "cpu_warmup_tokens": "0", "min_replicas": "2", "max_replicas": "2"}
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """The application deployed as `serve run` deploys it, on a Ray cluster of its own."""
+    # The workers import this bouquet whatever their sys.path.
+    source = str(Path(bouquet.__file__).resolve().parent.parent)
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}},
+    )  # fmt: skip
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(app(ARGS), name=APP, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return [text for pair in zip(documents(24), queries(24), strict=True) for text in pair] + list(NON_ASCII_TEXTS)
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_fp32, minilm_path: Path, texts: list[str]) -> dict[str, Any]:
+    """What the gateway of `bouquet serve` answers for the texts, with its model directory, in this process."""
+    with api([minilm_fp32], model_dirs=(minilm_path,)) as client:
+        embeddings = client.post("/v1/embeddings", json={"input": texts, "model": MODEL}).json()
+        tei = client.post("/embed", json={"inputs": texts[:4]}).json()
+        models = client.get("/v1/models").json()
+        missing = client.post("/v1/embeddings", json={"input": "a", "model": "nope"})
+    return {"embeddings": embeddings, "tei": tei, "models": models, "missing": (missing.status_code, missing.json())}
+
+
+def _rows(body: dict[str, Any]) -> np.ndarray:
+    return np.array([item["embedding"] for item in body["data"]], dtype=np.float32)
+
+
+def _without_times(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in body.items() if key not in ("id", "created", "data")}
+
+
+@pytest.mark.long  # a local Ray cluster and three deployments: about half a minute to start
+@pytest.mark.process
+def test_answers_as_bouquet_serve(url: str, texts: list[str], reference: dict[str, Any]) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    answer = client.embeddings.create(model=MODEL, input=texts)
+    rows = np.array([item.embedding for item in answer.data], dtype=np.float32)
+    assert row_cosines(rows, _rows(reference["embeddings"])).min() >= 0.99999
+    assert [item.index for item in answer.data] == list(range(len(texts)))
+    assert _without_times(answer.model_dump(exclude_none=True)) == _without_times(reference["embeddings"])
+    with httpx.Client(base_url=url, timeout=60) as http:
+        tei = np.array(http.post("/embed", json={"inputs": texts[:4]}).json(), dtype=np.float32)
+        assert row_cosines(tei, np.array(reference["tei"], dtype=np.float32)).min() >= 0.99999
+        assert _models(http.get("/v1/models").json()) == _models(reference["models"])
+        missing = http.post("/v1/embeddings", json={"input": "a", "model": "nope"})
+        assert (missing.status_code, missing.json()) == reference["missing"]
+        assert http.get("/health").status_code == 200
+
+
+def _models(body: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(model["id"], model["object"]) for model in body["data"]]
+
+
+@pytest.mark.long
+@pytest.mark.process
+def test_a_replica_killed_mid_load_loses_no_request(url: str, texts: list[str], reference: dict[str, Any]) -> None:
+    """Four clients without retries send 8 texts a request while one replica actor of two is killed (as the OOM
+    killer or a lost node would): every request answered 200 with the reference's vectors; the gateway retried the
+    dead replica's chunks elsewhere, and the replica Ray Serve starts in its place joins and computes."""
+    expected = _rows(reference["embeddings"])
+    before = _replicas()
+    load = _Load(url, texts, expected, clients=4)
+    load.start()
+    try:
+        time.sleep(3.0)  # both replicas busy
+        killed_at = time.monotonic()
+        victim = next(iter(before))
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        replacement = _wait_for_replacement(url, before, victim)
+        recovered = time.monotonic() - killed_at
+        time.sleep(2.0)  # some of the load on the replacement too
+    finally:
+        load.stop()
+    print(f"{load.answered} answered, {len(load.failures)} failed; the replacement served {recovered:.1f} s after")
+    assert not load.failures, load.failures[:3]
+    assert load.answered >= 20
+    metrics = httpx.get(f"{url}/metrics").text
+    assert _counter(metrics, "bouquet_gateway_chunk_retries_total") >= 1  # the dead replica's calls, moved
+    assert _counter(metrics, "bouquet_gateway_replica_tokens_total", replacement) > 0
+
+
+class _Load:
+    """Clients sending requests of 8 texts back to back, each answer checked against the reference's rows."""
+
+    def __init__(self, url: str, texts: list[str], expected: np.ndarray, clients: int):
+        self._client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        self._texts, self._expected = texts, expected
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+        self._stop = threading.Event()
+        self.answered = 0
+        self.failures: list[str] = []
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=90)
+
+    def _run(self, client: int) -> None:
+        start = client * 8
+        while not self._stop.is_set():
+            picked = [(start + i) % len(self._texts) for i in range(8)]
+            start += 5
+            try:
+                answer = self._client.embeddings.create(model=MODEL, input=[self._texts[i] for i in picked])
+                rows = np.array([item.embedding for item in answer.data], dtype=np.float32)
+                if row_cosines(rows, self._expected[picked]).min() < 0.99999:
+                    self.failures.append(f"wrong vectors for texts {picked}")
+                self.answered += 1
+            except Exception as error:  # what a client sees: a status, a reset, a timeout
+                self.failures.append(repr(error))
+
+
+def _replicas() -> set[str]:
+    """The replica actors' names, as Ray Serve names them in its namespace."""
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    return {actor["name"] for actor in actors if actor["name"].startswith(f"SERVE_REPLICA::{APP}#BouquetReplica#")}
+
+
+def _wait_for_replacement(url: str, before: set[str], victim: str, seconds: float = 90.0) -> str:
+    """The gRPC address of the replica Ray Serve started for the killed one, once the gateway has sent it work."""
+    registry = serve.get_deployment_handle("Registry", app_name=APP)
+    known: set[str] | None = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        addresses, _ = registry.replicas.remote().result()
+        if known is None:
+            known = set(addresses)  # the two before the kill (the victim's lease has a few seconds left)
+        new = set(addresses) - known
+        if new and victim not in _replicas() and len(_replicas() - before) == 1:
+            (address,) = new
+            if _counter(httpx.get(f"{url}/metrics").text, "bouquet_gateway_replica_tokens_total", address) > 0:
+                return address
+        time.sleep(0.5)
+    raise AssertionError(f"no replacement replica served within {seconds} s")
+
+
+def _counter(metrics: str, name: str, replica: str | None = None) -> float:
+    label = "" if replica is None else r'\{replica="' + re.escape(replica) + r'"\}'
+    found = re.search(rf"^{name}{label} (\S+)$", metrics, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+class _Context:
+    def __init__(self, replicas: int, ratios: dict[str, float] | None):
+        self.current_num_replicas = self.target_num_replicas = replicas
+        self.aggregated_metrics = {} if ratios is None else {"demand_ratio": ratios}
+
+
+def test_the_policy_wants_replicas_for_the_demand_ratio() -> None:
+    policy = DemandPolicy(target=0.8)
+    assert policy(_Context(2, {"a": 0.8, "b": 0.8}))[0] == 2  # exactly at the target
+    assert policy(_Context(2, {"a": 1.5, "b": 1.5}))[0] == 4  # overloaded: the excess over the target
+    assert policy(_Context(4, {"a": 0.1}))[0] == 1  # idle: down to one (Ray Serve keeps min_replicas)
+    assert policy(_Context(3, None))[0] == 3  # nothing reported yet: unchanged
+
+
+def test_arguments_as_serve_run_gives_them() -> None:
+    config = app_config(
+        {"model": "m", "max_batch_tokens": "512", "cuda_graphs": "false", "served_model_names": "a, b",
+         "admission_wait": "2.5", "max_replicas": "8", "token_id_input": "no"},
+        "token",
+    )  # fmt: skip
+    assert config.engine == {"model_path": str(Path("m").resolve()), "cuda_graphs": {"enabled": False}}
+    assert config.scheduler == {"max_batch_tokens": 512}
+    assert config.replica.served_model_names == ("a", "b") and config.replica.token == "token"
+    assert config.gateway.admission_wait == 2.5 and not config.gateway.token_id_input
+    assert config.gateway.replica_token == "token" and config.gateway.replicas_followed
+    assert config.serve.max_replicas == 8 and config.serve.min_replicas == 1
+    with pytest.raises(ValueError, match="unknown argument 'port'"):
+        app_config({"port": "8000"}, "token")  # Ray Serve's proxy has the port
+    with pytest.raises(ValueError, match="argument max_batch_seqs=many"):
+        app_config({"max_batch_seqs": "many"}, "token")
+    with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
+        app_config({"min_replicas": "3", "max_replicas": "2"}, "token")
