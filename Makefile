@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 IN ?= examples/texts.jsonl
 OUT ?= embeddings.npy
 
-.PHONY: embed serve test test-long lint bench peers
+.PHONY: embed serve test test-long lint bench peers browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+
+# A real browser for tests/test_docs_page.py (it renders /docs offline and takes a screenshot; skipped without
+# one): Debian's Chromium, where apt-get can install it. CI runs this before `make test`.
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 # The tests marked long (pyproject.toml): CI runs them after `make test`.
 test-long: $(STAMP)
