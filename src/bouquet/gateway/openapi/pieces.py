@@ -1,13 +1,12 @@
-"""Pieces of JSON Schema the request and response bodies share, and the named schemas (components/schemas)."""
+"""Pieces of JSON Schema the response bodies share, and the named schemas (components/schemas); the request
+bodies' schemas are generated from their structs (structs.py)."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from bouquet.encodings import EMBED_DTYPES, ENDIANNESS
-from bouquet.gateway.api.fields import ENCODING_FORMATS, LONG_INPUTS
-from bouquet.tokenizer import TRUNCATION_DIRECTIONS
+from bouquet.gateway.api.fields import ENCODING_FORMATS
 
 Schema = dict[str, Any]
 
@@ -22,14 +21,6 @@ def nullable(schema: Schema) -> Schema:
     if "enum" in schema and None not in schema["enum"]:
         schema["enum"].append(None)
     return schema
-
-
-def any_case(words: tuple[str, ...], empty: bool = False) -> Schema:
-    """A string the parser lower-cases before it compares (TEI spells "Right"; any case is taken), or "" when the
-    parser takes an empty string as left out."""
-    spelled = "|".join("".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word) for word in words)
-    pattern = f"^({spelled}){'?' if empty else ''}$"
-    return {"type": "string", "pattern": pattern, "example": words[0]}
 
 
 def json_object(
@@ -73,14 +64,6 @@ NUMBER: Schema = {"type": "number"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 ALWAYS_NULL: Schema = nullable({"type": "string", "enum": [], "description": "TEI's field; always null here"})
 FLOATS: Schema = array_of(NUMBER)
-TOKEN_IDS: Schema = array_of(INTEGER, 1)
-INPUT: Schema = {
-    "description": "a text, a list of texts, a list of token ids, or a list of texts and lists of token ids; "
-    "never empty. Token ids are refused with --no-token-id-input (400 token_ids_refused).",
-    "anyOf": [TEXT, TOKEN_IDS, array_of({"anyOf": [TEXT, TOKEN_IDS]}, 1)],
-}
-TEXTS: Schema = {"anyOf": [TEXT, array_of(TEXT, 1)]}
-MODEL: Schema = nullable({**STRING, "description": "a served model's id (GET /v1/models); default: the first found"})
 
 # How one embedding row is answered for each `encoding_format` the parser takes (api/fields.ENCODING_FORMATS): one
 # entry a format (docs/encodings.md defines them). tests/test_openapi.py checks that every accepted format has one.
@@ -97,31 +80,8 @@ ROW_ENCODINGS: dict[str, Schema] = {
     "base64_binary": {**_BASE64, "description": "base64 of the row's bits, the first value in the least significant"},
 }
 TEI_ENCODING_FORMATS: tuple[str, ...] = ENCODING_FORMATS  # the same formats on TEI's /embed and POST /
-EMBED_DTYPE: Schema = nullable(
-    {"type": "string", "enum": [*EMBED_DTYPES, ""], "default": "float32", "description": "vLLM's; base64 only"}
-)
-ENDIANNESS_FIELD: Schema = nullable(
-    {"type": "string", "enum": [*ENDIANNESS, ""], "default": "native", "description": "vLLM's; base64 only"}
-)
-
-
-def encoding_format_schema(formats: tuple[str, ...]) -> Schema:
-    """The request field: one of `formats`, or null or "" for the first (the parser's `or "float"`)."""
-    return nullable({"type": "string", "enum": [*formats, ""], "default": formats[0]})
 
 
 def row_schema(formats: tuple[str, ...]) -> Schema:
     shapes = [ROW_ENCODINGS[name] for name in formats]
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}  # an int8 row is also a list of numbers
-
-
-TRUNCATION_DIRECTION: Schema = nullable(
-    {**any_case(TRUNCATION_DIRECTIONS, empty=True), "description": "right (the default) or left, in any case"}
-)
-DIMENSIONS: Schema = nullable(
-    {"type": "integer", "minimum": 1, "description": "keep the first N values, renormalised; at most the model's width"}
-)
-LONG_INPUT: Schema = nullable(
-    {"type": "string", "enum": list(LONG_INPUTS), "description": "chunk: embed an over-long input whole, in windows"}
-)
-PROMPT_NAME: Schema = nullable({**STRING, "description": "one of the model's sentence-transformers prompts"})
