@@ -227,3 +227,23 @@ def test_arguments_as_serve_run_gives_them() -> None:
         app_config({"max_batch_seqs": "many"}, "token")
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         app_config({"min_replicas": "3", "max_replicas": "2"}, "token")
+
+
+def test_the_cluster_config_file_deploys_the_application_it_says() -> None:
+    """deploy/ray-serve/serve-config.yaml: valid for Ray Serve's `serve deploy`, and its arguments build the three
+    deployments with its replicas' bounds, resources and policy (no cluster: the application as Ray Serve builds it)."""
+    yaml = pytest.importorskip("yaml")
+    from ray.serve._private.build_app import build_app  # what `serve deploy` runs on the arguments
+    from ray.serve.schema import ServeDeploySchema
+
+    path = Path(__file__).resolve().parent.parent / "deploy" / "ray-serve" / "serve-config.yaml"
+    (application,) = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text())).applications
+    assert application.import_path == "bouquet.ray_serve:app"
+    built = {d.name: d for d in build_app(app(application.args), name=APP).deployments}
+    assert set(built) == {"Registry", "BouquetReplica", "BouquetGateway"}
+    scaling = built["BouquetReplica"]._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas) == (2, 8)
+    assert scaling.policy.policy_kwargs == {"target": 0.8}
+    assert built["BouquetReplica"].ray_actor_options == {"num_cpus": 4, "num_gpus": 0}
+    assert built["BouquetGateway"]._deployment_config.num_replicas == 2
+    assert built["BouquetGateway"]._deployment_config.max_ongoing_requests == 512  # admission's limit, not Serve's
