@@ -27,6 +27,7 @@ from bouquet.gateway.testing import Process, free_port, start_serve
 from bouquet.layers.int8_linear import (
     FULL_WEIGHT_LIMIT,
     dequantize,
+    input_rotation,
     int8_linear,
     quantize_rows,
     quantize_weight,
@@ -92,7 +93,7 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     w = torch.randn(1152, 384, generator=generator) * 0.05
     b = torch.randn(1152, generator=generator)
     limit = weight_limit()  # 7 bits where this CPU's products would saturate at full range
-    weight = quantize_weight(w, b, limit)
+    weight = quantize_weight(w, b, limit, rotate=False)
     assert weight.transposed.dtype == torch.int8 and weight.transposed.shape == (384, 1152)
     assert torch.equal(weight.scales, w.abs().amax(dim=1) / limit)  # per output channel
     assert torch.equal(weight.sums, weight.transposed.sum(dim=0, dtype=torch.int32))
@@ -103,6 +104,40 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     torch.testing.assert_close(y, (exact + b.double()).float(), rtol=1e-5, atol=1e-5)
     reference = F.linear(x, w, b)
     assert (y - reference).norm() / reference.norm() < (0.02 if limit == FULL_WEIGHT_LIMIT else 0.03)
+
+
+@pytest.mark.parametrize("width", [384, 1536, 24, 7])
+def test_the_input_rotation_is_orthogonal_and_the_quantizing_pass_applies_it(width: int) -> None:
+    rotation = input_rotation(width)
+    assert width % rotation.block == 0 and rotation.block <= 128
+    matrix = rotation.apply(torch.eye(width))
+    torch.testing.assert_close(matrix @ matrix.T, torch.eye(width), atol=1e-6, rtol=0)
+    torch.testing.assert_close(matrix.abs().max(), torch.tensor(rotation.block**-0.5))  # each value spread evenly
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(30, width, generator=generator)
+    x[:, 0] *= 40  # an outlier channel, as a normalised residual stream has
+    strided = torch.cat([x, torch.randn(30, 3)], dim=1)[:, :width]
+    rows = quantize_rows(strided, rotation)
+    rotated = x @ matrix
+    error = (rows.scales[:, None] * (rows.values.float() - rows.zeros[:, None]) - rotated).abs()
+    assert (error <= rows.scales[:, None] * 0.5001 + 1e-4).all()  # within half a step of the rotated row's scale
+
+
+def test_a_rotated_int8_linear_computes_the_same_product_closer_to_float32() -> None:
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 384, generator=generator)
+    x[:, [5, 99, 223]] *= 15  # fixed outlier channels set every token's scale unless rotated away
+    w = torch.randn(1152, 384, generator=generator) * 0.05
+    b = torch.randn(1152, generator=generator)
+    limit = weight_limit()
+    rotated = quantize_weight(w, b, limit)
+    assert rotated.rotation is not None and rotated.rotation.block == 128
+    reference = F.linear(x, w, b)
+    errors = {
+        name: float((int8_linear(x, weight) - reference).norm() / reference.norm())
+        for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, limit, rotate=False)))
+    }
+    assert errors["rotated"] < 0.6 * errors["plain"], errors
 
 
 def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:

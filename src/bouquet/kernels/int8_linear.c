@@ -1,7 +1,7 @@
 // The two passes around an int8 linear's integer product (layers/int8_linear.py), compiled on first use by
 // kernels/build.py:
 //   bouquet_quantize_rows: float32 activations -> int8, one scale and zero point per row (per token), so one
-//     outlier token costs no other token its precision;
+//     outlier token costs no other token its precision; each row first rotated where the weight was (below);
 //   bouquet_dequantize: the product (int32, or float32 holding integers where oneDNN's prepacked matmul gave it)
 //     -> float32, in place: less the row's zero point, times the row's scale and the output channel's, plus the
 //     bias, then the layer's activation (GELU, tanh GELU, ReLU) while the row is still in cache.
@@ -89,11 +89,73 @@ CLONED static void quantize_row(const float* x, int64_t cols, int8_t* q, float* 
     }
 }
 
+// The input rotation (layers/int8_linear.py, `InputRotation`): each row times random signs, then a Hadamard
+// transform of every `block` consecutive values (block a power of two), unnormalised: the caller's scale takes the
+// 1 / sqrt(block). Each 16 values go through the four narrow butterfly stages in one vector (a stage is a lane
+// permutation plus a multiply-add: v[j ^ w] + sign * v[j]), since loops of widths 1 to 8 do not vectorize and a
+// 16 x 16 product was a chain of dependent FMAs (2.7x slower); wider blocks then take butterflies of width 16 up.
+enum { HADAMARD_INNER = 16 };
+typedef float v16sf __attribute__((vector_size(64)));
+typedef int32_t v16si __attribute__((vector_size(64)));
+static const v16si PARTNER[4] = {
+    {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+    {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+    {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+    {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+};
+static const v16sf LOWER_PLUS[4] = {  // +1 where lane j is the first of its pair (bit w of j clear), else -1
+    {1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1},
+    {1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1},
+    {1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1},
+    {1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1},
+};
+
+INLINE void butterflies(float* t, int64_t cols, int64_t width) {
+    for (int64_t i = 0; i < cols; i += 2 * width)
+#pragma omp simd
+        for (int64_t j = i; j < i + width; ++j) {
+            float a = t[j], b = t[j + width];
+            t[j] = a + b;
+            t[j + width] = a - b;
+        }
+}
+
+INLINE void hadamard_of_16(const float* x, const float* signs, float* out) {
+    v16sf v, s;
+    __builtin_memcpy(&v, x, sizeof v);
+    __builtin_memcpy(&s, signs, sizeof s);
+    v *= s;
+    for (int stage = 0; stage < 4; ++stage) v = __builtin_shuffle(v, PARTNER[stage]) + LOWER_PLUS[stage] * v;
+    __builtin_memcpy(out, &v, sizeof v);
+}
+
+CLONED static void rotate_row(const float* x, int64_t cols, const float* signs, int64_t block, float* t) {
+    int64_t width = 1;
+    if (block >= HADAMARD_INNER) {
+        for (int64_t c = 0; c < cols; c += HADAMARD_INNER) hadamard_of_16(x + c, signs + c, t + c);
+        width = HADAMARD_INNER;
+    } else {
+        for (int64_t c = 0; c < cols; ++c) t[c] = x[c] * signs[c];
+    }
+    for (; width < block; width *= 2) butterflies(t, cols, width);
+}
+
 // x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales, zeros: [rows].
+// With `signs` (else NULL), each row is rotated first (above); `block` divides cols.
 void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, int8_t* q, float* scales,
-                           int32_t* zeros) {
+                           int32_t* zeros, const float* signs, int64_t block) {
+    const float unnormalised = signs ? sqrtf((float)block) : 1.0f;
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
-    for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * stride, cols, q + r * cols, scales + r, zeros + r);
+    for (int64_t r = 0; r < rows; ++r) {
+        if (!signs) {
+            quantize_row(x + r * stride, cols, q + r * cols, scales + r, zeros + r);
+            continue;
+        }
+        float rotated[cols];
+        rotate_row(x + r * stride, cols, signs, block, rotated);
+        quantize_row(rotated, cols, q + r * cols, scales + r, zeros + r);
+        scales[r] /= unnormalised;
+    }
 }
 
 // `data` holds one row of products on entry and of float32 on return, element by element in place (through a

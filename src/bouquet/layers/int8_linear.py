@@ -9,6 +9,13 @@ activation applied in the same pass (kernels/int8_linear.c). No calibration data
 row itself, so one outlier token costs no other token its precision. Asymmetric rows, rather than symmetric ones,
 took MiniLM's worst query from 0.986 to 0.995 cosine to float32 (docs/benchmarks.md).
 
+Each linear's input space is rotated first (`InputRotation`): x @ W.T = (x R) @ (W R).T for an orthogonal R, so
+the weight is stored as W R and every activation row is multiplied by R while it is quantized. R is random signs
+then a Hadamard transform of blocks of up to 128 channels: it spreads the few outlier channels that a normalised
+residual stream carries (14x the median channel's largest value in MiniLM) over the whole block, so they no longer
+set every token's scale, and it does the same for the weights' outliers. No data is needed (QuaRot's idea, for
+8-bit here); the transform costs a few vector operations a value inside the quantizing pass.
+
 The weight limit is measured, not assumed (`weight_limit`): CPUs without VNNI multiply int8 pairs with
 `vpmaddubsw`, which saturates the sum of two u8 x s8 products at 32,767, so full-range weights can overflow; 7-bit
 weights (|w| <= 63) cannot, as 2 x 255 x 63 < 32,767 (ONNX Runtime's `reduce_range` makes the same trade).
@@ -38,6 +45,45 @@ ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "rel
 INT_MM_PRODUCT, ONEDNN_PRODUCT = "int_mm", "onednn"
 
 
+# The largest Hadamard block: wider blocks measured no better on MiniLM's recall (docs/benchmarks.md).
+MAX_ROTATION_BLOCK = 128
+_ROTATION_SEED = 20261203
+
+
+@dataclass(frozen=True)
+class InputRotation:
+    """R = diag(signs) @ blockdiag(H_block / sqrt(block)), an orthogonal [K, K] matrix, held as its parts."""
+
+    signs: torch.Tensor  # [K] float32, each +1 or -1
+    block: int  # a power of two dividing K
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ R for [..., K] float32 x, in torch (the weight's side, once at load; the kernel does the rows')."""
+        blocks = (x * self.signs).reshape(*x.shape[:-1], -1, self.block)
+        return (blocks @ _hadamard(self.block)).reshape(x.shape)
+
+
+@functools.cache
+def input_rotation(in_features: int) -> InputRotation:
+    """The rotation of a K-wide input: the same for every linear of that width (the signs from a fixed seed, so
+    that a model quantizes the same way in every process)."""
+    block = 1
+    while in_features % (block * 2) == 0 and block * 2 <= MAX_ROTATION_BLOCK:
+        block *= 2
+    generator = torch.Generator().manual_seed(_ROTATION_SEED + in_features)
+    signs = torch.randint(0, 2, (in_features,), generator=generator).float() * 2 - 1
+    return InputRotation(signs, block)
+
+
+@functools.cache
+def _hadamard(size: int) -> torch.Tensor:
+    """The normalised [size, size] Hadamard matrix (Sylvester's), size a power of two."""
+    matrix = torch.ones(1, 1)
+    while matrix.shape[0] < size:
+        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+    return matrix / size**0.5
+
+
 @dataclass(frozen=True)
 class Int8Weight:
     """A linear's weight in int8: `transposed` [in, out] (the layout `torch._int_mm` multiplies by, a view of the
@@ -52,18 +98,23 @@ class Int8Weight:
     in_features: int
     packed: torch.Tensor | None = None  # oneDNN's prepacked weight (opaque)
     packed_from_rows: int = 0
+    rotation: InputRotation | None = None  # the weight holds W R: activation rows must be rotated by R too
 
 
-def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int) -> Int8Weight:
-    """Per-output-channel symmetric quantization of a [out, in] weight; an all-zero channel keeps scale 0."""
+def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int, rotate: bool = True) -> Int8Weight:
+    """Per-output-channel symmetric quantization of a [out, in] weight, its input space rotated first unless
+    `rotate` is False; an all-zero channel keeps scale 0."""
     weight = weight.detach().float()
+    rotation = input_rotation(weight.shape[1]) if rotate else None
+    if rotation is not None:
+        weight = rotation.apply(weight)
     absmax = weight.abs().amax(dim=1)
     scales = absmax / limit
     inverse = torch.where(absmax > 0, limit / absmax, torch.zeros_like(absmax))
     rows = (weight * inverse[:, None]).round_().clamp_(-limit, limit).to(torch.int8)
     bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
     sums = rows.sum(dim=1, dtype=torch.int32)
-    return Int8Weight(rows.t(), scales.contiguous(), sums, bias, weight.shape[1])
+    return Int8Weight(rows.t(), scales.contiguous(), sums, bias, weight.shape[1], rotation=rotation)
 
 
 def onednn_product_available() -> bool:
@@ -99,7 +150,7 @@ def _library() -> ctypes.CDLL:
     library = load_kernel("int8_linear")
     library.bouquet_quantize_rows.restype = None
     library.bouquet_quantize_rows.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 4, ctypes.c_int64,
     ]  # fmt: skip
     library.bouquet_dequantize.restype = None
     library.bouquet_dequantize.argtypes = [
@@ -117,16 +168,19 @@ class Int8Rows:
     zeros: torch.Tensor  # [T] int32
 
 
-def quantize_rows(x: torch.Tensor) -> Int8Rows:
-    """[T, K] float32 (rows may be strided) -> int8 rows, each with its own scale and zero point."""
+def quantize_rows(x: torch.Tensor, rotation: InputRotation | None = None) -> Int8Rows:
+    """[T, K] float32 (rows may be strided) -> int8 rows of x (or of x @ R, given the rotation), each row with its
+    own scale and zero point."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1, "rows of contiguous float32"
     num_rows, cols = x.shape
+    assert rotation is None or rotation.signs.numel() == cols, "a rotation of another width"
     rows = Int8Rows(
         torch.empty(num_rows, cols, dtype=torch.int8), torch.empty(num_rows), torch.empty(num_rows, dtype=torch.int32)
     )
+    signs, block = (None, 0) if rotation is None else (rotation.signs.data_ptr(), rotation.block)
     _library().bouquet_quantize_rows(
         x.data_ptr(), num_rows, cols, x.stride(0), rows.values.data_ptr(), rows.scales.data_ptr(),
-        rows.zeros.data_ptr(),
+        rows.zeros.data_ptr(), signs, block,
     )  # fmt: skip
     return rows
 
@@ -150,7 +204,7 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -
     flat = x.reshape(-1, shape[-1])
     if flat.dtype != torch.float32 or flat.stride(-1) != 1:
         flat = flat.float().contiguous()
-    rows = quantize_rows(flat)
+    rows = quantize_rows(flat, weight.rotation)
     products = int8_product(rows.values, weight)
     return dequantize(products, rows, weight, activation).view(*shape[:-1], -1)
 
