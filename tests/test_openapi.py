@@ -35,10 +35,10 @@ from starlette.routing import Route
 from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway import errors
-from bouquet.gateway.api import cohere, fields, jina, openai, perplexity, tei_requests, vllm
+from bouquet.gateway.api import cohere, fields, jina, openai, perplexity, tei_bodies, vllm
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http.decode import BodyDecoder, field_names
-from bouquet.gateway.openapi import document, openapi_spec, pieces, requests
+from bouquet.gateway.openapi import document, openapi_spec, requests
 
 API_KEY = "openapi-key"
 EMBEDDER = "all-MiniLM-L6-v2"
@@ -88,7 +88,7 @@ def test_every_request_struct_is_documented() -> None:
     """Each route decodes its body into a struct (http/decode.py) whose schema the document generates (openapi/
     structs.py): every decoder the routers hold is among the documented ones, and its component is the struct's,
     the fields of its schema the struct's fields as a client spells them."""
-    modules = (cohere, jina, openai, perplexity, tei_requests, vllm)
+    modules = (cohere, jina, openai, perplexity, tei_bodies, vllm)
     decoders = [value for module in modules for value in vars(module).values() if isinstance(value, BodyDecoder)]
     assert {decoder.kind for decoder in decoders} == set(requests.REQUESTS)
     schemas = openapi_spec()["components"]["schemas"]
@@ -98,7 +98,7 @@ def test_every_request_struct_is_documented() -> None:
 
 
 def test_every_encoding_format_has_its_rows_documented() -> None:
-    assert set(pieces.ROW_ENCODINGS) == set(fields.ENCODING_FORMATS)
+    assert set(fields.ROW_ENCODINGS) == set(fields.ENCODING_FORMATS)
     accepted = openapi_spec()["components"]["schemas"]["EmbeddingsRequest"]["properties"]["encoding_format"]["enum"]
     assert set(accepted) == {*fields.ENCODING_FORMATS, "", None}
 

@@ -14,22 +14,23 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import scoring
-from bouquet.gateway.api.fields import Instruction, Model, Text, Texts, described, strict
+from bouquet.gateway.api.fields import Count, Instruction, Model, Text, Texts, described, strict
+from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.api.vllm import Activation, raw_scores
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody
+from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import cohere_error_response
 from bouquet.gateway.jobs import EmbedJob, RerankJob
@@ -173,25 +174,83 @@ def v1_rerank_job(body: CohereRerankRequest) -> tuple[RerankJob, int | None, boo
     return job, body.top_n, body.return_documents is not False
 
 
+class RankedDocument(ResponseBody):
+    text: str
+
+
+class RankedResult(ResponseBody):
+    index: Count
+    relevance_score: float
+    document: RankedDocument | UnsetType = UNSET  # with return_documents
+
+
+class CohereRanking(ResponseBody):
+    id: str
+    model: str
+    results: list[RankedResult]
+    usage: Usage  # vLLM's both, Jina's total
+
+
 def v1_rerank_response(
     scores: np.ndarray, job: RerankJob, model: ServedModel, tokens: int, top_n: int | None, return_documents: bool
-) -> dict[str, Any]:
+) -> CohereRanking:
     """Cohere's, Jina's and vLLM's answer: the best `top_n` documents with their relevance, best first."""
-    order = np.argsort(-scores, kind="stable")[:top_n]
+    order = np.argsort(-scores, kind="stable")[:top_n].tolist()
     results = [
-        {
-            "index": int(index),
-            "relevance_score": float(scores[index]),
-            **({"document": {"text": job.pairs[index][1]}} if return_documents else {}),
-        }
+        RankedResult(index, float(scores[index]), RankedDocument(job.pairs[index][1]) if return_documents else UNSET)
         for index in order
     ]
-    return {
-        "id": f"rerank-{uuid.uuid4().hex}",
-        "model": model.id,
-        "results": results,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},  # vLLM's both, Jina's total
-    }
+    return CohereRanking(f"rerank-{uuid.uuid4().hex}", model.id, results, Usage(tokens, tokens))
+
+
+class ApiVersion(ResponseBody):
+    version: Literal["2"] = "2"
+
+
+class BilledUnits(ResponseBody):
+    input_tokens: Count | UnsetType = UNSET
+    search_units: Count | UnsetType = UNSET
+
+
+class CohereMeta(ResponseBody):
+    billed_units: BilledUnits
+    api_version: ApiVersion = msgspec.field(default_factory=ApiVersion)
+
+
+# Aliases, as the fields' names (float, base64) would shadow the builtins in the class's own annotations.
+_Floats = list[list[float]] | UnsetType
+_Ints = list[list[int]] | UnsetType
+_Strings = list[str] | UnsetType
+
+
+class EmbeddingsByType(ResponseBody):
+    """The types asked for (embedding_types)."""
+
+    float: _Floats = UNSET
+    int8: _Ints = UNSET
+    uint8: _Ints = UNSET
+    binary: _Ints = UNSET
+    ubinary: _Ints = UNSET
+    base64: _Strings = UNSET
+
+
+class CohereV2Embeddings(ResponseBody):
+    id: str
+    embeddings: EmbeddingsByType
+    texts: list[str]
+    meta: CohereMeta
+    response_type: Literal["embeddings_by_type"] = "embeddings_by_type"
+
+
+class V2RankedResult(ResponseBody):
+    index: Count
+    relevance_score: float
+
+
+class CohereV2Ranking(ResponseBody):
+    id: str
+    results: list[V2RankedResult]
+    meta: CohereMeta
 
 
 @dataclass(frozen=True)
@@ -232,7 +291,7 @@ def prompt_name(prompts: dict[str, str], input_type: str | None) -> str | None:
     return next((name for name in names if name in prompts), None)
 
 
-def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[str, Any]:
+def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> CohereV2Embeddings:
     """Cohere's EmbedByTypeResponse: every type asked for, each computed from the float rows."""
     embeddings: dict[str, Any] = {}
     for name in request.embedding_types:
@@ -241,13 +300,8 @@ def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> dict[
         embeddings[name] = (
             [base64.b64encode(row.tobytes()).decode("ascii") for row in encoded] if as_base64 else encoded
         )
-    return {
-        "id": str(uuid.uuid4()),
-        "embeddings": embeddings,
-        "texts": request.job.texts,
-        "meta": _meta(tokens),
-        "response_type": "embeddings_by_type",
-    }
+    meta = CohereMeta(BilledUnits(input_tokens=tokens))
+    return CohereV2Embeddings(str(uuid.uuid4()), EmbeddingsByType(**embeddings), request.job.texts or [], meta)
 
 
 def v2_rerank_job(body: CohereV2RerankRequest) -> tuple[RerankJob, int | None]:
@@ -258,11 +312,11 @@ def v2_rerank_job(body: CohereV2RerankRequest) -> tuple[RerankJob, int | None]:
     return RerankJob(model=body.model, pairs=[(body.query, text) for text in body.documents]), body.top_n
 
 
-def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> dict[str, Any]:
+def rerank_response(scores: np.ndarray, top_n: int | None, tokens: int) -> CohereV2Ranking:
     """Cohere's V2RerankResponse: the best `top_n` documents' indices and relevance, best first."""
-    order = np.argsort(-scores, kind="stable")[:top_n]
-    results = [{"index": int(index), "relevance_score": float(scores[index])} for index in order]
-    return {"id": str(uuid.uuid4()), "results": results, "meta": _meta(tokens, "search_units")}
+    order = np.argsort(-scores, kind="stable")[:top_n].tolist()
+    results = [V2RankedResult(index, float(scores[index])) for index in order]
+    return CohereV2Ranking(str(uuid.uuid4()), results, CohereMeta(BilledUnits(search_units=1)))
 
 
 def _refuse_priority(priority: Any) -> None:
@@ -271,11 +325,6 @@ def _refuse_priority(priority: Any) -> None:
     if priority is not None:
         message = "'priority' is not supported: requests are served first come, first served"
         raise InvalidRequest(message, "unsupported_parameter", "priority")
-
-
-def _meta(tokens: int, unit: str = "input_tokens") -> dict[str, Any]:
-    billed = {"input_tokens": tokens} if unit == "input_tokens" else {"search_units": 1}
-    return {"api_version": {"version": "2"}, "billed_units": billed}
 
 
 def _texts(body: CohereV2EmbedRequest) -> list[str]:

@@ -60,6 +60,27 @@ LongInput = (
 PromptName = Annotated[str, described("one of the model's sentence-transformers prompts")] | None
 
 
+# How one embedding row is answered for each `encoding_format` (docs/encodings.md defines them); tests/test_openapi.py
+# checks that every accepted format has one.
+_BASE64 = {"type": "string", "format": "byte"}
+_BITS = "bits packed 8 a byte, the first value in the most significant bit (sentence-transformers' quantize_embeddings)"
+ROW_ENCODINGS: dict[str, dict[str, Any]] = {
+    "float": {"type": "array", "items": {"type": "number"}},
+    "base64": {**_BASE64, "description": "base64 of the row's float32 bytes (embed_dtype, endianness: little)"},
+    "int8": {"type": "array", "items": {"type": "integer", "minimum": -127, "maximum": 127},
+             "description": "round(127 x / |x|)"},
+    "uint8": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 255}, "description": "int8 + 128"},
+    "binary": {"type": "array", "items": {"type": "integer", "minimum": -128, "maximum": 127},
+               "description": f"{_BITS}, less 128"},
+    "ubinary": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}, "description": _BITS},
+    "base64_int8": {**_BASE64, "description": "base64 of the int8 row's bytes"},
+    "base64_binary": {**_BASE64, "description": "base64 of the row's bits, the first value in the least significant"},
+}  # fmt: skip
+# A row in a response: numpy's array (orjson writes its numbers) or a base64 string, as its format answers it.
+Row = Annotated[Any, Meta(extra_json_schema={"anyOf": list(ROW_ENCODINGS.values())})]
+Count = Annotated[int, Meta(ge=0)]
+
+
 def _any_case(words: tuple[str, ...]) -> str:
     """A pattern of `words` in any case, or "": the route lower-cases before it compares (TEI spells "Right")."""
     spelled = "|".join("".join(f"[{c.upper()}{c.lower()}]" for c in word) for word in words)

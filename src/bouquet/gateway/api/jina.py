@@ -10,7 +10,7 @@ cut, then normalised), `truncate` (true: cut to the model's query or document le
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -20,9 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.encodings import FORMATS, ResponseFormat
-from bouquet.gateway.api.fields import Model, Text, choice, described
+from bouquet.gateway.api.fields import Count, Model, Text, choice, described
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import MultiVectorJob
 from bouquet.gateway.late_interaction import token_vectors
@@ -75,12 +75,33 @@ def multi_vector_job(body: MultiVectorRequest) -> MultiVectorJob:
     )
 
 
+TokenRows = Annotated[Any, Meta(extra_json_schema={
+    "type": "array", "description": "a token's vector a row: numbers, or base64 of its bytes",
+    "items": {"anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]},
+})]  # fmt: skip
+
+
+class TokenVectors(ResponseBody):
+    index: Count
+    embeddings: TokenRows
+    object: Literal["embeddings"] = "embeddings"
+
+
+class MultiVectorUsage(ResponseBody):
+    total_tokens: Count
+    prompt_tokens: Count
+
+
+class MultiVectorList(ResponseBody):
+    model: str
+    data: list[TokenVectors]
+    usage: MultiVectorUsage
+    object: Literal["list"] = "list"
+
+
 def multi_vector_response(
     vectors: list[np.ndarray], model: str, tokens: int, response_format: ResponseFormat
-) -> dict[str, Any]:
+) -> MultiVectorList:
     """Jina's answer: per input, its token vectors in order (one row a token), encoded as asked (by the replica)."""
-    data = [
-        {"object": "embeddings", "index": index, "embeddings": response_format.answer(rows)}
-        for index, rows in enumerate(vectors)
-    ]
-    return {"object": "list", "model": model, "data": data, "usage": {"total_tokens": tokens, "prompt_tokens": tokens}}
+    data = [TokenVectors(index, response_format.answer(rows)) for index, rows in enumerate(vectors)]
+    return MultiVectorList(model, data, MultiVectorUsage(tokens, tokens))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from msgspec import Meta
@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
+    Count,
     Dimensions,
     EmbedDtype,
     EncodingFormat,
@@ -23,6 +24,7 @@ from bouquet.gateway.api.fields import (
     Input,
     LongInput,
     Model,
+    Row,
     described,
     long_input,
     parse_inputs,
@@ -32,7 +34,7 @@ from bouquet.gateway.api.fields import (
 )
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
@@ -85,7 +87,7 @@ def routes() -> list[Route]:
 async def _embeddings(service: Service, request: Request) -> Response:
     job = embed_job(await read_request(service, request, EMBEDDINGS))
     model, rows, tokens = await unless_disconnected(request, service.embed(job))
-    return json_response(with_response_id(openai_response(rows, job.model or model.id, tokens, job.response_format)))
+    return json_response(openai_response(rows, job.model or model.id, tokens, job.response_format))
 
 
 def embed_job(body: EmbeddingsRequest) -> EmbedJob:
@@ -137,49 +139,99 @@ def _truncate_prompt_tokens(value: int | None) -> int | None:
     return value
 
 
-def openai_response(
-    rows: np.ndarray, model: str, prompt_tokens: int, response_format: ResponseFormat
-) -> dict[str, Any]:
-    """rows: [N, elements] in the format's encoding, each answered as a list of numbers (orjson writes numpy rows
-    itself) or as base64 of its bytes: little-endian float32 for plain base64, as OpenAI's clients decode."""
-    embeddings = response_format.answer(rows)
-    return {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(embeddings)],
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
+class Embedding(ResponseBody):
+    index: Count
+    embedding: Row
+    object: Literal["embedding"] = "embedding"
 
 
-def with_response_id(response: dict[str, Any], prefix: str = "embd") -> dict[str, Any]:
-    """vLLM's and Infinity's fields beside OpenAI's: the response's `id` and `created`, and `completion_tokens`."""
-    response["usage"].setdefault("completion_tokens", 0)
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()), **response}
+class Usage(ResponseBody):
+    prompt_tokens: Count
+    total_tokens: Count
 
 
-def model_card(service: Service, model: ServedModel, name: str | None = None) -> dict[str, Any]:
-    """OpenAI's model object under `name` (default: the model's id), plus what a client needs to use it: family,
-    pooling, limit, width; `root` is the model's own name (vLLM's, for a served name)."""
-    return {
-        "id": name or model.id, "object": "model", "created": 0, "owned_by": "bouquet", "root": model.name,
-        "family": model.family,
-        "task": model.task, "sparse": bool(model.sparse_dimension),
-        "architecture": model.architecture, "pooling": model.pooling, "normalize": model.normalize,
-        "dimension": model.dimension, "max_input_length": model.max_seq_length, "dtype": model.dtype,
-        "replicas": sum(r.healthy and r.model is model for r in service.pool.replicas),
-        "stats": _model_stats(service, model),
-    }  # fmt: skip
+class EmbeddingUsage(Usage):
+    completion_tokens: Literal[0] = 0  # vLLM's and Infinity's
 
 
-def _model_stats(service: Service, model: ServedModel) -> dict[str, Any]:
+class EmbeddingList(ResponseBody):
+    id: Annotated[str, described("vLLM's and Infinity's: embd-...")]
+    created: Annotated[Count, described("unix")]
+    data: Annotated[list[Embedding], described("one per input, in order")]
+    model: str
+    usage: EmbeddingUsage
+    object: Literal["list"] = "list"
+
+
+Task = Annotated[str, described(
+    "sparse: a SPLADE model; multi_vector: a ColBERT model (per-token vectors)",
+    enum=["embed", "score", "sparse", "multi_vector"],
+)]  # fmt: skip
+Sparse = Annotated[bool, described("whether /embed_sparse serves it (SPLADE, or bge-m3's sparse head)")]
+
+
+class ModelStats(ResponseBody):
     """Infinity's `stats` object on each model of /models: what the gateway knows of its capacity."""
+
+    healthy_replicas: Count
+    max_batch_tokens: Count
+
+
+class ModelCard(ResponseBody):
+    """OpenAI's model object, plus what a client needs to use it: family, pooling, limit, width."""
+
+    id: str
+    created: int
+    owned_by: str
+    root: Annotated[str, described("the model's own name; id is one of its --served-model-name where given")]
+    family: str
+    task: Task
+    sparse: Sparse
+    architecture: str
+    pooling: str
+    normalize: bool
+    dimension: Count
+    max_input_length: Count
+    dtype: str
+    replicas: Annotated[Count, described("healthy replicas serving it")]
+    stats: ModelStats
+    object: Literal["model"] = "model"
+
+
+class ModelList(ResponseBody):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+def openai_response(rows: np.ndarray, model: str, prompt_tokens: int, response_format: ResponseFormat) -> EmbeddingList:
+    """rows: [N, elements] in the format's encoding, each answered as a list of numbers (orjson writes numpy rows
+    itself) or as base64 of its bytes: little-endian float32 for plain base64, as OpenAI's clients decode. With
+    vLLM's and Infinity's fields beside OpenAI's: the response's `id` and `created`, and `completion_tokens`."""
+    embeddings = response_format.answer(rows)
+    return EmbeddingList(
+        id=f"embd-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        data=[Embedding(i, row) for i, row in enumerate(embeddings)],
+        model=model,
+        usage=EmbeddingUsage(prompt_tokens, prompt_tokens),
+    )
+
+
+def model_card(service: Service, model: ServedModel, name: str | None = None) -> ModelCard:
+    """The card of `model` under `name` (default: the model's id); `root` is the model's own name (vLLM's, for a
+    served name)."""
     replicas = [r for r in service.pool.replicas if r.healthy and r.model is model]
-    return {"healthy_replicas": len(replicas), "max_batch_tokens": model.max_batch_tokens}
+    return ModelCard(
+        id=name or model.id, created=0, owned_by="bouquet", root=model.name, family=model.family, task=model.task,
+        sparse=bool(model.sparse_dimension), architecture=model.architecture, pooling=model.pooling,
+        normalize=model.normalize, dimension=model.dimension, max_input_length=model.max_seq_length,
+        dtype=model.dtype, replicas=len(replicas), stats=ModelStats(len(replicas), model.max_batch_tokens),
+    )  # fmt: skip
 
 
 async def _models(service: Service, request: Request) -> Response:
     cards = [model_card(service, model, name) for model in service.catalog.ordered for name in model.listed_names]
-    return json_response({"object": "list", "data": cards})
+    return json_response(ModelList(cards))
 
 
 async def _model(service: Service, request: Request) -> Response:

@@ -3,7 +3,7 @@ each chunk embedded in the context of its whole document (contextual.py; docs/co
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Literal
 
 import numpy as np
 from msgspec import Meta
@@ -13,17 +13,20 @@ from starlette.routing import Route
 
 from bouquet.encodings import ResponseFormat, encode_rows
 from bouquet.gateway.api.fields import (
+    Count,
     Dimensions,
     EmbedDtype,
     EncodingFormat,
     Endianness,
     Model,
     Text,
+    described,
     response_format,
 )
+from bouquet.gateway.api.openai import Embedding, Usage
 from bouquet.gateway.contextual import contextual_embeddings
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import ContextualJob
 from bouquet.gateway.service import Service
@@ -69,17 +72,27 @@ def contextual_job(body: ContextualizedEmbeddingsRequest) -> ContextualJob:
     )
 
 
+class ContextualDocument(ResponseBody):
+    index: Count
+    data: Annotated[list[Embedding], described("the document's chunks, in order")]
+    object: Literal["list"] = "list"
+
+
+class ContextualizedEmbeddingList(ResponseBody):
+    data: Annotated[list[ContextualDocument], described("one per document, its chunks in order")]
+    model: str
+    usage: Usage
+    object: Literal["list"] = "list"
+
+
 def contextual_response(
     documents: list[np.ndarray], model: str, tokens: int, response_format: ResponseFormat
-) -> dict[str, Any]:
+) -> ContextualizedEmbeddingList:
     """Perplexity's answer: per document, its chunks' embeddings in order, in the asked encoding."""
 
-    def encoded(rows: np.ndarray) -> Any:
-        return response_format.answer(encode_rows(rows, response_format.encoding))
+    def embeddings(rows: np.ndarray) -> list[Embedding]:
+        encoded = response_format.answer(encode_rows(rows, response_format.encoding))
+        return [Embedding(i, row) for i, row in enumerate(encoded)]
 
-    data = [
-        {"object": "list", "index": index,
-         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(encoded(rows))]}
-        for index, rows in enumerate(documents)
-    ]  # fmt: skip
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    data = [ContextualDocument(index, embeddings(rows)) for index, rows in enumerate(documents)]
+    return ContextualizedEmbeddingList(data, model, Usage(tokens, tokens))

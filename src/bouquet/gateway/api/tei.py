@@ -23,18 +23,28 @@ from bouquet.gateway.api.fields import (
     text_positions,
     truncation_direction,
 )
-from bouquet.gateway.api.tei_requests import (
+from bouquet.gateway.api.tei_bodies import (
     DECODE,
     EMBED,
     EMBED_ALL,
     EMBED_SPARSE,
     SIMILARITY,
     TOKENIZE,
+    Classifier,
+    Decoded,
     EmbedAllRequest,
     EmbedSparseRequest,
+    Health,
+    Info,
+    Pooling,
+    Similarities,
     SimilarityParameters,
     SimilarityRequest,
+    SparseEntries,
+    SparseEntry,
+    TEIEmbeddings,
     TEIEmbedRequest,
+    TokenStates,
 )
 from bouquet.gateway.contextual import embed_all
 from bouquet.gateway.errors import InvalidRequest, Unavailable, Unprocessable
@@ -71,7 +81,8 @@ async def _embed(service: Service, request: Request) -> Response:
 async def _embed_body(service: Service, request: Request, body: bytes | bytearray) -> Response:
     job = parse_tei(body, strict(service))
     _, rows, _ = await unless_disconnected(request, service.embed(job))
-    return json_response(job.response_format.answer(rows))  # a list of numbers a row, or a base64 string
+    answer: TEIEmbeddings = job.response_format.answer(rows)  # a list of numbers a row, or a base64 string
+    return json_response(answer)
 
 
 async def _root(service: Service, request: Request) -> Response:
@@ -92,7 +103,8 @@ async def _similarity_body(service: Service, request: Request, body: bytes | byt
     job = similarity_job(SIMILARITY.decode(body, strict(service)))
     service.check_inputs(job.num_inputs)
     _, rows, _ = await unless_disconnected(request, service.embed(job))
-    return json_response(text_tools.similarities(rows))
+    answer: Similarities = text_tools.similarities(rows)
+    return json_response(answer)
 
 
 async def _embed_sparse(service: Service, request: Request) -> Response:
@@ -100,13 +112,15 @@ async def _embed_sparse(service: Service, request: Request) -> Response:
     job = embed_sparse_job(EMBED_SPARSE.decode(await read_body(service, request), strict(service)))
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     assert isinstance(rows, SparseRows)
-    return json_response([_entries(*rows.row(index)) for index in range(rows.num_rows)])
+    answer: SparseEntries = [_entries(*rows.row(index)) for index in range(rows.num_rows)]
+    return json_response(answer)
 
 
 async def _embed_all(service: Service, request: Request) -> Response:
     job = embed_all_job(EMBED_ALL.decode(await read_body(service, request), strict(service)))
     _, token_states, _ = await unless_disconnected(request, embed_all(service, job))
-    return json_response(token_states)
+    answer: TokenStates = token_states
+    return json_response(answer)
 
 
 async def _tokenize(service: Service, request: Request) -> Response:
@@ -135,7 +149,8 @@ async def _decode(service: Service, request: Request) -> Response:
             )
     batch: list[list[int]] = ids if nested else [ids]  # type: ignore[list-item,assignment]
     skip = parsed.skip_special_tokens is not False
-    return json_response(await text_tools.decode(service, parsed.model, batch, skip, "ids"))
+    answer: Decoded = await text_tools.decode(service, parsed.model, batch, skip, "ids")
+    return json_response(answer)
 
 
 async def _info(service: Service, request: Request) -> Response:
@@ -143,34 +158,32 @@ async def _info(service: Service, request: Request) -> Response:
         raise Unavailable(f"no replica has reported its model yet{_why(service)}", "no_healthy_replica")
     model = service.catalog.get(request.query_params.get("model"))
     c = service.config
-    return json_response({
-        "model_id": model.id, "model_dtype": model.dtype, "model_type": _model_type(model), "task": model.task,
-        "sparse": bool(model.sparse_dimension),
-        "family": model.family, "architecture": model.architecture, "normalize": model.normalize,
-        "dimension": model.dimension, "max_input_length": model.max_seq_length,
-        "max_batch_tokens": model.max_batch_tokens, "max_client_batch_size": service.config.max_inputs,
-        "prompts": model.prompts, "default_prompt_name": model.default_prompt_name,
-        "replicas": sum(r.healthy and r.model is model for r in service.pool.replicas), "version": "0.1.0",
-        # TEI's router fields, for clients that read them
-        "model_sha": None, "served_model_name": model.id, "max_concurrent_requests": c.max_concurrent_requests,
-        "max_batch_requests": None, "auto_truncate": True, "tokenization_workers": c.tokenizer_threads,
-        "sha": None, "docker_label": None,
-    })  # fmt: skip
+    return json_response(Info(
+        model_id=model.id, model_dtype=model.dtype, model_type=_model_type(model), task=model.task,
+        sparse=bool(model.sparse_dimension), family=model.family, architecture=model.architecture,
+        normalize=model.normalize, dimension=model.dimension, max_input_length=model.max_seq_length,
+        max_batch_tokens=model.max_batch_tokens, max_client_batch_size=c.max_inputs, prompts=model.prompts,
+        default_prompt_name=model.default_prompt_name,
+        replicas=sum(r.healthy and r.model is model for r in service.pool.replicas), version="0.1.0",
+        served_model_name=model.id, max_concurrent_requests=c.max_concurrent_requests,
+        tokenization_workers=c.tokenizer_threads,
+    ))  # fmt: skip
 
 
-def _model_type(model: ServedModel) -> dict[str, Any]:
+def _model_type(model: ServedModel) -> dict[str, Pooling | Classifier]:
     """TEI's /info `model_type`: an embedding model's pooling, a reranker (one label) or a classifier, with labels."""
     if model.task == "score":
         id2label = {str(index): name for index, name in enumerate(model.labels)}
-        labels = {"id2label": id2label, "label2id": {name: int(index) for index, name in id2label.items()}}
-        return {"reranker" if model.dimension == 1 else "classifier": {**labels, "activation": model.score_activation}}
-    return {"embedding": {"pooling": "splade" if model.task == "sparse" else model.pooling}}
+        label2id = {name: int(index) for index, name in id2label.items()}
+        kind = "reranker" if model.dimension == 1 else "classifier"
+        return {kind: Classifier(id2label, label2id, model.score_activation)}
+    return {"embedding": Pooling("splade" if model.task == "sparse" else model.pooling)}
 
 
 async def health(service: Service, request: Request) -> Response:
     if not service.pool.any_healthy():
         raise Unavailable(f"no replica is healthy{_why(service)}", "no_healthy_replica")
-    return json_response({"status": "ok", "unix": time.time()})  # Infinity's clock field
+    return json_response(Health(time.time()))
 
 
 def parse_tei(body: bytes | bytearray, strict: bool = True) -> EmbedJob:
@@ -233,8 +246,8 @@ def embed_all_job(body: EmbedAllRequest) -> EmbedJob:
     )
 
 
-def _entries(indices: Any, values: Any) -> list[dict[str, float | int]]:
-    return [{"index": index, "value": value} for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
+def _entries(indices: Any, values: Any) -> list[SparseEntry]:
+    return [SparseEntry(index, value) for index, value in zip(indices.tolist(), values.tolist(), strict=True)]
 
 
 def _why(service: Service) -> str:

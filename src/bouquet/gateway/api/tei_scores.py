@@ -4,20 +4,21 @@ Cohere's and Jina's `documents` are answered in their shape, as their clients al
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from msgspec import UNSET, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.gateway import scoring
 from bouquet.gateway.api import cohere
-from bouquet.gateway.api.fields import strict, truncation_direction
-from bouquet.gateway.api.tei_requests import PREDICT, RERANK, PredictRequest, TEIRerankRequest
+from bouquet.gateway.api.fields import Count, described, strict, truncation_direction
+from bouquet.gateway.api.tei_bodies import PREDICT, RERANK, PredictRequest, TEIRerankRequest
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import present
+from bouquet.gateway.http.decode import ResponseBody, present
 from bouquet.gateway.http.endpoint import endpoint, json_response, openai_errors, unless_disconnected
 from bouquet.gateway.jobs import PredictInput, PredictJob, RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
@@ -62,11 +63,20 @@ def tei_rerank_job(body: TEIRerankRequest) -> tuple[RerankJob, bool]:
     return job, bool(body.return_text)
 
 
-def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> list[dict[str, Any]]:
+class Rank(ResponseBody):
+    index: Count
+    score: float
+    text: str | UnsetType = UNSET  # with return_text
+
+
+TEIRanking = Annotated[list[Rank], described("every text, best first; `text` with return_text")]
+
+
+def tei_response(scores: np.ndarray, job: RerankJob, return_text: bool) -> TEIRanking:
     """TEI's answer: every text's index and score, best first; among equal scores the later text first, as TEI
     orders them (a stable ascending sort, reversed)."""
     return [
-        {"index": index, "score": float(scores[index]), **({"text": job.pairs[index][1]} if return_text else {})}
+        Rank(index, float(scores[index]), job.pairs[index][1] if return_text else UNSET)
         for index in np.argsort(scores, kind="stable")[::-1].tolist()
     ]
 
@@ -108,10 +118,22 @@ def _sequence(value: Any, name: str) -> PredictInput:
     return value[0] if len(value) == 1 else (value[0], value[1])
 
 
-def predict_response(scores: np.ndarray, job: PredictJob, model: ServedModel) -> list[Any]:
+class Prediction(ResponseBody):
+    score: float
+    label: str
+
+
+_LABELS = {"type": "array", "items": {"$ref": "#/components/schemas/Prediction"}, "minItems": 1}
+# One input's labels, or a batch's: two kinds of list, which only a schema (not a type) can say.
+Predictions = Annotated[
+    list[Any], described("every label, best first", anyOf=[_LABELS, {"type": "array", "items": _LABELS}])
+]
+
+
+def predict_response(scores: np.ndarray, job: PredictJob, model: ServedModel) -> Predictions:
     """TEI's answer: per input, every label with its score, best first; one list for a single input."""
     answers = [
-        [{"score": float(row[label]), "label": model.labels[label]} for label in np.argsort(-row, kind="stable")]
+        [Prediction(float(row[label]), model.labels[label]) for label in np.argsort(-row, kind="stable").tolist()]
         for row in scores
     ]
     return answers[0] if job.single else answers

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from msgspec import Meta
@@ -15,10 +15,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.gateway import scoring, text_tools
-from bouquet.gateway.api.fields import Instruction, Model, Text, Texts, Truncate, described
+from bouquet.gateway.api.fields import Count, Instruction, Model, Text, Texts, Truncate, described
+from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody
+from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
@@ -98,16 +99,14 @@ async def tokenize(service: Service, body: Bytes) -> Response:
     ids = [token["id"] for token in tokens[0]]
     # the vocabulary's token strings (HF's convert_ids_to_tokens), not TEI's spans of the text
     strings = model.require_tokenizer().token_strings(ids) if parsed.return_token_strs else None
-    return json_response(
-        {"count": len(ids), "max_model_len": model.max_seq_length, "tokens": ids, "token_strs": strings}
-    )
+    return json_response(VLLMTokens(len(ids), model.max_seq_length, ids, strings))
 
 
 async def _detokenize(service: Service, request: Request) -> Response:
     """`{"model", "tokens"}` -> `{"prompt"}`, special tokens kept as HF's decode keeps them."""
     parsed = await read_request(service, request, DETOKENIZE)
     (prompt,) = await text_tools.decode(service, parsed.model, [parsed.tokens], False, "tokens", indexed=False)
-    return json_response({"prompt": prompt})
+    return json_response(Detokenized(prompt))
 
 
 def score_job(body: ScoreRequest) -> RerankJob:
@@ -146,9 +145,36 @@ def raw_scores(activation: bool | None, use_activation: bool | None) -> bool:
     return values == {False}
 
 
-def score_response(scores: np.ndarray, model: ServedModel, tokens: int) -> dict[str, Any]:
+class Score(ResponseBody):
+    index: Count
+    score: float
+    object: Literal["score"] = "score"
+
+
+class Scores(ResponseBody):
     """vLLM's /score answer: one score per pair, in order."""
-    data = [{"index": index, "object": "score", "score": float(value)} for index, value in enumerate(scores)]
-    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.id,
-            "data": data, "usage": usage}  # fmt: skip
+
+    id: str
+    created: Count
+    model: str
+    data: list[Score]
+    usage: Usage
+    object: Literal["list"] = "list"
+
+
+class VLLMTokens(ResponseBody):
+    count: Count
+    max_model_len: Count
+    tokens: list[Count]
+    token_strs: Annotated[
+        list[str | None] | None, described("the vocabulary's token strings; null unless return_token_strs")
+    ]
+
+
+class Detokenized(ResponseBody):
+    prompt: str
+
+
+def score_response(scores: np.ndarray, model: ServedModel, tokens: int) -> Scores:
+    data = [Score(index, float(value)) for index, value in enumerate(scores)]
+    return Scores(f"score-{uuid.uuid4().hex}", int(time.time()), model.id, data, Usage(tokens, tokens))

@@ -21,6 +21,11 @@ class RequestBody(msgspec.Struct, forbid_unknown_fields=True):
     """A request body: every field it takes declared, any other refused by name."""
 
 
+class ResponseBody(msgspec.Struct, forbid_unknown_fields=True):
+    """An answer's body (or a part of one), written by http/endpoint.json_response: every field is always there but
+    one whose default is `msgspec.UNSET`, left out where it is unset (TEI's `text` without return_text)."""
+
+
 T = TypeVar("T", bound=msgspec.Struct)
 Bytes = bytes | bytearray | memoryview
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
+import numpy as np
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -94,7 +96,17 @@ def authorize(service: Service, request: Request) -> None:
 
 
 def json_response(value: Any, status: int = 200) -> Response:
+    """`value` as JSON; structs (http/decode.ResponseBody), or a list of them, become builtins first, numpy rows
+    left for orjson, which writes their numbers from the array itself."""
+    if isinstance(value, msgspec.Struct | list):
+        value = msgspec.to_builtins(value, builtin_types=(np.ndarray,), enc_hook=_numpy_scalar)
     return Response(orjson.dumps(value, option=_NUMPY), status, media_type="application/json")
+
+
+def _numpy_scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 async def openai_errors(answer: Awaitable[Response]) -> Response:

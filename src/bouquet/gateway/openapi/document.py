@@ -19,7 +19,6 @@ from bouquet.gateway.openapi.kserve import (
     KSERVE_SERVER_METADATA,
     KSERVE_VERSION_PATH,
 )
-from bouquet.gateway.openapi.multi_vector import MULTI_VECTOR_RESPONSE
 from bouquet.gateway.openapi.pieces import COMPONENTS, STRING, Schema, named, nullable, response_schema
 from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
@@ -51,6 +50,7 @@ from bouquet.gateway.openapi.responses import (
     INFO,
     MODEL_CARD,
     MODELS,
+    MULTI_VECTOR_RESPONSE,
     OPENAI_EMBEDDINGS,
     PREDICTIONS,
     SCORES,

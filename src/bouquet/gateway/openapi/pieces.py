@@ -6,8 +6,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from bouquet.gateway.api.fields import ENCODING_FORMATS
-
 Schema = dict[str, Any]
 
 # JSON pieces
@@ -64,24 +62,3 @@ NUMBER: Schema = {"type": "number"}
 COUNT: Schema = {"type": "integer", "minimum": 0}
 ALWAYS_NULL: Schema = nullable({"type": "string", "enum": [], "description": "TEI's field; always null here"})
 FLOATS: Schema = array_of(NUMBER)
-
-# How one embedding row is answered for each `encoding_format` the parser takes (api/fields.ENCODING_FORMATS): one
-# entry a format (docs/encodings.md defines them). tests/test_openapi.py checks that every accepted format has one.
-_BASE64: Schema = {"type": "string", "format": "byte"}
-_BITS = "bits packed 8 a byte, the first value in the most significant bit (sentence-transformers' quantize_embeddings)"
-ROW_ENCODINGS: dict[str, Schema] = {
-    "float": FLOATS,
-    "base64": {**_BASE64, "description": "base64 of the row's float32 bytes (embed_dtype, endianness: little)"},
-    "int8": array_of({"type": "integer", "minimum": -127, "maximum": 127}, description="round(127 x / |x|)"),
-    "uint8": array_of({"type": "integer", "minimum": 1, "maximum": 255}, description="int8 + 128"),
-    "binary": array_of({"type": "integer", "minimum": -128, "maximum": 127}, description=f"{_BITS}, less 128"),
-    "ubinary": array_of({"type": "integer", "minimum": 0, "maximum": 255}, description=_BITS),
-    "base64_int8": {**_BASE64, "description": "base64 of the int8 row's bytes"},
-    "base64_binary": {**_BASE64, "description": "base64 of the row's bits, the first value in the least significant"},
-}
-TEI_ENCODING_FORMATS: tuple[str, ...] = ENCODING_FORMATS  # the same formats on TEI's /embed and POST /
-
-
-def row_schema(formats: tuple[str, ...]) -> Schema:
-    shapes = [ROW_ENCODINGS[name] for name in formats]
-    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}  # an int8 row is also a list of numbers

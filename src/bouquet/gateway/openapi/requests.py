@@ -7,7 +7,7 @@ from bouquet.gateway.api.cohere import CohereRerankRequest, CohereV2EmbedRequest
 from bouquet.gateway.api.jina import MultiVectorRequest
 from bouquet.gateway.api.openai import EmbeddingsRequest
 from bouquet.gateway.api.perplexity import ContextualizedEmbeddingsRequest
-from bouquet.gateway.api.tei_requests import (
+from bouquet.gateway.api.tei_bodies import (
     DecodeRequest,
     EmbedAllRequest,
     EmbedSparseRequest,
@@ -27,7 +27,7 @@ REQUESTS = (
     DetokenizeRequest, TEIRerankRequest, CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest,
     ScoreRequest, MultiVectorRequest,
 )  # fmt: skip
-REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS).items()}
+REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS)[1].items()}
 
 OPENAI_EMBEDDINGS_REQUEST = REFS["EmbeddingsRequest"]
 TEI_EMBED_REQUEST = REFS["TEIEmbedRequest"]

@@ -1,14 +1,17 @@
-"""text-embeddings-inference's request bodies (tei.py's and tei_scores.py's routes), each declared once: decoded
-into these structs and documented from them. TEI's field names, plus bouquet's `model` on every route."""
+"""text-embeddings-inference's request and answer bodies (tei.py's routes; tei_scores.py's requests), each declared
+once: requests decoded into these structs, answers written from them, both documented from them. TEI's field names,
+plus bouquet's `model` on every route."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from bouquet.gateway.api.fields import (
+    ROW_ENCODINGS,
+    Count,
     Dimensions,
     EmbedDtype,
     EncodingFormat,
@@ -25,7 +28,8 @@ from bouquet.gateway.api.fields import (
     TruncationDirection,
     described,
 )
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody
+from bouquet.gateway.api.openai import Sparse, Task
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 
 
 class EmbedAllRequest(RequestBody):
@@ -151,3 +155,83 @@ TOKENIZE = BodyDecoder(TEITokenizeRequest)
 DECODE = BodyDecoder(DecodeRequest)
 RERANK = BodyDecoder(TEIRerankRequest)
 PREDICT = BodyDecoder(PredictRequest)
+
+
+# Answers
+
+TEIEmbeddings = Annotated[
+    Any, described("one row per input, in order", type="array", items={"anyOf": list(ROW_ENCODINGS.values())})
+]  # fmt: skip  (numpy's rows, or base64 strings)
+Similarities = Annotated[list[float], described("the cosine of source_sentence with each sentence, in order")]
+TokenStates = Annotated[
+    list[Any],
+    described(
+        "per input, every token's last hidden state, special tokens too",
+        items={"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+    ),
+]  # fmt: skip  (numpy's [tokens, hidden] arrays)
+Decoded = list[str]
+
+
+class SparseEntry(ResponseBody):
+    index: Annotated[Count, described("a vocabulary id")]
+    value: float
+
+
+SparseEntries = Annotated[
+    list[Annotated[list[SparseEntry], described("an input's nonzero weights, by ascending index")]],
+    described("one per input, in order"),
+]
+
+
+class Pooling(ResponseBody):
+    pooling: str
+
+
+class Classifier(ResponseBody):
+    """A reranker's (one label) or a classifier's labels, and its activation."""
+
+    id2label: dict[str, str]
+    label2id: dict[str, Count]
+    activation: str
+
+
+_REF = "#/components/schemas/{}"
+_MODEL_TYPES = [
+    {"type": "object", "properties": {name: {"$ref": _REF.format(kind)}}, "required": [name],
+     "additionalProperties": False}
+    for name, kind in (("embedding", "Pooling"), ("reranker", "Classifier"), ("classifier", "Classifier"))
+]  # fmt: skip
+
+
+class Info(ResponseBody):
+    model_id: str
+    model_dtype: str
+    model_type: Annotated[dict[str, Any], Meta(extra_json_schema={"oneOf": _MODEL_TYPES})]
+    task: Task
+    sparse: Sparse
+    family: str
+    architecture: str
+    normalize: bool
+    dimension: Count
+    max_input_length: Count
+    max_batch_tokens: Count
+    max_client_batch_size: Count
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+    replicas: Count
+    version: str
+    # TEI's router fields, for clients that read them
+    served_model_name: str
+    max_concurrent_requests: Count
+    tokenization_workers: Count
+    auto_truncate: bool = True
+    model_sha: None = None
+    max_batch_requests: None = None
+    sha: None = None
+    docker_label: None = None
+
+
+class Health(ResponseBody):
+    unix: Annotated[float, described("Infinity's: the server's clock")]
+    status: Literal["ok"] = "ok"
