@@ -5,11 +5,12 @@ flight costs none of them: each gets its 200 and its vectors, and Ray Serve's re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,8 @@ ARGS = {"dtype": "float32", "device": "cpu", "cpu_warmup_tokens": "0", "min_repl
 
 
 @pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    """The application deployed as `serve run` deploys it, on a Ray cluster of its own."""
+def cluster() -> Iterator[str]:
+    """A Ray cluster of its own with Ray Serve's proxy on a free port: the URL."""
     # The workers import this bouquet whatever their sys.path.
     source = str(Path(bouquet.__file__).resolve().parent.parent)
     ray.init(
@@ -49,11 +50,17 @@ def url() -> Iterator[str]:
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(app(ARGS), name=APP, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url(cluster: str) -> str:
+    """The application deployed as `serve run` deploys it."""
+    serve.run(app(ARGS), name=APP, route_prefix="/")
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +117,7 @@ def test_a_replica_killed_mid_load_loses_no_request(url: str, texts: list[str], 
     dead replica's chunks elsewhere, and the replica Ray Serve starts in its place joins and computes."""
     expected = _rows(reference["embeddings"])
     before = _replicas()
-    load = _Load(url, texts, expected, clients=4)
-    load.start()
+    load = _Load(url, texts, expected, clients=4).start()
     try:
         time.sleep(3.0)  # both replicas busy
         killed_at = time.monotonic()
@@ -123,7 +129,7 @@ def test_a_replica_killed_mid_load_loses_no_request(url: str, texts: list[str], 
     finally:
         load.stop()
     print(f"{load.answered} answered, {len(load.failures)} failed; the replacement served {recovered:.1f} s after")
-    assert not load.failures, load.failures[:3]
+    assert not load.failures and not load.refused, load.failures[:3]
     assert load.answered >= 20
     metrics = httpx.get(f"{url}/metrics").text
     assert _counter(metrics, "bouquet_gateway_chunk_retries_total") >= 1  # the dead replica's calls, moved
@@ -131,19 +137,21 @@ def test_a_replica_killed_mid_load_loses_no_request(url: str, texts: list[str], 
 
 
 class _Load:
-    """Clients sending requests of 8 texts back to back, each answer checked against the reference's rows."""
+    """Clients sending requests of `size` texts back to back, each answer checked against the reference's rows;
+    a 429 (admission, under overload) counted apart from failures."""
 
-    def __init__(self, url: str, texts: list[str], expected: np.ndarray, clients: int):
+    def __init__(self, url: str, texts: list[str], expected: np.ndarray, clients: int, size: int = 8):
         self._client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-        self._texts, self._expected = texts, expected
+        self._texts, self._expected, self._size = texts, expected, size
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
         self._stop = threading.Event()
-        self.answered = 0
+        self.answered = self.refused = 0
         self.failures: list[str] = []
 
-    def start(self) -> None:
+    def start(self) -> _Load:
         for thread in self._threads:
             thread.start()
+        return self
 
     def stop(self) -> None:
         self._stop.set()
@@ -151,9 +159,9 @@ class _Load:
             thread.join(timeout=90)
 
     def _run(self, client: int) -> None:
-        start = client * 8
+        start = client * self._size
         while not self._stop.is_set():
-            picked = [(start + i) % len(self._texts) for i in range(8)]
+            picked = [(start + i) % len(self._texts) for i in range(self._size)]
             start += 5
             try:
                 answer = self._client.embeddings.create(model=MODEL, input=[self._texts[i] for i in picked])
@@ -161,7 +169,9 @@ class _Load:
                 if row_cosines(rows, self._expected[picked]).min() < 0.99999:
                     self.failures.append(f"wrong vectors for texts {picked}")
                 self.answered += 1
-            except Exception as error:  # what a client sees: a status, a reset, a timeout
+            except openai.RateLimitError:
+                self.refused += 1
+            except Exception as error:  # what a client sees: another status, a reset, a timeout
                 self.failures.append(repr(error))
 
 
@@ -247,3 +257,66 @@ def test_the_cluster_config_file_deploys_the_application_it_says() -> None:
     assert built["BouquetReplica"].ray_actor_options == {"num_cpus": 4, "num_gpus": 0}
     assert built["BouquetGateway"]._deployment_config.num_replicas == 2
     assert built["BouquetGateway"]._deployment_config.max_ongoing_requests == 512  # admission's limit, not Serve's
+
+
+# One replica to start, at most two; the admission limit held low (4,096 tokens a lane) so that 8 clients of 32
+# texts are several times what it admits: demand over the target at once, without a core's worth of clients.
+SCALING = {
+    **ARGS, "min_replicas": "1", "max_replicas": "2", "upscale_delay_s": "0", "downscale_delay_s": "5",
+    "max_inflight_tokens": "4096",
+}  # fmt: skip
+
+
+@pytest.mark.long
+@pytest.mark.process
+def test_replicas_follow_the_gateways_demand(cluster: str, texts: list[str], reference: dict[str, Any]) -> None:
+    """Overload adds the second replica, which joins and computes; once the load is light again it is removed, and
+    the requests sent while it drains lose nothing."""
+    with contextlib.suppress(Exception):
+        serve.delete(APP)  # the other tests' two replicas hold both CPUs
+    serve.run(app(SCALING), name="scaling", route_prefix="/")
+    assert _running("scaling") == 1
+    expected = _rows(reference["embeddings"])
+    started = time.monotonic()
+    heavy = _Load(cluster, texts, expected, clients=8, size=32).start()
+    try:
+        _wait_until(lambda: _running("scaling") == 2 and len(_registered("scaling")) == 2, 100.0)
+        up = time.monotonic() - started
+        _wait_until(lambda: min(_tokens(cluster, a) for a in _registered("scaling")) > 0, 30.0)
+    finally:
+        heavy.stop()
+    assert not heavy.failures, heavy.failures[:3]  # refused (429) under overload, never failed
+    stopped = time.monotonic()
+    light = _Load(cluster, texts, expected, clients=1, size=1).start()
+    try:
+        _wait_until(lambda: _running("scaling") == 1, 100.0)
+        down = time.monotonic() - stopped
+        time.sleep(2.0)
+    finally:
+        light.stop()
+    print(f"up {up:.1f} s after overload began ({heavy.answered} answered, {heavy.refused} refused); down {down:.1f} s "
+          f"after it ended ({light.answered} answered while it drained)")  # fmt: skip
+    assert not light.failures and not light.refused, light.failures[:3]
+    assert light.answered > 0
+
+
+def _running(name: str) -> int:
+    deployment = serve.status().applications[name].deployments["BouquetReplica"]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def _registered(name: str) -> list[str]:
+    addresses, _ = serve.get_deployment_handle("Registry", app_name=name).replicas.remote().result()
+    return list(addresses)
+
+
+def _tokens(url: str, replica: str) -> float:
+    return _counter(httpx.get(f"{url}/metrics").text, "bouquet_gateway_replica_tokens_total", replica)
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s")
+        time.sleep(0.5)

@@ -24,6 +24,8 @@ from bouquet.ray_serve.registry import RENEW_SECONDS
 
 logger = logging.getLogger(__name__)
 
+_LEAVE_SECONDS = 1.0
+
 
 @serve.deployment(ray_actor_options={"num_cpus": 1})
 class BouquetReplica:
@@ -84,8 +86,10 @@ class BouquetReplica:
     async def __del__(self) -> None:
         """A graceful stop: out of the registry, then the drain of `bouquet replica`."""
         self._renewal.cancel()
+        # Bounded: when the whole application is deleted the registry may already be gone, and a call to it would
+        # wait for it until Ray Serve's grace ran out.
         with contextlib.suppress(Exception):
-            await self._registry.leave.remote(self._id)
+            await asyncio.wait_for(self._registry.leave.remote(self._id), _LEAVE_SECONDS)
         await self._server.stop(self._drain_seconds)
         self._engine.close()
 
