@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,11 +43,9 @@ ARGS = {"dtype": "float32", "device": "cpu", "cpu_warmup_tokens": "0", "min_repl
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A Ray cluster of its own with Ray Serve's proxy on a free port: the URL."""
-    # The workers import this bouquet whatever their sys.path.
-    source = str(Path(bouquet.__file__).resolve().parent.parent)
     ray.init(
         address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}},
+        runtime_env={"env_vars": {"PYTHONPATH": _source()}},  # the workers import this bouquet
     )  # fmt: skip
     try:
         port = free_port()
@@ -54,6 +54,11 @@ def cluster() -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _source() -> str:
+    """PYTHONPATH with this bouquet first, whatever the process's sys.path."""
+    return os.pathsep.join([str(Path(bouquet.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +242,16 @@ def test_arguments_as_serve_run_gives_them() -> None:
         app_config({"max_batch_seqs": "many"}, "token")
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         app_config({"min_replicas": "3", "max_replicas": "2"}, "token")
+
+
+def test_the_gateways_actor_imports_no_torch_and_bouquet_no_ray() -> None:
+    """The ingress actor imports gateway.py (Ray Serve unpickles its class by name): like every gateway, no torch.
+    `import bouquet` and the CLI import no Ray."""
+    code = (
+        "import sys, bouquet, bouquet.cli; assert 'ray' not in sys.modules, 'ray'; "
+        "import bouquet.ray_serve.gateway, bouquet.ray_serve.registry; assert 'torch' not in sys.modules, 'torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env={**os.environ, "PYTHONPATH": _source()})
 
 
 def test_the_cluster_config_file_deploys_the_application_it_says() -> None:

@@ -1,14 +1,16 @@
 """The gateway as the application's ingress: Ray Serve's proxy hands each HTTP request to this deployment, which
 runs the gateway's own ASGI app (gateway/app.py: every route, tokenization, chunking, admission, the replica
-pool with its retries elsewhere), so the API is `bouquet serve`'s. Its replicas are followed from the registry as
-`--replicas-dns` follows a name: a new one joins once its Info and health answer, one that goes gets no new work
-and finishes its calls; an unreachable or restarting registry keeps the last list. It reports its admission's
-demand to the registry for the replicas' autoscaler."""
+pool with its retries elsewhere), so the API is `bouquet serve`'s: a second launch of that app beside
+http/server.py, with Ray Serve's proxy in place of uvicorn. Like every gateway it imports no torch. Its replicas
+are followed from the registry as `--replicas-dns` follows a name: a new one joins once its Info and health
+answer, one that goes gets no new work and finishes its calls; an unreachable or restarting registry keeps the
+last list. It reports its admission's demand to the registry for the replicas' autoscaler."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -27,7 +29,9 @@ SOURCE = "ray-serve-registry"  # the pool's name for the registry's list, as a D
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress()
 class BouquetGateway:
-    async def __init__(self, config: GatewayConfig, registry: DeploymentHandle, replicas: DeploymentHandle) -> None:
+    async def __init__(
+        self, config: GatewayConfig, registry: DeploymentHandle[Any], replicas: DeploymentHandle[Any]
+    ) -> None:
         # `replicas` is held only so that the replica deployment belongs to this application.
         self._app = create_app(config)
         self._service: Service = self._app.state.service

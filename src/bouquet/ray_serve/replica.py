@@ -30,7 +30,11 @@ _LEAVE_SECONDS = 1.0
 @serve.deployment(ray_actor_options={"num_cpus": 1})
 class BouquetReplica:
     async def __init__(
-        self, engine: Mapping[str, Any], scheduler: Mapping[str, Any], config: ReplicaConfig, registry: DeploymentHandle
+        self,
+        engine: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
+        config: ReplicaConfig,
+        registry: DeploymentHandle[Any],
     ) -> None:
         # torch: only in the processes that compute, not in the one that builds the application
         from bouquet.engine.engine import Engine
