@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray import serve
@@ -21,6 +21,9 @@ from ray.serve.handle import DeploymentHandle
 
 from bouquet.config import ReplicaConfig, SchedulerConfig, create_engine_config
 from bouquet.ray_serve.registry import RENEW_SECONDS
+
+if TYPE_CHECKING:
+    from bouquet.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -36,33 +39,36 @@ class BouquetReplica:
         config: ReplicaConfig,
         registry: DeploymentHandle[Any],
     ) -> None:
-        # torch: only in the processes that compute, not in the one that builds the application
-        from bouquet.engine.engine import Engine
-        from bouquet.ray import actor_cpus
-        from bouquet.replica.server import ReplicaServer
+        from bouquet.replica.server import ReplicaServer  # imports torch: only in the processes that compute
 
         self._registry = registry
         self._id = serve.get_replica_context().replica_tag
         self._drain_seconds = config.drain_seconds
         host = ray.util.get_node_ip_address()
-        self._server = ReplicaServer(_listen(host), token=config.token)
-        self.address = f"[{host}]:{self._server.port}" if ":" in host else f"{host}:{self._server.port}"
+        # The node's address, which the other nodes reach it by (not every interface); a free port.
+        self._server = ReplicaServer(_address(host, 0), token=config.token)
+        self.address = _address(host, self._server.port)
+        self._engine: Engine | None = None
         await self._server.start()
+        try:
+            await self._load(engine, scheduler, config.served_model_names)
+            await self._registry.renew.remote(self._id, self.address)
+        except BaseException:
+            await self._close(0)  # Ray Serve skips __del__ after a failed start, and tries again elsewhere
+            raise
+        self._renewal = asyncio.ensure_future(self._renew())
+        logger.info("bouquet replica %s serving on %s", self._id, self.address)
+
+    async def _load(self, engine: Mapping[str, Any], scheduler: Mapping[str, Any], names: tuple[str, ...]) -> None:
+        from bouquet.engine.engine import Engine
+        from bouquet.ray import actor_cpus
+
         values = dict(engine)
         values.setdefault("num_threads", actor_cpus())  # the CPUs Ray gave this actor, as for Ray Data's Embedder
-        try:
-            engine_config = create_engine_config(values.pop("model_path"), **values)
-            self._engine = await asyncio.to_thread(Engine, engine_config)
-        except BaseException:
-            await self._server.stop(0)  # a model that cannot load: Ray Serve skips __del__ and retries elsewhere
-            raise
+        engine_config = create_engine_config(values.pop("model_path"), **values)
+        self._engine = await asyncio.to_thread(Engine, engine_config)
         scheduler_config = SchedulerConfig.for_device(engine_config.device, **scheduler)
-        await self._server.attach(
-            self._engine, scheduler_config, engine_config.dtype, engine_config.device, config.served_model_names
-        )
-        await self._registry.renew.remote(self._id, self.address)
-        self._renewal = asyncio.ensure_future(self._renew())
-        logger.info("bouquet replica %s serving %s on %s", self._id, self._engine.spec.name, self.address)
+        await self._server.attach(self._engine, scheduler_config, engine_config.dtype, engine_config.device, names)
 
     async def _renew(self) -> None:
         """Keeps the lease on its address; a registry that is restarting is tried again at the next turn."""
@@ -84,9 +90,6 @@ class BouquetReplica:
         ratio = await self._registry.demand_ratio.remote()
         return {"demand_ratio": 0.0 if ratio is None else ratio}
 
-    async def get_address(self) -> str:
-        return self.address
-
     async def __del__(self) -> None:
         """A graceful stop: out of the registry, then the drain of `bouquet replica`."""
         self._renewal.cancel()
@@ -94,10 +97,13 @@ class BouquetReplica:
         # wait for it until Ray Serve's grace ran out.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._registry.leave.remote(self._id), _LEAVE_SECONDS)
-        await self._server.stop(self._drain_seconds)
-        self._engine.close()
+        await self._close(self._drain_seconds)
+
+    async def _close(self, drain_seconds: float) -> None:
+        await self._server.stop(drain_seconds)
+        if self._engine is not None:
+            self._engine.close()
 
 
-def _listen(host: str) -> str:
-    """The node's address the other nodes reach it by (not every interface), a free port."""
-    return f"[{host}]:0" if ":" in host else f"{host}:0"
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
