@@ -87,8 +87,9 @@ def api_error(report: str, kind: type[msgspec.Struct]) -> ApiError:
         return Unprocessable(
             f"'{where}' must be {_describe(match[1])}, got {_describe(match[2])}", "invalid_type", where
         )
-    if _TOO_SHORT.fullmatch(message):
-        return InvalidRequest(f"'{where}' must not be empty", "empty_input", where)
+    if match := _TOO_SHORT.fullmatch(message):
+        empty = "is an empty string" if match[1] == "str" else "must not be empty"
+        return InvalidRequest(f"'{where}' {empty}", "empty_input", where)
     if match := _BOUND.fullmatch(message):
         return InvalidRequest(f"'{where}' must be {match[2]}", "invalid_value", where)
     return InvalidRequest(f"'{where}': {message}", "invalid_value", where)
