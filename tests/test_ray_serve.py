@@ -5,6 +5,7 @@ flight costs none of them: each gets its 200 and its vectors, and Ray Serve's re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -30,8 +31,10 @@ openai = pytest.importorskip("openai")
 import bouquet  # noqa: E402
 from bouquet.gateway.testing import free_port  # noqa: E402
 from bouquet.ray_serve import app  # noqa: E402
+from bouquet.ray_serve import registry as registry_module  # noqa: E402
 from bouquet.ray_serve.autoscaling import DemandPolicy  # noqa: E402
 from bouquet.ray_serve.config import app_config  # noqa: E402
+from bouquet.ray_serve.registry import LEASE_SECONDS, Demand, Registry  # noqa: E402
 
 APP = "bouquet"
 MODEL = "all-MiniLM-L6-v2"
@@ -141,6 +144,27 @@ def test_a_replica_killed_mid_load_loses_no_request(url: str, texts: list[str], 
     assert _counter(metrics, "bouquet_gateway_replica_tokens_total", replacement) > 0
 
 
+@pytest.mark.long
+@pytest.mark.process
+def test_the_registry_restarted_loses_no_replica_and_no_request(
+    url: str, texts: list[str], reference: dict[str, Any]
+) -> None:
+    """The registry holds its list in memory: killed, Ray Serve restarts it empty. The gateway keeps its replicas
+    while the new registry's list is incomplete, the replicas renew into it, and no request meets an empty pool."""
+    registry = serve.get_deployment_handle("Registry", app_name=APP)
+    before, _ = registry.replicas.remote().result()
+    (name,) = [n for n in _actor_names() if n.startswith(f"SERVE_REPLICA::{APP}#Registry#")]
+    load = _Load(url, texts, _rows(reference["embeddings"]), clients=2).start()
+    try:
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        _wait_until(lambda: registry.replicas.remote().result() == (before, True), 60.0)
+        time.sleep(1.0)
+    finally:
+        load.stop()
+    assert not load.failures and not load.refused, load.failures[:3]
+    assert load.answered > 0
+
+
 class _Load:
     """Clients sending requests of `size` texts back to back, each answer checked against the reference's rows;
     a 429 (admission, under overload) counted apart from failures."""
@@ -180,10 +204,13 @@ class _Load:
                 self.failures.append(repr(error))
 
 
+def _actor_names() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)]
+
+
 def _replicas() -> set[str]:
     """The replica actors' names, as Ray Serve names them in its namespace."""
-    actors = ray.util.list_named_actors(all_namespaces=True)
-    return {actor["name"] for actor in actors if actor["name"].startswith(f"SERVE_REPLICA::{APP}#BouquetReplica#")}
+    return {name for name in _actor_names() if name.startswith(f"SERVE_REPLICA::{APP}#BouquetReplica#")}
 
 
 def _wait_for_replacement(url: str, before: set[str], victim: str, seconds: float = 90.0) -> str:
@@ -222,6 +249,31 @@ def test_the_policy_wants_replicas_for_the_demand_ratio() -> None:
     assert policy(_Context(2, {"a": 1.5, "b": 1.5}))[0] == 4  # overloaded: the excess over the target
     assert policy(_Context(4, {"a": 0.1}))[0] == 1  # idle: down to one (Ray Serve keeps min_replicas)
     assert policy(_Context(3, None))[0] == 3  # nothing reported yet: unchanged
+
+
+def test_the_registry_keeps_leases_and_says_when_its_list_is_complete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Ray: the registry's own logic, on a clock the test moves."""
+    clock = [100.0]
+    monkeypatch.setattr(registry_module.time, "monotonic", lambda: clock[0])
+    registry = Registry.func_or_class()  # the class Ray Serve runs
+    run = asyncio.run
+    run(registry.renew("r1", "10.0.0.1:5"))
+    run(registry.renew("r2", "10.0.0.2:5"))
+    assert run(registry.replicas()) == (["10.0.0.1:5", "10.0.0.2:5"], False)  # just started: others may not know it
+    clock[0] += LEASE_SECONDS - 0.5
+    run(registry.renew("r1", "10.0.0.1:5"))
+    run(registry.leave("r3"))  # one it never saw: nothing
+    clock[0] += 1.0
+    assert run(registry.replicas()) == (["10.0.0.1:5"], True)  # r2's lease ran out; a lease since the start
+    run(registry.leave("r1"))
+    assert run(registry.replicas()) == ([], True)
+    assert run(registry.demand_ratio()) is None
+    run(registry.report_demand("g1", Demand(wanted_tokens=3000, limit_tokens=2000)))
+    clock[0] += LEASE_SECONDS - 0.5
+    run(registry.report_demand("g2", Demand(wanted_tokens=0, limit_tokens=2000)))
+    assert run(registry.demand_ratio()) == 0.75  # summed over the gateways
+    clock[0] += 1.0
+    assert run(registry.demand_ratio()) == 0.0  # g1 stopped reporting: its demand is gone
 
 
 def test_arguments_as_serve_run_gives_them() -> None:

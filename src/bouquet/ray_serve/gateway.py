@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from bouquet.config import GatewayConfig
 from bouquet.gateway.app import create_app
 from bouquet.gateway.service import Service
-from bouquet.ray_serve.registry import RENEW_SECONDS, Demand
+from bouquet.ray_serve.registry import CALL_SECONDS, RENEW_SECONDS, Demand
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,11 @@ class BouquetGateway:
         followed: set[str] = set()
         while True:
             try:
-                addresses, complete = await self._registry.replicas.remote()
+                addresses, complete = await asyncio.wait_for(self._registry.replicas.remote(), CALL_SECONDS)
                 # An incomplete list (a registry just restarted) adds, never removes.
                 followed = set(addresses) if complete else followed | set(addresses)
                 self._service.pool.follow(SOURCE, followed)
-                await self._registry.report_demand.remote(self._id, self._demand())
+                await asyncio.wait_for(self._registry.report_demand.remote(self._id, self._demand()), CALL_SECONDS)
             except Exception as error:  # the registry restarting or unreachable: keep the last list
                 logger.warning("the registry did not answer (%s); keeping its %d replicas", error, len(followed))
             await asyncio.sleep(RENEW_SECONDS)

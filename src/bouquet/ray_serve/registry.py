@@ -20,6 +20,8 @@ from ray import serve
 
 RENEW_SECONDS = 0.5
 LEASE_SECONDS = 3.0
+# A call to the registry abandoned after this long (one being restarted queues its calls), tried at the next turn.
+CALL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)

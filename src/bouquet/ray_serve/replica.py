@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from bouquet.config import ReplicaConfig, SchedulerConfig, create_engine_config
-from bouquet.ray_serve.registry import RENEW_SECONDS
+from bouquet.ray_serve.registry import CALL_SECONDS, RENEW_SECONDS
 
 if TYPE_CHECKING:
     from bouquet.engine.engine import Engine
@@ -75,7 +75,7 @@ class BouquetReplica:
         while True:
             await asyncio.sleep(RENEW_SECONDS)
             try:
-                await self._registry.renew.remote(self._id, self.address)
+                await asyncio.wait_for(self._registry.renew.remote(self._id, self.address), CALL_SECONDS)
             except Exception as error:  # anything Ray raises: the next renewal may reach it
                 logger.warning("renewing %s in the registry failed: %s", self.address, error)
 
