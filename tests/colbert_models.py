@@ -26,10 +26,29 @@ _SHAPE = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_at
 PREFIXES = ("[unused0]", "[unused1]")  # tokens of the MiniLM vocabulary, standing for PyLate's added "[Q] ", "[D] "
 
 
-def _bert() -> torch.nn.Module:
-    from transformers import BertConfig, BertModel
+# PyLate checkpoints exist on other encoders: GTE-ModernColBERT on ModernBERT (its local attention windowed to 16
+# tokens here, so that a window bug shows on 40-token documents), and XLM-R (whose padding id is 1, so its prefixes
+# must be other tokens than [unused0]).
+ENCODERS = ("bert", "modernbert", "xlm-roberta")
+XLM_R_PREFIXES = ("[unused2]", "[unused3]")
 
-    return BertModel(BertConfig(**_SHAPE, max_position_embeddings=LIMIT), add_pooling_layer=False)
+
+def _encoder(family: str = "bert") -> torch.nn.Module:
+    import transformers
+
+    if family == "modernbert":
+        config = transformers.ModernBertConfig(
+            **_SHAPE, max_position_embeddings=LIMIT, local_attention=16, global_attn_every_n_layers=2,
+            pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
+        )  # fmt: skip
+        return transformers.ModernBertModel(config)
+    if family == "xlm-roberta":
+        config = transformers.XLMRobertaConfig(**_SHAPE, max_position_embeddings=LIMIT + 2, pad_token_id=1)
+        return transformers.XLMRobertaModel(config, add_pooling_layer=False)
+    assert family == "bert", f"no ColBERT test encoder {family!r}: {ENCODERS}"
+    return transformers.BertModel(
+        transformers.BertConfig(**_SHAPE, max_position_embeddings=LIMIT), add_pooling_layer=False
+    )
 
 
 def _projection(hidden: int, dimension: int, seed: int, bias: bool = False) -> torch.nn.Linear:
@@ -42,9 +61,12 @@ def _projection(hidden: int, dimension: int, seed: int, bias: bool = False) -> t
     return linear.eval()
 
 
-def build_pylate(out: Path, tokenizer_dir: Path, attend_to_expansion: bool = False, seed: int = 0) -> Path:
+def build_pylate(
+    out: Path, tokenizer_dir: Path, attend_to_expansion: bool = False, seed: int = 0, encoder: str = "bert"
+) -> Path:
     """PyLate's layout: the encoder at the root, `1_Dense` (PyLate's Dense, 64 -> 24, no bias)."""
-    save_tiny(_bert(), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    save_tiny(_encoder(encoder), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
@@ -59,7 +81,7 @@ def build_pylate(out: Path, tokenizer_dir: Path, attend_to_expansion: bool = Fal
     save_file(
         {"linear.weight": _projection(64, 24, seed).weight.detach().contiguous()}, str(dense / "model.safetensors")
     )
-    settings = {"query_prefix": PREFIXES[0], "document_prefix": PREFIXES[1], "query_length": QUERY_LENGTH,
+    settings = {"query_prefix": prefixes[0], "document_prefix": prefixes[1], "query_length": QUERY_LENGTH,
                 "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": attend_to_expansion,
                 "skiplist_words": list(string.punctuation), "do_query_expansion": True, "prompts": {},
                 "default_prompt_name": None, "similarity_fn_name": "MaxSim"}  # fmt: skip
@@ -71,7 +93,7 @@ def build_hf_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     """Stanford's layout: config.json names HF_ColBERT; `bert.*` and `linear.weight` (64 -> 24) in one file."""
     from safetensors.torch import load_file
 
-    save_tiny(_bert(), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    save_tiny(_encoder(), out, tokenizer_dir, seed, WEIGHT_SCALE)
     state = {f"bert.{name}": tensor for name, tensor in load_file(str(out / "model.safetensors")).items()}
     state["linear.weight"] = _projection(64, 24, seed).weight.detach().contiguous()
     save_file(state, str(out / "model.safetensors"))
@@ -86,15 +108,15 @@ def pylate_encode(
     model_dir: Path, projection: torch.nn.Linear, texts: list[str], is_query: bool, attend_to_expansion: bool = False,
     prefixes: tuple[str, str] = PREFIXES,
 ) -> list[torch.Tensor]:  # fmt: skip
-    """PyLate's ColBERT.encode (1.6.0), one text at a time on transformers' BertModel: tokenized to length - 1
+    """PyLate's ColBERT.encode (1.6.0), one text at a time on transformers' encoder: tokenized to length - 1
     (queries padded with [MASK] to it, the padding's attention mask 0 unless attend_to_expansion_tokens), the
     prefix id inserted after [CLS] with mask 1, the Dense projection on every token's state, a query's every token
     kept, a document's skiplist (string.punctuation's ids) and padding left out, each vector L2-normalised."""
-    from transformers import AutoTokenizer, BertModel
+    from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tokenizer.pad_token_id = tokenizer.mask_token_id
-    model = BertModel.from_pretrained(str(model_dir), add_pooling_layer=False).eval()
+    model = AutoModel.from_pretrained(str(model_dir)).eval()
     length = QUERY_LENGTH if is_query else DOCUMENT_LENGTH
     prefix_id = tokenizer.convert_tokens_to_ids(prefixes[0] if is_query else prefixes[1])
     skiplist = torch.tensor(tokenizer.convert_tokens_to_ids(list(string.punctuation)))

@@ -13,8 +13,10 @@ import pytest
 import torch
 from colbert_models import (
     DOCUMENT_LENGTH,
+    PREFIXES,
     QUERY_LENGTH,
     WEIGHT_SCALE,
+    XLM_R_PREFIXES,
     build_hf_colbert,
     build_pylate,
     pylate_encode,
@@ -107,6 +109,32 @@ def test_pylate_vectors_match(pylate_dirs, dtype: str, attend: bool, is_query: b
     theirs = pylate_encode(model_dir, projection, TEXTS, is_query, attend)
     if is_query:
         assert all(len(vectors) == QUERY_LENGTH for vectors in ours)  # [MASK] expansion kept as vectors
+    assert_vectors_match(ours, theirs, dtype)
+
+
+@pytest.fixture(scope="module")
+def other_encoder_dirs(tmp_path_factory, minilm_path: Path) -> dict[str, Path]:
+    """PyLate checkpoints on ModernBERT (GTE-ModernColBERT's) and XLM-R, expansion tokens hidden (the default)."""
+    return {
+        encoder: build_pylate(tmp_path_factory.mktemp(f"pylate-{encoder}"), minilm_path, encoder=encoder)
+        for encoder in ("modernbert", "xlm-roberta")
+    }
+
+
+# bfloat16 on documents only: the queries' case adds nothing the BERT tests above do not cover, and time.
+@pytest.mark.parametrize(("dtype", "is_query"), [("float32", True), ("float32", False), ("bfloat16", False)])
+@pytest.mark.parametrize("encoder", ["modernbert", "xlm-roberta"])
+def test_pylate_vectors_on_other_encoders_match(other_encoder_dirs, encoder: str, is_query: bool, dtype: str) -> None:
+    model_dir = other_encoder_dirs[encoder]
+    projection = _projection(load_file(str(model_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
+    engine = _engine(model_dir, dtype)
+    try:
+        assert (engine.task, engine.token_dimension) == ("multi_vector", 24)
+        ours = engine_vectors(engine, TEXTS, is_query)
+    finally:
+        engine.close()
+    prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
+    theirs = pylate_encode(model_dir, projection, TEXTS, is_query, prefixes=prefixes)
     assert_vectors_match(ours, theirs, dtype)
 
 
