@@ -19,3 +19,13 @@ def activate(logits: np.ndarray, name: str) -> np.ndarray:  # [B, labels] float3
         return shifted / shifted.sum(axis=1, keepdims=True)
     assert name == "Identity", f"unknown score activation {name!r}; known: {', '.join(SCORE_ACTIVATIONS)}"
     return logits
+
+
+def maxsim(rows: np.ndarray, cu_rows: np.ndarray) -> np.ndarray:  # -> [B - 1] float32
+    """ColBERT's late-interaction score of sequence 0 (a query) against each later sequence (a document): each of
+    the query's token vectors takes its largest dot product with the document's vectors, and these are summed.
+    rows: [R, D] float32 token vectors, sequence i's rows cu_rows[i]:cu_rows[i + 1], each sequence at least one."""
+    query = rows[cu_rows[0] : cu_rows[1]]
+    similarities = rows[cu_rows[1] :] @ query.T  # [document rows, query rows]
+    best = np.maximum.reduceat(similarities, cu_rows[1:-1] - cu_rows[1], axis=0)  # [B - 1, query rows]
+    return best.sum(axis=1, dtype=np.float32)

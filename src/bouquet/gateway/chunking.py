@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -28,12 +30,30 @@ async def embed_chunked(
     spans = chunk_spans(batch, chunk_tokens, max_seqs)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)
-    # A task group: when one chunk fails (a full queue, a bad input) its siblings are cancelled, so the replicas
-    # drop their queued work at once instead of computing rows for a request that has already been answered.
+    parts = await _all_or_none([pool.embed(model, batch.slice(start, stop), priority) for start, stop in spans])
+    return sparse_rows.concat(parts) if batch.any_sparse else np.concatenate(parts)  # type: ignore[arg-type]
+
+
+async def maxsim_chunked(
+    pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
+) -> np.ndarray:  # [B - 1] float32
+    """MaxSim scores of the batch's first sequence (a query) against each later one (documents): the documents
+    chunked as an embedding batch is, each chunk sent with its own copy of the query (a few dozen tokens), so that
+    token vectors never leave the replica."""
+    query, documents = batch.slice(0, 1), batch.slice(1, batch.num_seqs)
+    spans = chunk_spans(documents, max(1, chunk_tokens - query.num_tokens))
+    chunks = [Batch.concat([query, documents.slice(start, stop)]) for start, stop in spans]
+    parts = await _all_or_none([pool.embed(model, chunk, priority, maxsim=True) for chunk in chunks])
+    return np.concatenate(parts)[:, 0]  # type: ignore[arg-type]
+
+
+async def _all_or_none(calls: list[Coroutine[Any, Any, np.ndarray | SparseRows]]) -> list[np.ndarray | SparseRows]:
+    """Every chunk's result in order. A task group: when one chunk fails (a full queue, a bad input) its siblings
+    are cancelled, so the replicas drop their queued work at once instead of computing rows for a request that has
+    already been answered."""
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(pool.embed(model, batch.slice(start, stop), priority)) for start, stop in spans]
+            tasks = [group.create_task(call) for call in calls]
     except* Exception as failures:
         raise failures.exceptions[0] from None
-    parts = [task.result() for task in tasks]
-    return sparse_rows.concat(parts) if batch.any_sparse else np.concatenate(parts)  # type: ignore[arg-type]
+    return [task.result() for task in tasks]

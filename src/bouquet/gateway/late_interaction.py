@@ -7,11 +7,13 @@ token; a query is padded with the expansion token ([MASK]) to the query length, 
 kept, the expansion tokens included (hidden from attention unless the model attends to them: `key_lens`); a
 document keeps every token but those of its skiplist (punctuation). bge-m3 leaves out its first token ([CLS]).
 The replica computes each kept token's state, projects it (the model's multi-vector projection) and normalises it
-(replica side: `Batch.token_vectors`), the same span machinery `/embed_all` uses.
+(replica side: `Batch.token_vectors`), the same span machinery `/embed_all` uses. A ColBERT model reranks on the
+replicas too: a query's MaxSim against each document (`maxsim_scores`), where only the scores come back.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest, TooLarge
-from bouquet.gateway.jobs import MultiVectorJob
+from bouquet.gateway.jobs import MultiVectorJob, RerankJob
 from bouquet.proto import embedding_pb2
 
 if TYPE_CHECKING:
@@ -77,23 +79,70 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
     layouts: list[Layout] = []
 
     async def batch() -> Batch:
-        tokenizer = model.require_tokenizer()
-        ids = await tokenizer.encode(job.texts, "", job.truncate, "right", limit)
-        if any(len(sequence) > limit for sequence in ids):
-            raise InvalidRequest(f"an input is over {limit} tokens and truncate is false", "input_too_long", "input")
+        ids = await _token_ids(model, job.texts, job.truncate, limit, "input")
         layouts.append(lay_out(ids, info, is_query))
         _check_vectors(sum(map(len, layouts[0].spans)), service.config.max_token_vectors)
         options = RowOptions(dimensions=_dimensions(job.dimensions, info), normalize=True,
                              encoding=job.response_format.encoding, token_vectors=True)  # fmt: skip
         return pack(layouts[0], options)
 
-    if is_query and info.expand_queries:  # every query is padded to the query length
-        estimate = len(job.texts) * info.query_length
-    else:  # a token is at least a byte, plus the special tokens and the prefix
-        estimate = sum(min(len(text.encode()) + 4, limit) + len(info.document_prefix) for text in job.texts)
-    rows, tokens = await service.compute(model, estimate, batch)
+    rows, tokens = await service.compute(model, _estimate(job.texts, info, is_query), batch)
     counts = np.array([len(spans) for spans in layouts[0].spans])
     return model, np.split(rows, np.cumsum(counts)[:-1]), tokens
+
+
+async def maxsim_scores(service: Service, model: ServedModel, job: RerankJob) -> tuple[np.ndarray, int]:
+    """Each (query, document) pair's MaxSim score ([N] float32, PyLate's `colbert_scores`), computed on the
+    replicas over token vectors that never cross the wire, one request to them per distinct query; and the tokens
+    computed."""
+    info = model.multi_vector
+    assert info is not None, "a multi-vector model's replica describes its layout"
+    if job.instruction is not None:
+        raise InvalidRequest(f"the model {model.id!r} takes no instruction", "unsupported_parameter", "instruction")
+    service.check_inputs(len(job.pairs))
+    by_query: dict[str, list[int]] = {}
+    for index, (query, _) in enumerate(job.pairs):
+        by_query.setdefault(query, []).append(index)
+    results = await asyncio.gather(
+        *(_score_query(service, model, info, query, [job.pairs[i][1] for i in indices], job.truncate)
+          for query, indices in by_query.items())
+    )  # fmt: skip
+    scores = np.empty(len(job.pairs), np.float32)
+    for indices, (query_scores, _) in zip(by_query.values(), results, strict=True):
+        scores[indices] = query_scores
+    return scores, sum(tokens for _, tokens in results)
+
+
+async def _score_query(
+    service: Service, model: ServedModel, info: embedding_pb2.MultiVector, query: str, documents: list[str],
+    truncate: bool,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    async def batch() -> Batch:
+        query_ids = await _token_ids(model, [query], truncate, token_limit(info, True), "query")
+        document_ids = await _token_ids(model, documents, truncate, token_limit(info, False), "documents")
+        options = RowOptions(normalize=True, token_vectors=True)
+        return Batch.concat(
+            [pack(lay_out(query_ids, info, True), options), pack(lay_out(document_ids, info, False), options)]
+        )
+
+    estimate = _estimate([query], info, True) + _estimate(documents, info, False)
+    return await service.compute(model, estimate, batch, maxsim=True)
+
+
+async def _token_ids(model: ServedModel, texts: list[str], truncate: bool, limit: int, field: str) -> list[list[int]]:
+    ids = await model.require_tokenizer().encode(texts, "", truncate, "right", limit)
+    if any(len(sequence) > limit for sequence in ids):
+        raise InvalidRequest(f"an input is over {limit} tokens and truncate is false", "input_too_long", field)
+    return ids
+
+
+def _estimate(texts: list[str], info: embedding_pb2.MultiVector, is_query: bool) -> int:
+    """At least the tokens the texts will take, before tokenizing."""
+    if is_query and info.expand_queries:  # every query is padded to the query length
+        return len(texts) * info.query_length
+    limit = token_limit(info, is_query)  # a token is at least a byte, plus the special tokens and the prefix
+    prefix = info.query_prefix if is_query else info.document_prefix
+    return sum(min(len(text.encode()) + 4, limit) + len(prefix) for text in texts)
 
 
 def _check_vectors(vectors: int, limit: int) -> None:

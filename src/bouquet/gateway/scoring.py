@@ -13,6 +13,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.jobs import PredictJob, RerankJob
+from bouquet.gateway.late_interaction import maxsim_scores
 from bouquet.scoring import activate
 
 if TYPE_CHECKING:
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
 
 
 async def score(service: Service, job: RerankJob) -> tuple[ServedModel, np.ndarray, int]:
-    """One score per pair ([N] float32), and the tokens computed."""
+    """One score per pair ([N] float32), and the tokens computed: a cross-encoder's, or a ColBERT model's MaxSim."""
     model = score_model(service, job.model)
+    if model.task == "multi_vector":
+        return model, *await maxsim_scores(service, model, job)
     service.check_inputs(len(job.pairs))
     instruction = pair_instruction(model, job.instruction)
 
@@ -39,7 +42,7 @@ async def score(service: Service, job: RerankJob) -> tuple[ServedModel, np.ndarr
 async def predict(service: Service, job: PredictJob) -> tuple[ServedModel, np.ndarray, int]:
     """Scores [N, labels] float32 (activated unless raw: a softmax over several labels, a sigmoid of one, as TEI
     does), and the tokens computed."""
-    model = score_model(service, job.model)
+    model = score_model(service, job.model, pairs_only=False)
     service.check_inputs(len(job.inputs))
     instruction = pair_instruction(model, job.instruction)
     if model.pair_template is not None and any(isinstance(sequence, str) for sequence in job.inputs):
@@ -56,10 +59,11 @@ async def predict(service: Service, job: PredictJob) -> tuple[ServedModel, np.nd
     return model, activate(logits, "Softmax" if logits.shape[1] > 1 else "Sigmoid").astype(np.float32), tokens
 
 
-def score_model(service: Service, name: str | None) -> ServedModel:
-    """The model a scoring request names; an embedding model is refused (TEI's 424 on its routes)."""
+def score_model(service: Service, name: str | None, pairs_only: bool = True) -> ServedModel:
+    """The model a scoring request names: a cross-encoder, or for pairs a ColBERT model (late interaction); an
+    embedding model is refused (TEI's 424 on its routes)."""
     model = service.catalog.get(name)
-    if model.task != "score":
+    if model.task != "score" and not (pairs_only and model.task == "multi_vector"):
         raise model.wrong_task("scores; rerank with a cross-encoder")
     return model
 

@@ -19,14 +19,14 @@ from bouquet.config import GatewayConfig
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import long_inputs
 from bouquet.gateway.admission import Admission
-from bouquet.gateway.chunking import embed_chunked
+from bouquet.gateway.chunking import embed_chunked, maxsim_chunked
 from bouquet.gateway.errors import InvalidRequest, TooLarge, Unavailable
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.memory_trim import trim_when_idle
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
 from bouquet.gateway.replicas.pool import ReplicaPool
-from bouquet.sparse_rows import max_sparse_rows
+from bouquet.sparse_rows import SparseRows, max_sparse_rows
 from bouquet.tls import channel_credentials
 
 SPECIAL_TOKENS = 4  # the most any tokenizer here adds around one text or pair (e.g. <s> </s></s> </s>)
@@ -148,10 +148,16 @@ class Service:
         return encode_rows(combined, options.encoding), tokens
 
     async def compute(
-        self, model: ServedModel, estimate: int, prepare: Callable[[], Awaitable[Batch]], exact: bool = False
+        self,
+        model: ServedModel,
+        estimate: int,
+        prepare: Callable[[], Awaitable[Batch]],
+        exact: bool = False,
+        maxsim: bool = False,
     ) -> tuple[Any, int]:
-        """The rows of the batch `prepare` tokenizes, admitted on `estimate` (an upper bound of its tokens, from
-        its bytes; `exact` when counted from token ids) before any work; and the tokens they took."""
+        """The rows of the batch `prepare` tokenizes (with `maxsim`, its first sequence's MaxSim scores against the
+        others), admitted on `estimate` (an upper bound of its tokens, from its bytes; `exact` when counted from
+        token ids) before any work; and the tokens they took."""
         if not self.pool.any_healthy(model.name):
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         async with self.admission.admit(
@@ -164,7 +170,11 @@ class Service:
             chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
             max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None
-            rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority, max_seqs)
+            rows: np.ndarray | SparseRows
+            if maxsim:
+                rows = await maxsim_chunked(self.pool, model.name, batch, chunk_tokens, priority)
+            else:
+                rows = await embed_chunked(self.pool, model.name, batch, chunk_tokens, priority, max_seqs)
         self.metrics.tokens.labels(model.id).inc(tokens)
         return rows, tokens
 

@@ -33,7 +33,7 @@ FP8_E4M3: Encoding
 FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class EmbedRequest(_message.Message):
     RAW_SPANS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_VECTORS_FIELD_NUMBER: _ClassVar[int]
     KEY_LENS_FIELD_NUMBER: _ClassVar[int]
+    MAXSIM_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     cu_seqlens: bytes
     token_type_ids: bytes
@@ -60,7 +61,8 @@ class EmbedRequest(_message.Message):
     raw_spans: bool
     token_vectors: bool
     key_lens: bytes
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ...) -> None: ...
+    maxsim: bool
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values")

@@ -13,8 +13,9 @@ from bouquet.proto import embedding_pb2
 from bouquet.sparse_rows import SparseRows
 
 
-def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
-    """The batch's arrays as little-endian int32 bytes; its options, which all its sequences share, as scalars."""
+def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequest:
+    """The batch's arrays as little-endian int32 bytes; its options, which all its sequences share, as scalars;
+    `maxsim`: MaxSim scores of its first sequence (a query) against each later one instead of rows."""
     options = batch.options()
     return embedding_pb2.EmbedRequest(
         input_ids=_int32_bytes(batch.input_ids),
@@ -30,6 +31,7 @@ def embed_request(batch: Batch) -> embedding_pb2.EmbedRequest:
         raw_spans=options.raw_spans,
         token_vectors=options.token_vectors,
         key_lens=b"" if batch.key_lens is None else _int32_bytes(batch.key_lens),
+        maxsim=maxsim,
     )
 
 

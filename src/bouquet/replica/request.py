@@ -97,13 +97,27 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     if message.key_lens:
         batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
     if not message.cu_spans:
-        if message.span_bounds or message.raw_spans or message.token_vectors:
-            raise InvalidInput("span_bounds, raw_spans and token_vectors need cu_spans")
+        if message.span_bounds or message.raw_spans or message.token_vectors or message.maxsim:
+            raise InvalidInput("span_bounds, raw_spans, token_vectors and maxsim need cu_spans")
         return batch
     cu_spans = _int32s("cu_spans", message.cu_spans)
     span_bounds = _int32s("span_bounds", message.span_bounds)
     _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans, options.token_vectors)
+    if message.maxsim:
+        _validate_maxsim(options, cu_spans)
     return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans, options.token_vectors)
+
+
+def _validate_maxsim(options: RowOptions, cu_spans: np.ndarray) -> None:
+    """MaxSim scores a query's token vectors (sequence 0) against each later sequence's, all at full width in
+    float32: every sequence needs a vector."""
+    if not options.token_vectors or options.dimensions or options.encoding is not Encoding.FLOAT32:
+        raise InvalidInput("maxsim needs token_vectors, dimensions 0 and encoding FLOAT32")
+    if len(cu_spans) < 3:
+        raise InvalidInput("maxsim needs a query and at least one document: two sequences or more")
+    empty = np.diff(cu_spans) == 0
+    if empty.any():
+        raise InvalidInput(f"maxsim: sequence {int(np.argmax(empty))} has no token vectors (spans)")
 
 
 def _key_lens(data: bytes, seq_lens: np.ndarray) -> np.ndarray:  # [B] int32

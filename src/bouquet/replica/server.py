@@ -30,6 +30,7 @@ from bouquet.replica.client import wire_encoding
 from bouquet.replica.metrics import ReplicaMetrics, TlsFiles
 from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
+from bouquet.scoring import maxsim
 from bouquet.sparse_rows import sparsify
 from bouquet.tls import server_credentials
 from bouquet.tokenizer import tokenizer_json
@@ -128,6 +129,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         rows = await scheduler.embed(batch, deadline)  # [B, D] float32
+        if request.maxsim:  # a large rerank's products: off the event loop, as sparse rows are
+            return await asyncio.to_thread(maxsim_response, rows, batch.cu_rows)
         if request.sparse:  # np.nonzero over vocabulary-wide rows: off the event loop, which serves health too
             return await asyncio.to_thread(sparse_response, rows)
         encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
@@ -166,6 +169,13 @@ def multi_vector_info(spec: MultiVectorSpec | None, max_seq_length: int) -> embe
         expand_queries=spec.expand_queries, expansion_id=spec.expansion_id,
         attend_to_expansion=spec.attend_to_expansion, skiplist=spec.skiplist, skip_leading=spec.skip_leading,
     )  # fmt: skip
+
+
+def maxsim_response(rows: np.ndarray, cu_rows: np.ndarray) -> embedding_pb2.EmbedResponse:
+    scores = maxsim(rows, cu_rows)  # [documents] float32
+    return embedding_pb2.EmbedResponse(
+        embeddings=scores.astype("<f4").tobytes(), num_seqs=len(scores), dimension=1, encoding=embedding_pb2.FLOAT32
+    )
 
 
 def sparse_response(rows: np.ndarray) -> embedding_pb2.EmbedResponse:  # rows: [B, vocabulary] float32

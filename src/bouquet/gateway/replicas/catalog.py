@@ -26,7 +26,8 @@ _TASK_ROUTES = {
     "embed": ("/v1/embeddings", "/embed", "/v1/contextualizedembeddings"),
     "score": ("/rerank", "/v1/rerank", "/score", "/predict"),
     "sparse": ("/embed_sparse",),
-    "multi_vector": ("/v1/multi-vector",),  # ColBERT's per-token vectors (docs/late-interaction.md)
+    # ColBERT's per-token vectors, and their MaxSim scores on the reranking routes (docs/late-interaction.md)
+    "multi_vector": ("/v1/multi-vector", "/rerank", "/v1/rerank", "/score"),
 }
 
 

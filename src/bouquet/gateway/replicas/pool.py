@@ -168,10 +168,11 @@ class ReplicaPool:
         known = [rate for rate in rates if rate is not None]
         return sum(known) * len(rates) / len(known) if known else None
 
-    async def embed(self, model: str, batch: Batch, priority: int = 0) -> np.ndarray | SparseRows:
-        """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them);
-        `priority` orders chunks waiting for a replica (lower first, then by arrival)."""
-        request = embed_request(batch)
+    async def embed(self, model: str, batch: Batch, priority: int = 0, maxsim: bool = False) -> np.ndarray | SparseRows:
+        """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them; or, with
+        `maxsim`, [B - 1, 1] scores of its first sequence against the others); `priority` orders chunks waiting
+        for a replica (lower first, then by arrival)."""
+        request = embed_request(batch, maxsim)
         tokens = batch.num_tokens
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None
