@@ -93,7 +93,8 @@ CLONED static void quantize_row(const float* x, int64_t cols, int8_t* q, float* 
 // transform of every `block` consecutive values (block a power of two), unnormalised: the caller's scale takes the
 // 1 / sqrt(block). Each 16 values go through the four narrow butterfly stages in one vector (a stage is a lane
 // permutation plus a multiply-add: v[j ^ w] + sign * v[j]), since loops of widths 1 to 8 do not vectorize and a
-// 16 x 16 product was a chain of dependent FMAs (2.7x slower); wider blocks then take butterflies of width 16 up.
+// 16 x 16 product was a chain of dependent FMAs (2.7x slower); wider blocks then take butterflies of width 16 up,
+// between vectors.
 enum { HADAMARD_INNER = 16 };
 typedef float v16sf __attribute__((vector_size(64)));
 typedef int32_t v16si __attribute__((vector_size(64)));
@@ -120,19 +121,46 @@ INLINE void butterflies(float* t, int64_t cols, int64_t width) {
         }
 }
 
-INLINE void hadamard_of_16(const float* x, const float* signs, float* out) {
+INLINE v16sf hadamard_of_16(const float* x, const float* signs) {
     v16sf v, s;
     __builtin_memcpy(&v, x, sizeof v);
     __builtin_memcpy(&s, signs, sizeof s);
     v *= s;
     for (int stage = 0; stage < 4; ++stage) v = __builtin_shuffle(v, PARTNER[stage]) + LOWER_PLUS[stage] * v;
-    __builtin_memcpy(out, &v, sizeof v);
+    return v;
+}
+
+// Blocks of 128 (every width that is a multiple of 128: the common case) stay in eight vector registers through
+// all seven stages, so the row is read once and written once.
+enum { WIDE_BLOCK = 128, VECTORS = WIDE_BLOCK / HADAMARD_INNER };
+
+INLINE void rotate_blocks_of_128(const float* x, int64_t cols, const float* signs, float* t) {
+    for (int64_t c = 0; c < cols; c += WIDE_BLOCK) {
+        v16sf v[VECTORS];
+        for (int k = 0; k < VECTORS; ++k)
+            v[k] = hadamard_of_16(x + c + HADAMARD_INNER * k, signs + c + HADAMARD_INNER * k);
+        for (int width = 1; width < VECTORS; width *= 2)
+            for (int k = 0; k < VECTORS; ++k)
+                if (!(k & width)) {
+                    v16sf a = v[k], b = v[k + width];
+                    v[k] = a + b;
+                    v[k + width] = a - b;
+                }
+        __builtin_memcpy(t + c, v, sizeof v);
+    }
 }
 
 CLONED static void rotate_row(const float* x, int64_t cols, const float* signs, int64_t block, float* t) {
+    if (block == WIDE_BLOCK) {
+        rotate_blocks_of_128(x, cols, signs, t);
+        return;
+    }
     int64_t width = 1;
     if (block >= HADAMARD_INNER) {
-        for (int64_t c = 0; c < cols; c += HADAMARD_INNER) hadamard_of_16(x + c, signs + c, t + c);
+        for (int64_t c = 0; c < cols; c += HADAMARD_INNER) {
+            v16sf v = hadamard_of_16(x + c, signs + c);
+            __builtin_memcpy(t + c, &v, sizeof v);
+        }
         width = HADAMARD_INNER;
     } else {
         for (int64_t c = 0; c < cols; ++c) t[c] = x[c] * signs[c];
