@@ -15,7 +15,7 @@ import string
 from pathlib import Path
 
 import torch
-from family_checks import VOCAB_SIZE, save_tiny
+from family_checks import TOKENIZER_FILES, VOCAB_SIZE, save_tiny
 from safetensors.torch import save_file
 
 LIMIT = 64
@@ -67,26 +67,48 @@ def build_pylate(
     """PyLate's layout: the encoder at the root, `1_Dense` (PyLate's Dense, 64 -> 24, no bias)."""
     save_tiny(_encoder(encoder), out, tokenizer_dir, seed, WEIGHT_SCALE)
     prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
+    _write_pylate_modules(out, _projection(64, 24, seed), prefixes, QUERY_LENGTH, DOCUMENT_LENGTH, attend_to_expansion)
+    return out
+
+
+def _write_pylate_modules(
+    out: Path, projection: torch.nn.Linear, prefixes: tuple[str, str], query_length: int, document_length: int,
+    attend_to_expansion: bool,
+) -> None:  # fmt: skip
+    """modules.json, PyLate's Dense (`1_Dense`, no bias) and config_sentence_transformers.json, as PyLate saves them."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
     ]
     (out / "modules.json").write_text(json.dumps(modules))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": DOCUMENT_LENGTH - 1}))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": document_length - 1}))
     dense = out / "1_Dense"
     dense.mkdir()
-    config = {"in_features": 64, "out_features": 24, "bias": False,
+    config = {"in_features": projection.in_features, "out_features": projection.out_features, "bias": False,
               "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False}  # fmt: skip
     (dense / "config.json").write_text(json.dumps(config))
-    save_file(
-        {"linear.weight": _projection(64, 24, seed).weight.detach().contiguous()}, str(dense / "model.safetensors")
-    )
-    settings = {"query_prefix": prefixes[0], "document_prefix": prefixes[1], "query_length": QUERY_LENGTH,
-                "document_length": DOCUMENT_LENGTH, "attend_to_expansion_tokens": attend_to_expansion,
+    save_file({"linear.weight": projection.weight.detach().contiguous()}, str(dense / "model.safetensors"))
+    settings = {"query_prefix": prefixes[0], "document_prefix": prefixes[1], "query_length": query_length,
+                "document_length": document_length, "attend_to_expansion_tokens": attend_to_expansion,
                 "skiplist_words": list(string.punctuation), "do_query_expansion": True, "prompts": {},
                 "default_prompt_name": None, "similarity_fn_name": "MaxSim"}  # fmt: skip
     (out / "config_sentence_transformers.json").write_text(json.dumps(settings))
-    return out
+
+
+def build_pylate_from(
+    encoder_dir: Path, out: Path, dimension: int, query_length: int, document_length: int, seed: int = 0
+) -> tuple[Path, torch.nn.Linear]:
+    """PyLate's layout around a real encoder's files (bench/colbert.py: MiniLM's), with a random projection to
+    `dimension`; returns the directory and the projection."""
+    import shutil
+
+    out.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", *TOKENIZER_FILES):
+        shutil.copy(encoder_dir / name, out / name)
+    hidden = int(json.loads((encoder_dir / "config.json").read_text())["hidden_size"])
+    projection = _projection(hidden, dimension, seed)
+    _write_pylate_modules(out, projection, PREFIXES, query_length, document_length, attend_to_expansion=False)
+    return out, projection
 
 
 def build_hf_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
