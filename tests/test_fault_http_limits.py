@@ -455,3 +455,58 @@ def test_a_crowd_of_idle_connections_makes_room_and_a_busy_one_is_refused_503(re
             assert closed_count(url, "refused") >= 2
         finally:
             assert process.stop() == 0
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response (headers and a Content-Length body), read as the client would while it still sends."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        piece = sock.recv(65536)
+        assert piece, received
+        received += piece
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        piece = sock.recv(65536)
+        assert piece, received
+        body += piece
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_client_still_sending_an_over_limit_body_reads_its_413(gateway: tuple[str, int]) -> None:
+    """The 413 goes out before the body ends; the client, still sending, must be able to read it whole: the
+    gateway reads and drops what follows (a lingering close) rather than closing on unread bytes, whose reset would
+    make the client's stack drop the answer."""
+    _, port = gateway
+    size = 10 * 1024 * 1024
+    sock = connect(port)
+    sock.sendall(f"POST /v1/embeddings HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {size}\r\n\r\n".encode())  # fmt: skip
+    piece, sent = b" " * 65536, 0
+    with sock:
+        while sent < size:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+            sent += sock.send(piece[: size - sent])
+        answer = read_response(sock)
+    assert_error(answer, 413, "payload_too_large")
+
+
+def test_expect_100_continue_over_the_limit_gets_413_and_the_body_is_never_a_request(
+    gateway: tuple[str, int],
+) -> None:
+    """curl's way: headers with `Expect: 100-continue`, then the body only if 100 Continue comes. A 413 comes
+    instead; a client that sends the body anyway must not see it parsed as a next request (a 400)."""
+    _, port = gateway
+    sock = connect(port)
+    sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                 b"Expect: 100-continue\r\nContent-Length: 10485760\r\n\r\n")  # fmt: skip
+    answer = read_response(sock)
+    assert_error(answer, 413, "payload_too_large")
+    try:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n" + b"x" * 100_000)
+    except (BrokenPipeError, ConnectionResetError):
+        return
+    rest, _ = until_closed(sock)
+    assert b"HTTP/1.1 400" not in rest and b"HTTP/1.1 200" not in rest, rest[:300]
