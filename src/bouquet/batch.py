@@ -45,6 +45,10 @@ class Batch:
     `key_lens[i]` (optional): only the first key_lens[i] tokens of sequence i are attended to; the tokens after
     them attend to those but no token attends to them (ColBERT's query expansion tokens, as PyLate and Stanford's
     ColBERT mask them). None: every token is a key.
+
+    `pixel_values` (optional): the batch is images, one a sequence, as the model's processor left them; sequence i
+    is image i's tokens (its patches and whatever the model adds), which `input_ids` only count (zeros). A batch is
+    all texts or all images: the engine runs the towers of a text-and-image model (CLIP) in separate steps.
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -60,6 +64,7 @@ class Batch:
     sparse: np.ndarray | None = None  # [B] bool; None: no sequence asks for its sparse row
     token_vectors: np.ndarray | None = None  # [B] bool; set with cu_spans
     key_lens: np.ndarray | None = None  # [B] int32, 1 <= key_lens[i] <= its length; None: every token is a key
+    pixel_values: np.ndarray | None = None  # [B, C, H, W] float32; None: the sequences are token ids
 
     @classmethod
     def pack(
@@ -84,6 +89,14 @@ class Batch:
         cu_spans = np.concatenate([np.zeros(1, np.int32), np.cumsum(counts, dtype=np.int32)])
         bounds = np.array([bound for pairs in spans for bound in pairs], dtype=np.int32).reshape(-1, 2)
         return batch.with_spans(cu_spans, bounds, options.raw_spans, options.token_vectors)
+
+    @classmethod
+    def pack_images(cls, pixel_values: np.ndarray, tokens_per_image: int, options: RowOptions = RowOptions()) -> Batch:
+        """Images ([N, C, H, W] float32, preprocessed) as N sequences of `tokens_per_image` tokens each (the
+        model's: 1 + (H / patch)(W / patch) for CLIP)."""
+        cu_seqlens = np.arange(len(pixel_values) + 1, dtype=np.int32) * tokens_per_image
+        batch = cls.from_packed(np.zeros(int(cu_seqlens[-1]), np.int32), cu_seqlens, options)
+        return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32))
 
     def with_spans(
         self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False, token_vectors: bool = False
@@ -186,6 +199,7 @@ class Batch:
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
             sparse=None if self.sparse is None else self.sparse[start:stop],
             key_lens=None if self.key_lens is None else self.key_lens[start:stop],
+            pixel_values=None if self.pixel_values is None else self.pixel_values[start:stop],
             **self._span_slice(start, stop),
         )
 
@@ -220,6 +234,7 @@ class Batch:
             token_type_ids=token_type_ids,
             sparse=_concat_sparse(batches),
             key_lens=_concat_key_lens(batches),
+            pixel_values=_concat_images(batches),
             **_concat_spans(batches),
         )
 
@@ -262,6 +277,16 @@ def _concat_key_lens(batches: Sequence[Batch]) -> np.ndarray | None:
     if all(batch.key_lens is None for batch in batches):
         return None
     return np.concatenate([b.seq_lens if b.key_lens is None else b.key_lens for b in batches], dtype=np.int32)
+
+
+def _concat_images(batches: Sequence[Batch]) -> np.ndarray | None:
+    """The batches' images end to end; texts and images never share a batch (the class says why)."""
+    images = [batch.pixel_values for batch in batches if batch.pixel_values is not None]
+    if not images:
+        return None
+    if len(images) < len(batches):
+        raise ValueError("a batch is all texts or all images; these batches mix them")
+    return np.concatenate(images)
 
 
 def count_within_budget(cu_seqlens: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:

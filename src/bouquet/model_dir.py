@@ -157,7 +157,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         raise FileNotFoundError(f"model directory not found: {root}")
     layout = read_st_layout(root)
     transformer = layout.transformer_dir
-    hf_config = read_json(require(transformer / "config.json"))
+    hf_config = _dual_tower(read_json(require(transformer / "config.json")))
     if not hf_config.get("architectures"):
         raise ValueError(f"{transformer / 'config.json'} has no 'architectures' entry")
     missing = [key for key in ("hidden_size", "vocab_size") if key not in hf_config]
@@ -335,6 +335,18 @@ def _hf_colbert_encoder(hf_config: dict[str, Any], folder: Path) -> dict[str, An
             f"{folder / 'config.json'}: an HF_ColBERT over {model_type!r} is not supported; supported: {known}"
         )
     return {**hf_config, "architectures": [_HF_COLBERT_ENCODERS[model_type]]}
+
+
+def _dual_tower(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """A text-and-image model's config (CLIP's) nests one per tower: what the engine reads at the top (vocabulary,
+    positions) is the text tower's, and `hidden_size` is the width of the rows both towers give, the shared space's.
+    """
+    text = hf_config.get("text_config")
+    if not isinstance(text, dict) or "hidden_size" in hf_config:
+        return hf_config
+    width = hf_config.get("projection_dim") or text.get("projection_size") or text.get("hidden_size")
+    tower = {key: text[key] for key in ("vocab_size", "max_position_embeddings") if key in text}
+    return {**hf_config, **tower, "hidden_size": width}
 
 
 def _safetensors_shape(path: Path, name: str) -> list[int]:

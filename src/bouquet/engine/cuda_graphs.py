@@ -245,6 +245,8 @@ class CudaGraphRunner:
     def run(self, batch: Batch) -> torch.Tensor | None:  # [B, dim] float32 on the device
         if batch.cu_spans is not None or batch.any_sparse:  # their rows' shapes follow the batch: eager
             return None
+        if batch.pixel_values is not None:  # images are not in the static buffers: eager
+            return None
         bucket = self.buckets.bucket_for(batch.num_tokens, batch.num_seqs)
         if bucket is None:
             return None

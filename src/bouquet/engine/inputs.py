@@ -31,6 +31,7 @@ class ModelInputs:
     spans: SpanInputs | None = None  # eager batches only
     sparse: SparseInputs | None = None  # eager batches only
     key_lens: list[int] | None = None  # host copy of Batch.key_lens; eager batches only
+    pixel_values: torch.Tensor | None = None  # [B, C, H, W] float32: an image batch's; eager batches only
 
     def context(self) -> ForwardContext:
         return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, key_lens=self.key_lens)
@@ -65,6 +66,7 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
         prepare_spans(batch, device),
         sparse,
         None if batch.key_lens is None else batch.key_lens.tolist(),
+        None if batch.pixel_values is None else torch.from_numpy(batch.pixel_values).to(device),
     )
 
 

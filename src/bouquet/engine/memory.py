@@ -51,6 +51,8 @@ def pad_to_bucket(batch: Batch, per_doubling: int) -> Batch:
     num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
     if num_tokens == batch.num_tokens or batch.cu_spans is not None or batch.key_lens is not None:
         return batch  # a batch with pooling spans (contextual, /embed_all, ColBERT) runs at its exact count
+    if batch.pixel_values is not None:
+        return batch  # an image batch's tokens are its images' (a pad sequence would have no image)
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
 
 

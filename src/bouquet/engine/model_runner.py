@@ -39,6 +39,8 @@ class ModelRunner:
         bind_backend(self.model, backend)
 
     def execute(self, batch: Batch) -> torch.Tensor:  # [rows, dim] float32 on the device: one per sequence or span
+        if batch.pixel_values is not None and not getattr(self.model, "takes_images", False):
+            raise ValueError(f"this model ({type(self.model).__name__}) takes no images")
         if self.graphs is not None and batch.key_lens is None and (rows := self.graphs.run(batch)) is not None:
             return rows
         padded = pad_to_bucket(batch, self.token_buckets)
@@ -71,6 +73,8 @@ class ModelRunner:
             prepare = ctx.backend.prepare
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
+            if inputs.pixel_values is not None:  # only models that declare `takes_images` get here
+                return self.model(inputs.input_ids, inputs.positions, pixel_values=inputs.pixel_values)
             return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
 
     def key_lens_backend(self) -> AttentionBackend:

@@ -39,6 +39,7 @@ _ARCHITECTURES: dict[str, str] = {
     "ModernBertForSequenceClassification": "modernbert:ModernBertForSequenceClassification",
     "Gemma3TextModel": "gemma3:Gemma3Model",
     "Gemma3ForCausalLM": "gemma3:Gemma3Model",
+    "CLIPModel": "clip:ClipModel",
 }
 
 
