@@ -162,3 +162,18 @@ def test_image_batches_slice_and_concatenate_but_never_mix_with_texts() -> None:
     np.testing.assert_array_equal(joined.cu_seqlens, batch.cu_seqlens)
     with pytest.raises(ValueError, match="all texts or all images"):
         Batch.concat([batch, Batch.pack([[1, 2, 3]])])
+
+
+def test_a_backend_that_plans_one_shape_for_every_layer_is_not_chosen(clip) -> None:
+    """FlashInfer plans heads and causality once for all layers: CLIP's causal text tower and bidirectional vision
+    tower need a backend that takes them per layer."""
+    from bouquet.layers.attention import attention_shape
+    from bouquet.layers.attention_backends.flashinfer import FlashInferBackend
+
+    engine = _engine(clip[0], "float32")
+    try:
+        shape = attention_shape(engine.model, torch.float32)
+    finally:
+        engine.close()
+    assert not shape.uniform
+    assert not FlashInferBackend.can_run(shape)

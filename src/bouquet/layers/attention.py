@@ -60,10 +60,11 @@ def attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
     layer slides a window or adds a position bias."""
     layers = [module for module in model.modules() if isinstance(module, Attention)]
     first = layers[0]
+    kinds = {(layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.causal, layer.scale) for layer in layers}
     return AttentionShape(
         first.num_heads, first.num_kv_heads, first.head_dim, first.causal, dtype,
         windows=tuple(sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})),
-        position_bias=any(layer.position_bias for layer in layers), softmax_scale=first.scale,
+        position_bias=any(layer.position_bias for layer in layers), softmax_scale=first.scale, uniform=len(kinds) == 1,
     )  # fmt: skip
 
 

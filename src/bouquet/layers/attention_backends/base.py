@@ -28,6 +28,9 @@ class AttentionShape:
     windows: tuple[tuple[int, int], ...] = ()  # the sliding windows (left, right) some layers attend within
     position_bias: bool = False  # some layer adds a per-head bias to its scores (MPNet)
     softmax_scale: float | None = None  # the model's own, where it is not head_dim ** -0.5 (Gemma3)
+    # Every layer has the first's heads, scale and causality; not so in CLIP, whose text tower is causal and whose
+    # vision tower is not (and may be wider): a backend that plans one shape for all layers cannot run it.
+    uniform: bool = True
 
     @property
     def scale(self) -> float:
@@ -94,5 +97,6 @@ class AttentionBackend(ABC):
 
 def describe_needs(shape: AttentionShape) -> str:
     needs = [need for need, wanted in (("a sliding window", shape.sliding_window),
-                                       ("a position bias", shape.position_bias)) if wanted]  # fmt: skip
+                                       ("a position bias", shape.position_bias),
+                                       ("layers of different shapes", not shape.uniform)) if wanted]  # fmt: skip
     return "attention with " + " and ".join(needs) if needs else "this attention"

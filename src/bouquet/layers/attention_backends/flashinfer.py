@@ -48,7 +48,8 @@ class FlashInferBackend(AttentionBackend):
     @classmethod
     def can_run(cls, shape: AttentionShape) -> bool:
         # FlashInfer's window bounds the keys on the left only: a bidirectional window has a right bound too.
-        return super().can_run(shape) and (shape.causal or not shape.windows)
+        # Its plan, shared by every layer, fixes the heads and causality.
+        return super().can_run(shape) and (shape.causal or not shape.windows) and shape.uniform
 
     def prepare(self, ctx: ForwardContext) -> dict[int, Any]:
         for left in self._window_lefts():
