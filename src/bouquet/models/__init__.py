@@ -40,6 +40,7 @@ _ARCHITECTURES: dict[str, str] = {
     "Gemma3TextModel": "gemma3:Gemma3Model",
     "Gemma3ForCausalLM": "gemma3:Gemma3Model",
     "CLIPModel": "clip:ClipModel",
+    "SiglipModel": "siglip:SiglipModel",
 }
 
 

@@ -151,10 +151,10 @@ class ClipEncoder(nn.Module):
 
 
 class ClipTextEmbeddings(nn.Module):
-    def __init__(self, config: ClipConfig):
+    def __init__(self, vocab_size: int, max_positions: int, width: int):
         super().__init__()
-        self.token_embedding = nn.Embedding(config.vocab_size, config.text.hidden_size)
-        self.position_embedding = nn.Embedding(config.max_positions, config.text.hidden_size)
+        self.token_embedding = nn.Embedding(vocab_size, width)
+        self.position_embedding = nn.Embedding(max_positions, width)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, D] float32
         return self.token_embedding(input_ids) + self.position_embedding(positions)
@@ -163,7 +163,7 @@ class ClipTextEmbeddings(nn.Module):
 class ClipTextTransformer(nn.Module):
     def __init__(self, config: ClipConfig):
         super().__init__()
-        self.embeddings = ClipTextEmbeddings(config)
+        self.embeddings = ClipTextEmbeddings(config.vocab_size, config.max_positions, config.text.hidden_size)
         self.encoder = ClipEncoder(config.text, causal=True)
         self.final_layer_norm = LayerNorm(config.text.hidden_size, eps=config.text.layer_norm_eps)
 
@@ -262,25 +262,13 @@ class ClipModel(nn.Module):
         pixel_values: torch.Tensor | None = None,  # [N, C, H, W] float32: the batch's images, one a sequence
     ) -> torch.Tensor:  # [T, projection_dim] float32; each sequence's features at its first token
         if pixel_values is not None:
-            self.check_images(pixel_values, len(positions))
+            check_images(
+                pixel_values, len(positions), self.config.num_channels, self.config.image_size, self.image_tokens
+            )
             return self.visual_projection(self.vision_model(pixel_values, positions)).float()
         hidden = self.text_model(input_ids, positions)
         hidden = hidden[pooled_token_rows(input_ids, positions, self.config.eos_token_id)]
         return self.text_projection(hidden).float()
-
-    def check_images(self, pixel_values: torch.Tensor, num_tokens: int) -> None:
-        size, channels = self.config.image_size, self.config.num_channels
-        if tuple(pixel_values.shape[1:]) != (channels, size, size):
-            raise ValueError(
-                f"images of shape {tuple(pixel_values.shape[1:])}; this model takes ({channels}, {size}, {size}) "
-                "(other sizes would need its position embeddings interpolated, which is not supported)"
-            )
-        expected = len(pixel_values) * self.image_tokens
-        if num_tokens != expected:
-            raise ValueError(
-                f"{len(pixel_values)} image(s) make {expected} tokens at this model's patch size; the batch has "
-                f"{num_tokens}"
-            )
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state = drop_ignored(state, _IGNORED)
@@ -293,3 +281,18 @@ class ClipModel(nn.Module):
             raise ValueError(f"missing weight: {_PATCH_WEIGHT}")
         state[_PATCH_WEIGHT] = state[_PATCH_WEIGHT].flatten(1)  # [D, C, p, p] -> [D, C * p * p]
         return state
+
+
+def check_images(pixel_values: torch.Tensor, num_tokens: int, channels: int, size: int, tokens_per_image: int) -> None:
+    """A vision tower's images must be its own size, each `tokens_per_image` tokens of the batch."""
+    if tuple(pixel_values.shape[1:]) != (channels, size, size):
+        raise ValueError(
+            f"images of shape {tuple(pixel_values.shape[1:])}; this model takes ({channels}, {size}, {size}) "
+            "(other sizes would need its position embeddings interpolated, which is not supported)"
+        )
+    expected = len(pixel_values) * tokens_per_image
+    if num_tokens != expected:
+        raise ValueError(
+            f"{len(pixel_values)} image(s) make {expected} tokens at this model's patch size; "
+            f"the batch has {num_tokens}"
+        )
