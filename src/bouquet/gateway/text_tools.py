@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,12 +12,13 @@ from bouquet.gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.replicas.tokenization import TokenSpan
     from bouquet.gateway.service import Service
 
 
 async def tokenize(
     service: Service, model: ServedModel, texts: list[str], prompt: str, add_special: bool
-) -> list[list[dict[str, Any]]]:
+) -> list[list[TokenSpan]]:
     """Each text's tokens (`{"id", "text", "special", "start", "stop"}`) after `prompt`, under the limits /embed
     has: a reply is larger than its request."""
     service.check_inputs(len(texts))

@@ -44,6 +44,7 @@ from bouquet.gateway.api.tei_bodies import (
     SparseEntry,
     TEIEmbeddings,
     TEIEmbedRequest,
+    TEITokens,
     TokenStates,
 )
 from bouquet.gateway.contextual import embed_all
@@ -133,7 +134,8 @@ async def _tokenize(service: Service, request: Request) -> Response:
     model = service.catalog.get(parsed.model)
     prompt = model.prompt(parsed.prompt_name)
     texts = [parsed.inputs] if isinstance(parsed.inputs, str) else parsed.inputs
-    return json_response(await text_tools.tokenize(service, model, texts, prompt, parsed.add_special_tokens))
+    answer: TEITokens = await text_tools.tokenize(service, model, texts, prompt, parsed.add_special_tokens)
+    return json_response(answer)
 
 
 async def _decode(service: Service, request: Request) -> Response:

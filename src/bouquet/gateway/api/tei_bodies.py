@@ -30,6 +30,7 @@ from bouquet.gateway.api.fields import (
 )
 from bouquet.gateway.api.openai import Sparse, Task
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
+from bouquet.gateway.replicas.tokenization import TokenSpan
 
 
 class EmbedAllRequest(RequestBody):
@@ -171,6 +172,7 @@ TokenStates = Annotated[
     ),
 ]  # fmt: skip  (numpy's [tokens, hidden] arrays)
 Decoded = list[str]
+TEITokens = Annotated[list[list[TokenSpan]], described("per input, its tokens with their character spans")]
 
 
 class SparseEntry(ResponseBody):

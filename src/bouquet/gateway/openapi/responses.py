@@ -1,5 +1,5 @@
 """The response bodies: what each route answers with a 200, generated from the types its handler answers with
-(gateway/api/), but TEI's /tokenize tokens, which the tokenizer (replicas/) builds as plain objects."""
+(gateway/api/; TEI's tokens are the tokenizer's TokenSpan, replicas/tokenization.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from bouquet.gateway.api.tei_bodies import (
     Similarities,
     SparseEntries,
     TEIEmbeddings,
+    TEITokens,
     TokenStates,
 )
 from bouquet.gateway.api.tei_scores import Prediction, Predictions, TEIRanking
 from bouquet.gateway.api.vllm import Detokenized, Scores, VLLMTokens
-from bouquet.gateway.openapi.pieces import BOOLEAN, COUNT, STRING, array_of, named, nullable, response_schema
+from bouquet.gateway.openapi.pieces import named
 from bouquet.gateway.openapi.structs import struct_schemas
 
 # Answers that are lists, named as the document names them; structs by their class's name.
 _LISTS = {
     "TEIEmbeddings": TEIEmbeddings, "Similarities": Similarities, "TokenStates": TokenStates,
-    "SparseRows": SparseEntries, "Decoded": Decoded, "Predictions": Predictions, "TEIRanking": TEIRanking,
+    "SparseRows": SparseEntries, "Decoded": Decoded, "TEITokens": TEITokens, "Predictions": Predictions,
+    "TEIRanking": TEIRanking,
 }  # fmt: skip
 _STRUCTS = (
     EmbeddingList, ContextualizedEmbeddingList, ModelCard, ModelList, MultiVectorList, Scores, VLLMTokens,
@@ -42,15 +44,7 @@ TEI_ROWS = REFS["TEIEmbeddings"]
 SIMILARITIES = REFS["Similarities"]
 TOKEN_STATES = REFS["TokenStates"]
 SPARSE_ROWS = REFS["SparseRows"]
-TEI_TOKENS = named("TEITokens", array_of(
-    array_of(
-        response_schema({
-            "id": COUNT, "text": STRING, "special": BOOLEAN,
-            "start": nullable({**COUNT, "description": "null for a special token"}), "stop": nullable(COUNT),
-        })
-    ),
-    description="per input, its tokens with their character spans",
-))  # fmt: skip
+TEI_TOKENS = REFS["TEITokens"]
 VLLM_TOKENS = REFS["VLLMTokens"]
 DECODED = REFS["Decoded"]
 PREDICTIONS = REFS["Predictions"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypedDict
 
 from bouquet.gateway.errors import TooLarge
 from bouquet.pair_templates import PairTemplate
@@ -25,6 +25,17 @@ from bouquet.tokenizer import (
 # tokenizers drop) is read differently than a whole-text tokenization would.
 CHARS_PER_TOKEN = 64
 _SHORTER_KEPT = 16  # tokenizers kept for requests' own shorter limits (truncate_prompt_tokens)
+
+
+class TokenSpan(TypedDict):
+    """One token as TEI's /tokenize answers it: its id, its text (a special token's own string), and its span of
+    characters in the text (null for a special token)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
 
 
 class ModelTokenizer:
@@ -130,7 +141,7 @@ class ModelTokenizer:
                     "inputs",
                 )
 
-    async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+    async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[TokenSpan]]:
         """TEI's /tokenize: every token with its id, text, whether it is special, and its character span."""
         texts = self._capped(texts, truncate=False, from_left=False)
         if prompt:
@@ -171,7 +182,7 @@ class ModelTokenizer:
         )
 
 
-def _describe(text: str, encoding: Any) -> list[dict[str, Any]]:
+def _describe(text: str, encoding: Any) -> list[TokenSpan]:
     return [
         {"id": token_id, "text": text[start:stop] if not special else token, "special": bool(special),
          "start": start if not special else None, "stop": stop if not special else None}
