@@ -10,6 +10,7 @@ Marked `fault`: each case takes well under a minute and a half. Skipped where ne
 from __future__ import annotations
 
 import re
+import statistics
 import threading
 import time
 import urllib.request
@@ -30,7 +31,10 @@ GATEWAY_PORT = 8000
 CLIENTS = 8
 CUT_SECONDS = 20
 # A request caught by the cut waits for the keepalive (1-2 s), then its chunk runs elsewhere at its first place in
-# line (gateway/replicas/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place.
+# line (gateway/replicas/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place. On a machine whose
+# cores are busy a request's own time grows, and with one host cut the other's queue doubles it again (a busy loop
+# per core beside the test: p50 3.85 s, max 7.69 s), so the bound is the larger of this and 2 s plus twice the
+# median request (as tests/test_fault_hung_replica.py's): a move costs at most about one more request's time.
 MAX_LATENCY = 3.0
 WARM_SECONDS = 5  # the load first reaches its steady state: a cold replica's first requests are slower
 DELAY_MS = 200
@@ -175,10 +179,14 @@ def test_a_partitioned_replica_host_costs_no_request_and_rejoins(cluster: Cluste
         f"before the cut {worst(steady)}; in flight at the cut {worst(caught)}; started during it "
         f"{worst(during)}; after it {worst(after)}"
     )
-    assert load.failures() == [] and len(load.results) > 50
+    # Enough traffic to mean something on a slow machine too: most clients caught by the cut, more started during it.
+    assert load.failures() == [] and len(caught) >= CLIENTS // 2 and len(during) > CLIENTS, load.summary()
     slowest = sorted(load.results, key=lambda result: result[1])[-5:]
     when = [f"{latency:.2f} s from cut{started - cut_at:+.2f} s" for started, latency, _ in slowest]
-    assert load.latencies()[-1] <= MAX_LATENCY, f"the slowest (restore at cut+{restored_at - cut_at:.2f} s): {when}"
+    bound = max(MAX_LATENCY, 2.0 + 2 * statistics.median(load.latencies()))
+    assert load.latencies()[-1] <= bound < CUT_SECONDS, (
+        f"the slowest (restore at cut+{restored_at - cut_at:.2f} s): {when}"
+    )
 
 
 def test_a_slow_replica_host_gets_less_work(cluster: Cluster):

@@ -106,6 +106,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             max_batch_tokens=scheduler.config.max_batch_tokens, normalize=spec.normalize, family=engine.family,
             task=engine.task, score_activation=spec.score_activation, sparse_dimension=engine.sparse_dimension,
             served_names=served_names, multi_vector=multi_vector_info(spec.multi_vector, engine.max_seq_length),
+            image_shape=scheduler.limits.image_shape, image_tokens=scheduler.limits.image_tokens,
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
@@ -155,6 +156,11 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
+    # And the replica pings its gateways: a gateway cut off by a partition otherwise keeps its calls open here for
+    # gRPC's default two hours, so their queued work is computed for nobody and, once the link is back, new chunks
+    # wait behind it (tests/test_fault_partition.py). A missed ping cancels the calls, and cancelled work is dropped.
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
 ]
 
 
