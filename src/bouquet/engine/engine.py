@@ -202,6 +202,16 @@ class Engine:
         """sentence-transformers' limit, lowered to what the model's positions hold."""
         return min(self.spec.max_seq_length, self.model.max_seq_length)
 
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """(C, H, W) of the images the model takes (Batch.pixel_values); () when it takes none."""
+        return tuple(getattr(self.model, "image_shape", ()))
+
+    @property
+    def image_tokens(self) -> int:
+        """The tokens one image is laid out as; 0 when the model takes no images."""
+        return int(getattr(self.model, "image_tokens", 0))
+
     def _load(self) -> ModelRunner:
         model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)
         pooler = load_pooler(self.spec, model, self.device)

@@ -53,6 +53,8 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
     if batch.token_type_ids is not None:
         hosts.append(batch.token_type_ids)
     input_ids, positions, cu_seqlens, dimensions, normalize, prompt_lens, *token_types = upload(hosts, device)
+    # A copy: the batch's arrays may be read-only views of a message's bytes, which torch does not wrap.
+    pixel_values = None if batch.pixel_values is None else torch.tensor(batch.pixel_values, device=device)
     return ModelInputs(
         input_ids,
         positions,
@@ -66,7 +68,7 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
         prepare_spans(batch, device),
         sparse,
         None if batch.key_lens is None else batch.key_lens.tolist(),
-        None if batch.pixel_values is None else torch.from_numpy(batch.pixel_values).to(device),
+        pixel_values,
     )
 
 

@@ -184,6 +184,10 @@ class SiglipModel(nn.Module):
     def image_tokens(self) -> int:
         return self.config.image_tokens
 
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.config.num_channels, self.config.image_size, self.config.image_size)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]; for images, placeholders that only count the tokens

@@ -33,7 +33,7 @@ FP8_E4M3: Encoding
 FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim", "pixel_values", "image_shape")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,8 @@ class EmbedRequest(_message.Message):
     TOKEN_VECTORS_FIELD_NUMBER: _ClassVar[int]
     KEY_LENS_FIELD_NUMBER: _ClassVar[int]
     MAXSIM_FIELD_NUMBER: _ClassVar[int]
+    PIXEL_VALUES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     cu_seqlens: bytes
     token_type_ids: bytes
@@ -62,7 +64,9 @@ class EmbedRequest(_message.Message):
     token_vectors: bool
     key_lens: bytes
     maxsim: bool
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ...) -> None: ...
+    pixel_values: bytes
+    image_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ..., pixel_values: _Optional[bytes] = ..., image_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values")
@@ -89,7 +93,7 @@ class InfoRequest(_message.Message):
     def __init__(self, include_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names", "multi_vector")
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names", "multi_vector", "image_shape", "image_tokens")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +120,8 @@ class InfoResponse(_message.Message):
     SPARSE_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     SERVED_NAMES_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dimension: int
@@ -135,7 +141,9 @@ class InfoResponse(_message.Message):
     sparse_dimension: int
     served_names: _containers.RepeatedScalarFieldContainer[str]
     multi_vector: MultiVector
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ...) -> None: ...
+    image_shape: _containers.RepeatedScalarFieldContainer[int]
+    image_tokens: int
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ..., image_shape: _Optional[_Iterable[int]] = ..., image_tokens: _Optional[int] = ...) -> None: ...
 
 class MultiVector(_message.Message):
     __slots__ = ("dimension", "query_prefix", "document_prefix", "query_length", "document_length", "expand_queries", "expansion_id", "attend_to_expansion", "skiplist", "skip_leading")

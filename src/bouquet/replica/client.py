@@ -17,6 +17,12 @@ def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequ
     """The batch's arrays as little-endian int32 bytes; its options, which all its sequences share, as scalars;
     `maxsim`: MaxSim scores of its first sequence (a query) against each later one instead of rows."""
     options = batch.options()
+    if batch.pixel_values is not None:  # the replica lays images out at its model's tokens per image
+        return embedding_pb2.EmbedRequest(
+            pixel_values=batch.pixel_values.astype("<f4", copy=False).tobytes(),
+            image_shape=batch.pixel_values.shape[1:], dimensions=options.dimensions, normalize=options.normalize,
+            encoding=wire_encoding(options.encoding),
+        )  # fmt: skip
     return embedding_pb2.EmbedRequest(
         input_ids=_int32_bytes(batch.input_ids),
         cu_seqlens=_int32_bytes(batch.cu_seqlens),

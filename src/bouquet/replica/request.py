@@ -51,6 +51,8 @@ class Limits:
     sparse_dimension: int = 0  # a sparse row's width (the vocabulary's); 0: the model gives no sparse rows
     sparse_only: bool = False  # a SPLADE model: every row is sparse, a request must ask for sparse rows
     token_dimension: int = 0  # a multi-vector (ColBERT) token row's width; 0: the model gives none
+    image_shape: tuple[int, ...] = ()  # (C, H, W) of the images the model takes; (): it takes none
+    image_tokens: int = 0  # the tokens of one image; 0: the model takes no images
 
     @classmethod
     def from_engine(cls, engine: StepEngine) -> Limits:
@@ -64,6 +66,8 @@ class Limits:
             sparse_dimension=engine.sparse_dimension,
             sparse_only=engine.task == "sparse",
             token_dimension=getattr(engine, "token_dimension", 0),  # tests' stand-in engines may not say
+            image_shape=tuple(getattr(engine, "image_shape", ())),
+            image_tokens=getattr(engine, "image_tokens", 0),
         )
 
     def full_width(self, raw_spans: bool, sparse: bool = False, token_vectors: bool = False) -> int:
@@ -78,6 +82,8 @@ class Limits:
 
 def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
     """The message's batch, its arrays read in place from the bytes; InvalidInput names the first problem."""
+    if message.pixel_values or message.image_shape:
+        return _decode_images(message, limits)
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
@@ -163,6 +169,30 @@ def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, re
     if len(data) % 4:
         raise InvalidInput(f"{name} has {len(data)} bytes, not a whole number of 4-byte little-endian int32s")
     return np.frombuffer(data, dtype="<i4").astype(np.int32, copy=False)  # a copy only on big-endian hosts
+
+
+def _decode_images(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
+    """An image request's batch: its images, each laid out as the model's `image_tokens` tokens."""
+    if not limits.image_tokens:
+        raise InvalidInput("this model takes no images")
+    texts = [message.input_ids, message.cu_seqlens, message.token_type_ids, message.cu_spans, message.span_bounds]
+    if any(texts) or message.key_lens or message.sparse or message.maxsim or message.raw_spans or message.token_vectors:
+        raise InvalidInput("an image request sends pixel_values and image_shape: no token ids, spans, key_lens, "
+                           "sparse, token_vectors or maxsim")  # fmt: skip
+    shape = tuple(message.image_shape)
+    if shape != limits.image_shape:
+        raise InvalidInput(f"image_shape {list(shape)}; this model takes images of shape {list(limits.image_shape)}")
+    image_bytes = 4 * int(np.prod(shape))
+    if not message.pixel_values or len(message.pixel_values) % image_bytes:
+        raise InvalidInput(
+            f"pixel_values has {len(message.pixel_values)} bytes, not a whole number of float32 images of shape "
+            f"{list(shape)} ({image_bytes} bytes each)"
+        )
+    if not 0 <= message.dimensions <= limits.dimension:
+        raise InvalidInput(f"dimensions must be in [0, {limits.dimension}] (0 keeps all), got {message.dimensions}")
+    pixels = np.frombuffer(message.pixel_values, "<f4").reshape(-1, *shape)
+    options = RowOptions(message.dimensions, message.normalize, encoding=_encoding(message.encoding))
+    return Batch.pack_images(pixels, limits.image_tokens, options)
 
 
 def _validate(

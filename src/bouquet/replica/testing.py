@@ -36,6 +36,8 @@ class RecordingEngine:
         self.pooling = engine.pooling
         self.family = engine.family
         self.task = engine.task
+        self.image_shape = engine.image_shape
+        self.image_tokens = engine.image_tokens
         self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()
