@@ -72,8 +72,11 @@ def _images(count: int, seed: int = 0) -> np.ndarray:  # [N, 3, S, S] float32
     return torch.randn(count, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator).numpy()
 
 
-def _engine(path: Path, dtype: str) -> Engine:
-    return Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
+def _engine(path: Path, dtype: str, attention_backend: str = "auto") -> Engine:
+    config = EngineConfig(
+        model_path=path, device="cpu", dtype=dtype, attention_backend=attention_backend, cpu_warmup_tokens=0
+    )
+    return Engine(config)
 
 
 def _text_reference(model: torch.nn.Module, texts: list[list[int]]) -> np.ndarray:
@@ -94,11 +97,14 @@ def _assert_close(rows: np.ndarray, expected: np.ndarray, dtype: str) -> None:
     assert cosines.min() >= BOUNDS[dtype], f"min cosine {cosines.min():.7f} per row {np.round(cosines, 6)}"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_text_and_image_features_match_transformers(clip, dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "backend"), [("float32", "auto"), ("bfloat16", "auto"), ("float32", "sdpa"), ("float32", "cpu_varlen")]
+)
+def test_text_and_image_features_match_transformers(clip, dtype: str, backend: str) -> None:
+    """Every CPU attention backend takes causality per layer: the text tower's causal, the vision tower's not."""
     path, model = clip
     texts, images = _texts(), _images(4)
-    engine = _engine(path, dtype)
+    engine = _engine(path, dtype, backend)
     try:
         assert engine.dimension == 48 and engine.max_seq_length == 77
         text_rows = engine.embed(Batch.pack(texts))
