@@ -152,6 +152,7 @@ print("auto", create_engine_config(device="cpu").dtype)
 """
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_an_emulated_avx2_cpu_runs_bfloat16_and_picks_float32_for_auto(tmp_path) -> None:
     """ONEDNN_MAX_CPU_ISA=AVX2 makes torch refuse to pack bfloat16 weights ("bf16 path needs the cpu support

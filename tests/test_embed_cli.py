@@ -33,6 +33,7 @@ def texts() -> list[str]:
     return [text for pair in zip(documents(60), queries(60), strict=True) for text in pair] + list(NON_ASCII_TEXTS)
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_tokenizer) -> None:
     source = tmp_path / "in.jsonl"
@@ -109,6 +110,7 @@ def test_invalid_utf8_is_named(tmp_path: Path) -> None:
     assert result.returncode == 2 and "in.txt:2: not valid UTF-8" in result.stderr
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_windows_run_through_the_scheduler_and_land_in_input_order(tmp_path: Path, texts, recorder, minilm_tokenizer):
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

@@ -438,6 +438,7 @@ def open_file_limit() -> Iterator[int]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_a_crowd_of_idle_connections_makes_room_and_a_busy_one_is_refused_503(replica: str) -> None:
     with open_file_limit() as limit:
         count = min(20_000, limit) - 300  # as many as this process may open, less its own descriptors

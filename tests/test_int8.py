@@ -168,7 +168,8 @@ print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis
 """
 
 
-@pytest.mark.parametrize("isa", ["AVX512_CORE", "AVX2"])
+# AVX2's case in the default run; AVX-512 without VNNI in CI's long tier (the default run's ~10 minutes)
+@pytest.mark.parametrize("isa", [pytest.param("AVX512_CORE", marks=pytest.mark.long), "AVX2"])
 @pytest.mark.process
 def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
     """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at

@@ -98,6 +98,7 @@ def _primitives_built_by_steps(warmup_tokens: int) -> int:
     return sum("cache_miss" in line and "inner_product" in line for line in after_load.splitlines())
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_steps_build_no_primitive_after_the_warmup() -> None:
     """Every bucketed count up to `cpu_warmup_tokens` is built at load, on both team sizes, and kept: the cache

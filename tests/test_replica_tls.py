@@ -87,6 +87,7 @@ def _with_token(token: str) -> list[str]:
     return ["env", f"BOUQUET_REPLICA_TOKEN={token}"]  # a secret goes by environment, never argv
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certificates: Path) -> None:
     """Also: a gateway that cannot use its replica says why, once, at the default log level, and in /health's 503
@@ -126,6 +127,7 @@ def test_mutual_tls_serves_the_gateway_with_a_certificate_and_no_other(certifica
         replica.stop()
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_a_certificate_for_a_name_and_metrics_over_https(certificates: Path) -> None:
     """Replicas found by DNS are dialled by their pods' addresses, while their certificates carry a name: with

@@ -34,6 +34,7 @@ def embed(url: str, texts: list[str]) -> tuple[int, int]:
         return reply.status, len(json.loads(reply.read())["data"])
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_sigterm_finishes_requests_in_flight():
     port = free_port()
     # A burst past what the replica computes in the admission window: queued, not refused (this tests draining).
