@@ -265,6 +265,7 @@ def config_file_of(command_line: str) -> str:
     return words[words.index("--config") + 1]
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_serve_hands_each_child_the_configs_its_options_give(minilm_path: Path, tmp_path: Path):
     """A replica serve started holds the configs `bouquet replica` builds from the same options (but the socket

@@ -214,6 +214,7 @@ def test_langchain_openai_default_sends_tiktoken_ids_and_is_refused(server, monk
 # litellm
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning")  # litellm's own types
 def test_litellm_infinity(server, expected):
     litellm = need("litellm")

@@ -321,6 +321,7 @@ def test_the_lead_gives_the_threads_back_at_the_next_layer_once_another_step_sta
         engine.close()
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 @pytest.mark.process
 def test_building_an_engine_leaves_no_openmp_helpers_behind() -> None:

@@ -48,6 +48,7 @@ def test_jsonl_rows_in_input_order(tmp_path: Path, texts, minilm_fp32, minilm_to
     assert "100%" in result.stderr  # the progress bar
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_txt_without_normalization(tmp_path: Path, minilm_fp32, minilm_tokenizer) -> None:
     lines = ["one line", "another line of text", "Ünïcödé ☃"]
@@ -77,6 +78,7 @@ def _with_bad_third_line(tmp_path: Path, line: str) -> Path:
     return source
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_bad_line_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     source = _with_bad_third_line(tmp_path, "{not json")
@@ -102,6 +104,7 @@ def test_every_bad_line_kind_is_named(tmp_path: Path, minilm_fp32, minilm_tokeni
     assert list(tmp_path.iterdir()) == [source]
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
 def test_invalid_utf8_is_named(tmp_path: Path) -> None:
     source = tmp_path / "in.txt"

@@ -329,6 +329,7 @@ def test_a_bad_value_is_a_400_naming_its_field(servers, route, fields, code, par
         assert param in error["error"]
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_rows_finished_on_the_gateway_are_encoded_there_too(servers):
     """Rows the gateway computes from float32 rows (long_input=chunk's averaged windows, contextual chunks) and a
     batch mixing texts and token ids answer the encoding asked for, as the replica's rows do."""

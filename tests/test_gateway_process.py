@@ -116,6 +116,7 @@ def test_docs_load_nothing_from_outside_and_need_no_api_key(gateway):
     assert missing.value.code == 404
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_workers_share_the_port_and_sigterm_drains_them(replica):
     port = free_port()
     parent = start_gateway(port, [replica], "--workers", "2", "--api-key", API_KEY)

@@ -78,6 +78,7 @@ def test_health_reports_serving_once_loaded(replica_process):
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_sigterm_finishes_queued_work_then_exits_zero(replica_process, minilm_fp32):
     requests = [[marked(1000 + 10 * i + j, length=200) for j in range(6)] for i in range(8)]  # 9600 tokens
     with grpc.insecure_channel(replica_process.address) as channel:
@@ -111,6 +112,7 @@ def test_sigterm_with_nothing_in_flight_exits_at_once(replica_process):
     assert time.monotonic() - started < 1.0
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_a_replica_with_a_token_refuses_calls_without_it(minilm_path):
     """$BOUQUET_REPLICA_TOKEN set: Embed and Info need it (serve makes one for its own replicas and gateways);
     health stays open for orchestrators' probes."""
@@ -139,6 +141,7 @@ def test_a_replica_with_a_token_refuses_calls_without_it(minilm_path):
         process.stderr.close()
 
 
+@pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 def test_an_orphaned_replica_serves_until_the_last_gateway_has_exited(minilm_path, tmp_path):
     """`bouquet serve` killed: its replicas get ORPHANED_SIGNAL while its gateways drain. A replica serves until
     no gateway holds serve's lock file (serve_lock.py), however long that takes, not just until its calls pause
