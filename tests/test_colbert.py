@@ -98,7 +98,15 @@ def test_pylate_directory_reads_its_settings(pylate_dirs) -> None:
 @pytest.mark.parametrize("attend", [False, True])
 @pytest.mark.parametrize("is_query", [True, False])
 def test_pylate_vectors_match(pylate_dirs, dtype: str, attend: bool, is_query: bool) -> None:
-    model_dir = pylate_dirs[attend]
+    ours = _against_pylate(pylate_dirs[attend], dtype, is_query, attend, PREFIXES)
+    if is_query:
+        assert all(len(vectors) == QUERY_LENGTH for vectors in ours)  # [MASK] expansion kept as vectors
+
+
+def _against_pylate(
+    model_dir: Path, dtype: str, is_query: bool, attend: bool, prefixes: tuple[str, str]
+) -> list[np.ndarray]:
+    """The engine's token vectors of TEXTS, checked against PyLate's formula; returned."""
     projection = _projection(load_file(str(model_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
     engine = _engine(model_dir, dtype)
     try:
@@ -106,10 +114,8 @@ def test_pylate_vectors_match(pylate_dirs, dtype: str, attend: bool, is_query: b
         ours = engine_vectors(engine, TEXTS, is_query)
     finally:
         engine.close()
-    theirs = pylate_encode(model_dir, projection, TEXTS, is_query, attend)
-    if is_query:
-        assert all(len(vectors) == QUERY_LENGTH for vectors in ours)  # [MASK] expansion kept as vectors
-    assert_vectors_match(ours, theirs, dtype)
+    assert_vectors_match(ours, pylate_encode(model_dir, projection, TEXTS, is_query, attend, prefixes), dtype)
+    return ours
 
 
 @pytest.fixture(scope="module")
@@ -125,17 +131,8 @@ def other_encoder_dirs(tmp_path_factory, minilm_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize(("dtype", "is_query"), [("float32", True), ("float32", False), ("bfloat16", False)])
 @pytest.mark.parametrize("encoder", ["modernbert", "xlm-roberta"])
 def test_pylate_vectors_on_other_encoders_match(other_encoder_dirs, encoder: str, is_query: bool, dtype: str) -> None:
-    model_dir = other_encoder_dirs[encoder]
-    projection = _projection(load_file(str(model_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
-    engine = _engine(model_dir, dtype)
-    try:
-        assert (engine.task, engine.token_dimension) == ("multi_vector", 24)
-        ours = engine_vectors(engine, TEXTS, is_query)
-    finally:
-        engine.close()
     prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
-    theirs = pylate_encode(model_dir, projection, TEXTS, is_query, prefixes=prefixes)
-    assert_vectors_match(ours, theirs, dtype)
+    _against_pylate(other_encoder_dirs[encoder], dtype, is_query, False, prefixes)
 
 
 def test_hidden_expansion_tokens_change_the_query_vectors(pylate_dirs) -> None:
