@@ -227,7 +227,26 @@ def pooled_token_rows(input_ids: torch.Tensor, positions: torch.Tensor, eos_toke
     return torch.where(starts, first[seq_ids], rows)
 
 
-class ClipModel(nn.Module):
+class TwoTowerModel(nn.Module):
+    """What the engine reads of a text-and-image model (CLIP's, SigLIP's): its text limit and its image layout."""
+
+    config: Any  # ClipConfig or SiglipConfig: max_positions, image_tokens, num_channels, image_size
+
+    @property
+    def max_seq_length(self) -> int:
+        """The longest text its position table holds."""
+        return self.config.max_positions
+
+    @property
+    def image_tokens(self) -> int:
+        return self.config.image_tokens
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.config.num_channels, self.config.image_size, self.config.image_size)
+
+
+class ClipModel(TwoTowerModel):
     task = "embed"
     # Each sequence's features are at its first token (see the module's docstring).
     default_pooling = PoolingMethod.CLS
@@ -244,19 +263,6 @@ class ClipModel(nn.Module):
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> ClipModel:
         return cls(ClipConfig.from_hf(hf_config))
-
-    @property
-    def max_seq_length(self) -> int:
-        """The longest text its position table holds."""
-        return self.config.max_positions
-
-    @property
-    def image_tokens(self) -> int:
-        return self.config.image_tokens
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return (self.config.num_channels, self.config.image_size, self.config.image_size)
 
     def forward(
         self,

@@ -25,7 +25,15 @@ from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse
 from bouquet.model_dir import PoolingMethod
-from bouquet.models.clip import ClipEncoder, ClipMLP, ClipTextEmbeddings, TowerConfig, check_images, to_patches
+from bouquet.models.clip import (
+    ClipEncoder,
+    ClipMLP,
+    ClipTextEmbeddings,
+    TowerConfig,
+    TwoTowerModel,
+    check_images,
+    to_patches,
+)
 
 _IGNORED = re.compile(r"logit_scale|logit_bias|.*\.position_ids")
 _PATCH_WEIGHT = "vision_model.embeddings.patch_embedding.weight"
@@ -160,7 +168,7 @@ class SiglipVisionTransformer(nn.Module):
         return rows
 
 
-class SiglipModel(nn.Module):
+class SiglipModel(TwoTowerModel):
     task = "embed"
     default_pooling = PoolingMethod.CLS  # each sequence's features are at its first token (module docstring)
     takes_images = True
@@ -174,19 +182,6 @@ class SiglipModel(nn.Module):
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> SiglipModel:
         return cls(SiglipConfig.from_hf(hf_config))
-
-    @property
-    def max_seq_length(self) -> int:
-        """The longest text its position table holds."""
-        return self.config.max_positions
-
-    @property
-    def image_tokens(self) -> int:
-        return self.config.image_tokens
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return (self.config.num_channels, self.config.image_size, self.config.image_size)
 
     def forward(
         self,
