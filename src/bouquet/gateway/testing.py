@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -54,8 +55,34 @@ class Process:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            _report_hang(self.process.pid, timeout, self.lines)
             self.process.kill()
             return self.process.wait()
+
+
+def _report_hang(pid: int, timeout: float, lines: list[str]) -> None:
+    """A process that ignored SIGTERM for `timeout` s: its last lines and, where py-spy is installed, the Python
+    stacks of it and its children, on stderr (a test's teardown shows them), before it is killed."""
+    print(f"process {pid} did not stop in {timeout:.0f} s of SIGTERM; its last lines:", file=sys.stderr)
+    sys.stderr.write("".join(lines[-60:]))
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return
+    for each in [pid, *descendants(pid)]:
+        dump = subprocess.run([spy, "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30)
+        sys.stderr.write(f"py-spy dump of {each}:\n{dump.stdout}{dump.stderr}")
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids below `pid`, children first."""
+    found: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return [*found, *(below for child in found for below in descendants(child))]
 
 
 def children(pid: int) -> list[str]:
