@@ -33,7 +33,7 @@ FP8_E4M3: Encoding
 FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim", "pixel_values", "image_shape")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim", "pixel_values", "image_shape", "all_outputs")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class EmbedRequest(_message.Message):
     MAXSIM_FIELD_NUMBER: _ClassVar[int]
     PIXEL_VALUES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    ALL_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     cu_seqlens: bytes
     token_type_ids: bytes
@@ -66,10 +67,11 @@ class EmbedRequest(_message.Message):
     maxsim: bool
     pixel_values: bytes
     image_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ..., pixel_values: _Optional[bytes] = ..., image_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    all_outputs: bool
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ..., pixel_values: _Optional[bytes] = ..., image_shape: _Optional[_Iterable[int]] = ..., all_outputs: _Optional[bool] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values")
+    __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values", "token_rows", "token_dimension")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +79,8 @@ class EmbedResponse(_message.Message):
     SPARSE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SPARSE_INDICES_FIELD_NUMBER: _ClassVar[int]
     SPARSE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIMENSION_FIELD_NUMBER: _ClassVar[int]
     embeddings: bytes
     num_seqs: int
     dimension: int
@@ -84,7 +88,9 @@ class EmbedResponse(_message.Message):
     sparse_offsets: bytes
     sparse_indices: bytes
     sparse_values: bytes
-    def __init__(self, embeddings: _Optional[bytes] = ..., num_seqs: _Optional[int] = ..., dimension: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_offsets: _Optional[bytes] = ..., sparse_indices: _Optional[bytes] = ..., sparse_values: _Optional[bytes] = ...) -> None: ...
+    token_rows: bytes
+    token_dimension: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., num_seqs: _Optional[int] = ..., dimension: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse_offsets: _Optional[bytes] = ..., sparse_indices: _Optional[bytes] = ..., sparse_values: _Optional[bytes] = ..., token_rows: _Optional[bytes] = ..., token_dimension: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ("include_tokenizer",)
