@@ -29,10 +29,12 @@ from bouquet.layers.int8_linear import (
     dequantize,
     input_rotation,
     int8_linear,
+    int8_linear_add_norm,
     quantize_rows,
     quantize_weight,
     weight_limit,
 )
+from bouquet.layers.int8_products import Int8Plan
 from bouquet.layers.linear import Linear, QKVLinear
 from bouquet.tokenizer import TextTokenizer
 
@@ -138,6 +140,30 @@ def test_a_rotated_int8_linear_computes_the_same_product_closer_to_float32() -> 
         for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, limit, rotate=False)))
     }
     assert errors["rotated"] < 0.6 * errors["plain"], errors
+
+
+@pytest.mark.parametrize(("rows", "in_features", "out_features"), [(3, 384, 384), (200, 1536, 384), (17, 64, 96)])
+def test_the_fused_add_and_layernorm_match_torchs_after_the_int8_linear(
+    rows: int, in_features: int, out_features: int
+) -> None:
+    """A post-norm block's end in one pass (kernels/int8_linear.c): the same as the int8 linear, torch's add and
+    torch's LayerNorm, to float32 rounding; and Linear.add_norm takes the fused path only in int8."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = quantize_weight(torch.randn(out_features, in_features, generator=generator), torch.randn(out_features),
+                             weight_limit())  # fmt: skip
+    x = torch.randn(rows, in_features, generator=generator)
+    residual = torch.randn(rows, out_features, generator=generator) * 3
+    norm = torch.nn.LayerNorm(out_features, eps=1e-12)
+    torch.nn.init.normal_(norm.weight, generator=generator)
+    torch.nn.init.normal_(norm.bias, generator=generator)
+    expected = norm(residual + int8_linear(x, weight))
+    torch.testing.assert_close(int8_linear_add_norm(x, weight, residual, norm), expected, atol=1e-5, rtol=1e-5)
+    linear = Linear(in_features, out_features)
+    float32 = linear.add_norm(x, residual, norm)
+    torch.testing.assert_close(float32, norm(residual + linear(x)))
+    linear.quantize_int8(weight_limit(), Int8Plan(None))
+    torch.testing.assert_close(linear.add_norm(x, residual, norm), norm(residual + linear(x)), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(linear.add_norm(x, residual, norm), float32, atol=1e-6)  # int8 ran
 
 
 def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:

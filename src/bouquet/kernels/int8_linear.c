@@ -231,3 +231,42 @@ void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row
         dequantize_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums, bias,
                        activation, float_products);
 }
+
+// A post-norm block's end (BERT's `attention.output` and `output`): the dequantized row (above, no activation),
+// plus the residual row, then LayerNorm over the row, in one pass while the row is in cache, where torch took three
+// (add; the row's moments; normalise).
+CLONED static void dequantize_add_norm_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
+                                           const float* col_scales, const int32_t* col_sums, const float* bias,
+                                           int float_products, const float* residual, const float* gamma,
+                                           const float* beta, float eps) {
+    if (float_products)
+        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 1);
+    else
+        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 0);
+    aliased_float* out = (aliased_float*)data;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < cols; ++c) {
+        out[c] += residual[c];
+        sum += out[c];
+    }
+    const float mean = sum / (float)cols;
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t c = 0; c < cols; ++c) squares += (out[c] - mean) * (out[c] - mean);
+    const float inverse = 1.0f / sqrtf(squares / (float)cols + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) out[c] = (out[c] - mean) * inverse * gamma[c] + beta[c];
+}
+
+// bouquet_dequantize's arguments (no activation), then residual: [rows, cols] float32, `residual_stride` elements
+// between rows; gamma, beta: [cols], the LayerNorm's weight and bias; eps its epsilon.
+void bouquet_dequantize_add_norm(void* data, int64_t rows, int64_t cols, const float* row_scales,
+                                 const int32_t* row_zeros, const float* col_scales, const int32_t* col_sums,
+                                 const float* bias, int32_t float_products, const float* residual,
+                                 int64_t residual_stride, const float* gamma, const float* beta, float eps) {
+#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
+    for (int64_t r = 0; r < rows; ++r)
+        dequantize_add_norm_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums,
+                                bias, float_products, residual + r * residual_stride, gamma, beta, eps);
+}

@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
@@ -156,6 +157,11 @@ def _library() -> ctypes.CDLL:
     library.bouquet_dequantize.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
     ]  # fmt: skip
+    library.bouquet_dequantize_add_norm.restype = None
+    library.bouquet_dequantize_add_norm.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
+    ]  # fmt: skip
     return library
 
 
@@ -207,6 +213,44 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -
     rows = quantize_rows(flat, weight.rotation)
     products = int8_product(rows.values, weight)
     return dequantize(products, rows, weight, activation).view(*shape[:-1], -1)
+
+
+def int8_linear_add_norm(
+    x: torch.Tensor, weight: Int8Weight, residual: torch.Tensor, norm: nn.LayerNorm
+) -> torch.Tensor:
+    """norm(residual + x @ W.T + b) with int8 products, the add and the LayerNorm done in the dequantizing pass:
+    x [..., K], residual [..., N] float32 -> [..., N] float32."""
+    shape = residual.shape
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.dtype != torch.float32 or flat.stride(-1) != 1:
+        flat = flat.float().contiguous()
+    residual_rows = residual.reshape(-1, shape[-1])
+    if residual_rows.dtype != torch.float32 or residual_rows.stride(-1) != 1:
+        residual_rows = residual_rows.float().contiguous()
+    rows = quantize_rows(flat, weight.rotation)
+    products = int8_product(rows.values, weight)
+    assert products.is_contiguous() and products.shape == residual_rows.shape
+    gamma, beta = norm.weight.detach(), norm.bias.detach()
+    _library().bouquet_dequantize_add_norm(
+        products.data_ptr(), products.shape[0], products.shape[1], rows.scales.data_ptr(), rows.zeros.data_ptr(),
+        weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(), products.dtype == torch.float32,
+        residual_rows.data_ptr(), residual_rows.stride(0), gamma.data_ptr(), beta.data_ptr(), norm.eps,
+    )  # fmt: skip
+    return products.view(torch.float32).view(shape)
+
+
+def fuses_add_norm(norm: nn.Module) -> bool:
+    """Whether `int8_linear_add_norm` can stand for this norm: a float32 LayerNorm over the last dimension, with
+    its weight and bias."""
+    return (
+        isinstance(norm, nn.LayerNorm)
+        and len(norm.normalized_shape) == 1
+        and norm.weight is not None
+        and norm.bias is not None
+        and norm.weight.dtype == norm.bias.dtype == torch.float32
+        and norm.weight.is_contiguous()
+        and norm.bias.is_contiguous()
+    )
 
 
 @functools.cache

@@ -22,7 +22,9 @@ from bouquet.layers.int8_linear import (
     ACTIVATIONS,
     FULL_WEIGHT_LIMIT,
     Int8Weight,
+    fuses_add_norm,
     int8_linear,
+    int8_linear_add_norm,
     pack_for_onednn,
     quantize_weight,
     weight_limit,
@@ -63,6 +65,12 @@ class Linear(nn.Linear):
         if self.int8 is not None:
             return int8_linear(x, self.int8)
         return self._linear(x, _NO_EPILOGUE)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """norm(residual + self(x)): a post-norm block's end, fused into the dequantizing pass in int8."""
+        if self.int8 is not None and fuses_add_norm(norm):
+            return int8_linear_add_norm(x, self.int8, residual, norm)
+        return norm(residual + self(x))
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
         x = x.to(self.weight.dtype)

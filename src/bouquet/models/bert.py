@@ -81,7 +81,7 @@ class BertResidualOutput(nn.Module):
         self.LayerNorm = LayerNorm(hidden_size, eps=eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dense(x))  # float32 residual stream
+        return self.dense.add_norm(x, residual, self.LayerNorm)  # float32 residual stream
 
 
 class BertAttention(nn.Module):
