@@ -24,6 +24,7 @@ class RowOptions:
     encoding: Encoding = Encoding.FLOAT32  # how the finished rows travel back (bouquet/encodings.py)
     sparse: bool = False  # each sequence's row is the model's sparse row (vocabulary wide), not its embedding
     token_vectors: bool = False  # span rows go through the model's multi-vector (ColBERT) projection, not Dense
+    all_outputs: bool = False  # bge-m3's three outputs: the pooled row, then the span rows, each with its weight
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Batch:
     model pools. `raw_spans[i]`: sequence i's span rows skip the model's Dense modules (token states).
     `token_vectors[i]`: sequence i's span rows go through the model's multi-vector projection instead (ColBERT's
     per-token vectors; docs/late-interaction.md).
+
+    `all_outputs[i]` (bge-m3's three outputs from one forward): sequence i gives its pooled row first, then its span
+    rows (spans of one token), each span row with its token's weight from the model's token-weight sparse head put
+    before its values (`[weight, *values]`); docs/late-interaction.md.
 
     `key_lens[i]` (optional): only the first key_lens[i] tokens of sequence i are attended to; the tokens after
     them attend to those but no token attends to them (ColBERT's query expansion tokens, as PyLate and Stanford's
@@ -65,6 +70,7 @@ class Batch:
     token_vectors: np.ndarray | None = None  # [B] bool; set with cu_spans
     key_lens: np.ndarray | None = None  # [B] int32, 1 <= key_lens[i] <= its length; None: every token is a key
     pixel_values: np.ndarray | None = None  # [B, C, H, W] float32; None: the sequences are token ids
+    all_outputs: np.ndarray | None = None  # [B] bool; None: no sequence asks for them
 
     @classmethod
     def pack(
@@ -130,6 +136,7 @@ class Batch:
             encodings=np.full(num_seqs, options.encoding, dtype=np.uint8),
             token_type_ids=None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int32),
             sparse=np.ones(num_seqs, dtype=bool) if options.sparse else None,
+            all_outputs=np.ones(num_seqs, dtype=bool) if options.all_outputs else None,
         )
 
     @property
@@ -146,10 +153,13 @@ class Batch:
 
     @property
     def cu_rows(self) -> np.ndarray:  # [B + 1] int64: sequence i's rows are cu_rows[i]:cu_rows[i + 1]
-        """Where each sequence's rows start: one row per span, or one for a sequence without spans."""
+        """Where each sequence's rows start: one row per span, or one for a sequence without spans; a sequence
+        asking for all outputs has its pooled row too, before its spans'."""
         if self.cu_spans is None:
             return np.arange(self.num_seqs + 1)
-        return np.concatenate([np.zeros(1, np.int64), np.cumsum(np.maximum(np.diff(self.cu_spans), 1))])
+        counts = np.diff(self.cu_spans)
+        counts = np.maximum(counts, 1) if self.all_outputs is None else np.maximum(counts + self.all_outputs, 1)
+        return np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
 
     @property
     def num_rows(self) -> int:
@@ -160,25 +170,36 @@ class Batch:
         raw = self.raw_spans is not None and bool(self.raw_spans[0])
         sparse = self.sparse is not None and bool(self.sparse[0])
         vectors = self.token_vectors is not None and bool(self.token_vectors[0])
+        every = self.any_all_outputs
         first = (int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
         options = RowOptions(
-            *first, raw_spans=raw, encoding=Encoding(self.encodings[0]), sparse=sparse, token_vectors=vectors
+            *first,
+            raw_spans=raw,
+            encoding=Encoding(self.encodings[0]),
+            sparse=sparse,
+            token_vectors=vectors,
+            all_outputs=every,
         )
         mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
         mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
         mixed = mixed or (self.token_vectors is not None and (self.token_vectors != vectors).any())
         mixed = mixed or (self.encodings != options.encoding).any()
         mixed = mixed or (self.sparse is not None and (self.sparse != sparse).any())
+        mixed = mixed or (self.all_outputs is not None and (self.all_outputs != every).any())
         if mixed or (self.prompt_lens != options.prompt_tokens).any():
             raise ValueError(
-                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, token_vectors, encodings or "
-                "sparse"
+                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, token_vectors, encodings, "
+                "sparse or all_outputs"
             )
         return options
 
     @property
     def any_sparse(self) -> bool:
         return self.sparse is not None and bool(self.sparse.any())
+
+    @property
+    def any_all_outputs(self) -> bool:
+        return self.all_outputs is not None and bool(self.all_outputs.any())
 
     def width(self, full: int) -> int:
         """The widest of its rows, where dimensions 0 means the model's `full` width."""
@@ -200,6 +221,7 @@ class Batch:
             sparse=None if self.sparse is None else self.sparse[start:stop],
             key_lens=None if self.key_lens is None else self.key_lens[start:stop],
             pixel_values=None if self.pixel_values is None else self.pixel_values[start:stop],
+            all_outputs=None if self.all_outputs is None else self.all_outputs[start:stop],
             **self._span_slice(start, stop),
         )
 
@@ -235,6 +257,7 @@ class Batch:
             sparse=_concat_sparse(batches),
             key_lens=_concat_key_lens(batches),
             pixel_values=_concat_images(batches),
+            all_outputs=_concat_all_outputs(batches),
             **_concat_spans(batches),
         )
 
@@ -252,6 +275,12 @@ def _concat_sparse(batches: Sequence[Batch]) -> np.ndarray | None:
     if all(batch.sparse is None for batch in batches):
         return None
     return np.concatenate([np.zeros(b.num_seqs, bool) if b.sparse is None else b.sparse for b in batches])
+
+
+def _concat_all_outputs(batches: Sequence[Batch]) -> np.ndarray | None:
+    if all(batch.all_outputs is None for batch in batches):
+        return None
+    return np.concatenate([_flags(b.all_outputs, b.num_seqs) for b in batches])
 
 
 def _concat_spans(batches: Sequence[Batch]) -> dict[str, np.ndarray]:

@@ -60,6 +60,37 @@ def sparsify(rows: np.ndarray) -> SparseRows:  # rows: [R, vocab] float32
     return SparseRows(cu_offsets, indices.astype(np.int32), values)
 
 
+def max_by_id(
+    row_index: np.ndarray,  # [L] int: the row each token belongs to
+    token_ids: np.ndarray,  # [L] int
+    weights: np.ndarray,  # [L] float32
+    num_rows: int,
+    skip_ids: tuple[int, ...] = (),
+) -> SparseRows:
+    """Each row's largest weight per token id, ids in `skip_ids` and weights <= 0 left out: bge-m3's lexical weights
+    from its tokens' weights (FlagEmbedding's `_process_token_weights`)."""
+    keep = (weights > 0) & ~np.isin(token_ids, skip_ids)
+    rows, ids, values = row_index[keep], token_ids[keep], weights[keep].astype(np.float32)
+    order = np.lexsort((ids, rows))  # by row, then by id
+    rows, ids, values = rows[order], ids[order], values[order]
+    starts = np.flatnonzero(np.diff(rows, prepend=-1) | np.diff(ids, prepend=-1))  # each (row, id) group's first
+    maxima = np.maximum.reduceat(values, starts) if len(starts) else values
+    cu_offsets = np.zeros(num_rows + 1, np.int32)
+    np.cumsum(np.bincount(rows[starts], minlength=num_rows), out=cu_offsets[1:])
+    return SparseRows(cu_offsets, ids[starts].astype(np.int32), maxima.astype(np.float32))
+
+
+def dot(rows: SparseRows, index: int = 0) -> np.ndarray:  # [R] float32
+    """Row `index`'s dot product with each row: the sum over the ids both hold of their values' products."""
+    ids, values = rows.row(index)
+    if not len(ids):
+        return np.zeros(rows.num_rows, np.float32)
+    at = np.minimum(np.searchsorted(ids, rows.indices), len(ids) - 1)  # ids ascend within a row
+    products = np.where(ids[at] == rows.indices, values[at] * rows.values, 0.0)
+    row_of_entry = np.repeat(np.arange(rows.num_rows), np.diff(rows.cu_offsets))
+    return np.bincount(row_of_entry, weights=products, minlength=rows.num_rows).astype(np.float32)
+
+
 def densify(sparse: SparseRows, width: int) -> np.ndarray:  # [R, width] float32
     """The rows back at full width: the inverse of `sparsify` (for clients and tests)."""
     rows = np.zeros((sparse.num_rows, width), np.float32)

@@ -33,7 +33,7 @@ from bouquet.layers.attention_backends.selection import create_auto_backend
 from bouquet.layers.linear import Linear, prepack_cpu_linears, quantize_cpu_linears
 from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
-from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, read_model_dir
+from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, TokenWeightSpec, read_model_dir
 from bouquet.models import create_model
 
 logger = logging.getLogger(__name__)
@@ -187,6 +187,12 @@ class Engine:
     def token_dimension(self) -> int:
         """The width of a token vector (the multi-vector projection's); 0 when the model gives none."""
         return self.pooler.token_dimension
+
+    @property
+    def unweighted_ids(self) -> tuple[int, ...] | None:
+        """The ids a token-weight sparse head (bge-m3's) never weights; None: the model has no such head."""
+        sparse = self.spec.sparse
+        return sparse.skip_token_ids if isinstance(sparse, TokenWeightSpec) else None
 
     @property
     def family(self) -> str:

@@ -84,20 +84,25 @@ def prepare_spans(batch: Batch, device: torch.device) -> SpanInputs | None:
     cu_lengths = np.cumsum(lengths) - lengths  # [S] where each span's tokens start in token_index
     token_index = np.arange(int(lengths.sum())) + np.repeat(starts - cu_lengths, lengths)
     span_index = np.repeat(np.arange(len(lengths)), lengths)
-    order = np.arange(batch.num_seqs)[counts == 0]  # sequences without spans keep their own row...
-    row_of_seq = batch.cu_rows[:-1][counts == 0]
+    pooled = counts == 0 if batch.all_outputs is None else (counts == 0) | batch.all_outputs
+    order = np.arange(batch.num_seqs)[pooled]  # sequences without spans (or asking for all outputs) keep their row...
+    row_of_seq = batch.cu_rows[:-1][pooled]
     rows = np.empty(batch.num_rows, np.int64)
     rows[row_of_seq] = order
     rows[np.delete(np.arange(batch.num_rows), row_of_seq)] = batch.num_seqs + np.arange(len(lengths))  # ...spans
     raw = batch.raw_spans[span_seq]
     vectors = np.zeros(len(span_seq), bool) if batch.token_vectors is None else batch.token_vectors[span_seq]
     hosts = [token_index, span_index, lengths, batch.dimensions[span_seq], batch.normalize[span_seq], raw, rows]
-    hosts.append(vectors)
-    token_index_t, span_index_t, lengths_t, dimensions, normalize, raw_t, order_t, vectors_t = upload(hosts, device)
+    weighted = np.zeros(len(span_seq), bool) if batch.all_outputs is None else batch.all_outputs[span_seq]
+    hosts += [vectors, weighted]
+    token_index_t, span_index_t, lengths_t, dimensions, normalize, raw_t, order_t, vectors_t, weighted_t = upload(
+        hosts, device
+    )
     return SpanInputs(
         token_index_t, span_index_t, lengths_t.float(), dimensions.int(), normalize.bool(), raw_t.bool(), order_t,
         any_raw=bool(raw.any()), all_raw=bool(raw.all()),
         token_vectors=vectors_t.bool() if vectors.any() else None, all_token_vectors=bool(vectors.all()),
+        weighted=weighted_t.bool() if weighted.any() else None,
     )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
-from bouquet.gateway.api import cohere, jina, kserve, openai, ops, perplexity, tei, tei_scores, vllm
+from bouquet.gateway.api import cohere, flag_embedding, jina, kserve, openai, ops, perplexity, tei, tei_scores, vllm
 from bouquet.gateway.http.endpoint import not_found
 from bouquet.gateway.http.request_ids import RequestIds
 from bouquet.gateway.metrics import GatewayMetrics
@@ -50,6 +50,7 @@ def routes() -> list[Route]:
         *perplexity.routes(),
         *kserve.routes(),
         *jina.routes(),
+        *flag_embedding.routes(),
         *ops.routes(),
     ]
 

@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from bouquet import sparse_rows
+from bouquet import all_outputs, sparse_rows
 from bouquet.batch import Batch, token_budget_runs
-from bouquet.gateway.replicas.pool import ReplicaPool
-from bouquet.sparse_rows import SparseRows
+from bouquet.gateway.replicas.pool import ReplicaPool, Reply
 
 
 def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) -> list[tuple[int, int]]:
@@ -26,28 +25,31 @@ def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) ->
 
 async def embed_chunked(
     pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0, max_seqs: int | None = None
-) -> np.ndarray | SparseRows:  # [B, elements] in the batch's encoding, or its sparse rows
+) -> Reply:  # [B, elements] in the batch's encoding, or its sparse rows, or its AllOutputs
     spans = chunk_spans(batch, chunk_tokens, max_seqs)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)
     parts = await _all_or_none([pool.embed(model, batch.slice(start, stop), priority) for start, stop in spans])
+    if batch.any_all_outputs:
+        return all_outputs.concat(parts)  # type: ignore[arg-type]
     return sparse_rows.concat(parts) if batch.any_sparse else np.concatenate(parts)  # type: ignore[arg-type]
 
 
 async def maxsim_chunked(
     pool: ReplicaPool, model: str, batch: Batch, chunk_tokens: int, priority: int = 0
-) -> np.ndarray:  # [B - 1] float32
-    """MaxSim scores of the batch's first sequence (a query) against each later one (documents): the documents
+) -> np.ndarray:  # [B - 1, 1] float32; [B - 1, 3] with all outputs (all_outputs.MODES)
+    """MaxSim scores of the batch's first sequence (a query) against each later one (documents), or its three
+    scores with all outputs (bge-m3's): the documents
     chunked as an embedding batch is, each chunk sent with its own copy of the query (a few dozen tokens), so that
     token vectors never leave the replica."""
     query, documents = batch.slice(0, 1), batch.slice(1, batch.num_seqs)
     spans = chunk_spans(documents, max(1, chunk_tokens - query.num_tokens))
     chunks = [Batch.concat([query, documents.slice(start, stop)]) for start, stop in spans]
     parts = await _all_or_none([pool.embed(model, chunk, priority, maxsim=True) for chunk in chunks])
-    return np.concatenate(parts)[:, 0]  # type: ignore[arg-type]
+    return np.concatenate(parts)  # type: ignore[arg-type]
 
 
-async def _all_or_none(calls: list[Coroutine[Any, Any, np.ndarray | SparseRows]]) -> list[np.ndarray | SparseRows]:
+async def _all_or_none(calls: list[Coroutine[Any, Any, Reply]]) -> list[Reply]:
     """Every chunk's result in order. A task group: when one chunk fails (a full queue, a bad input) its siblings
     are cancelled, so the replicas drop their queued work at once instead of computing rows for a request that has
     already been answered."""

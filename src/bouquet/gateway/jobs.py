@@ -44,6 +44,9 @@ class RerankJob:
     truncate: bool = True
     raw_scores: bool = False
     instruction: str | None = None  # a decoder reranker's, in its pair template; None: the model's default
+    # bge-m3's weights of its dense, sparse and ColBERT scores (FlagEmbedding's weights_for_different_modes); None:
+    # FlagEmbedding's default (all_outputs.DEFAULT_WEIGHTS)
+    mode_weights: tuple[float, float, float] | None = None
 
 
 PredictInput = str | tuple[str, str]  # one text, or a (first, second) pair
@@ -85,4 +88,17 @@ class MultiVectorJob:
     input_type: str = "document"  # "query" or "document"
     dimensions: int | None = None  # each token vector truncated (then normalised); None: the projection's width
     truncate: bool = True
+    response_format: ResponseFormat = FORMATS["float"]
+
+
+@dataclass(frozen=True)
+class EncodeJob:
+    """bge-m3's outputs of texts, as FlagEmbedding's `BGEM3FlagModel.encode` gives them (gateway/all_outputs.py)."""
+
+    model: str | None
+    texts: list[str]
+    dense: bool = True  # return_dense
+    sparse: bool = False  # return_sparse
+    colbert: bool = False  # return_colbert_vecs
+    max_length: int | None = None  # tokens a text keeps; None: the model's limit
     response_format: ResponseFormat = FORMATS["float"]

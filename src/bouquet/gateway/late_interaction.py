@@ -81,7 +81,7 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
     async def batch() -> Batch:
         ids = await _token_ids(model, job.texts, job.truncate, limit, "input")
         layouts.append(lay_out(ids, info, is_query))
-        _check_vectors(sum(map(len, layouts[0].spans)), service.config.max_token_vectors)
+        check_vectors(sum(map(len, layouts[0].spans)), service.config.max_token_vectors)
         options = RowOptions(dimensions=_dimensions(job.dimensions, info), normalize=True,
                              encoding=job.response_format.encoding, token_vectors=True)  # fmt: skip
         return pack(layouts[0], options)
@@ -91,8 +91,11 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
     return model, np.split(rows, np.cumsum(counts)[:-1]), tokens
 
 
-async def maxsim_scores(service: Service, model: ServedModel, job: RerankJob) -> tuple[np.ndarray, int]:
-    """Each (query, document) pair's MaxSim score ([N] float32, PyLate's `colbert_scores`), computed on the
+async def maxsim_scores(
+    service: Service, model: ServedModel, job: RerankJob, all_outputs: bool = False
+) -> tuple[np.ndarray, int]:
+    """Each (query, document) pair's MaxSim score ([N, 1] float32, PyLate's `colbert_scores`), or with
+    `all_outputs` its dense, sparse and ColBERT scores ([N, 3], bge-m3's: bouquet/all_outputs.py), computed on the
     replicas over token vectors that never cross the wire, one request to them per distinct query; and the tokens
     computed."""
     info = model.multi_vector
@@ -104,10 +107,10 @@ async def maxsim_scores(service: Service, model: ServedModel, job: RerankJob) ->
     for index, (query, _) in enumerate(job.pairs):
         by_query.setdefault(query, []).append(index)
     results = await asyncio.gather(
-        *(_score_query(service, model, info, query, [job.pairs[i][1] for i in indices], job.truncate)
+        *(_score_query(service, model, info, query, [job.pairs[i][1] for i in indices], job.truncate, all_outputs)
           for query, indices in by_query.items())
     )  # fmt: skip
-    scores = np.empty(len(job.pairs), np.float32)
+    scores = np.empty((len(job.pairs), 3 if all_outputs else 1), np.float32)
     for indices, (query_scores, _) in zip(by_query.values(), results, strict=True):
         scores[indices] = query_scores
     return scores, sum(tokens for _, tokens in results)
@@ -115,12 +118,12 @@ async def maxsim_scores(service: Service, model: ServedModel, job: RerankJob) ->
 
 async def _score_query(
     service: Service, model: ServedModel, info: embedding_pb2.MultiVector, query: str, documents: list[str],
-    truncate: bool,
+    truncate: bool, all_outputs: bool,
 ) -> tuple[np.ndarray, int]:  # fmt: skip
     async def batch() -> Batch:
         query_ids = await _token_ids(model, [query], truncate, token_limit(info, True), "query")
         document_ids = await _token_ids(model, documents, truncate, token_limit(info, False), "documents")
-        options = RowOptions(normalize=True, token_vectors=True)
+        options = RowOptions(normalize=True, token_vectors=True, all_outputs=all_outputs)
         return Batch.concat(
             [pack(lay_out(query_ids, info, True), options), pack(lay_out(document_ids, info, False), options)]
         )
@@ -145,7 +148,7 @@ def _estimate(texts: list[str], info: embedding_pb2.MultiVector, is_query: bool)
     return sum(min(len(text.encode()) + 4, limit) + len(prefix) for text in texts)
 
 
-def _check_vectors(vectors: int, limit: int) -> None:
+def check_vectors(vectors: int, limit: int) -> None:
     """Token vectors are bounded per request, as sparse rows are: a document's are ~256 KB at 128 float32
     dimensions, so a request of 2,048 long documents would answer half a gigabyte."""
     if vectors > limit:

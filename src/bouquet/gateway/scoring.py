@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bouquet import all_outputs
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.jobs import PredictJob, RerankJob
@@ -26,7 +27,15 @@ async def score(service: Service, job: RerankJob) -> tuple[ServedModel, np.ndarr
     """One score per pair ([N] float32), and the tokens computed: a cross-encoder's, or a ColBERT model's MaxSim."""
     model = score_model(service, job.model)
     if model.task == "multi_vector":
-        return model, *await maxsim_scores(service, model, job)
+        if job.mode_weights is not None:
+            raise unweighted(model)
+        scores, tokens = await maxsim_scores(service, model, job)
+        return model, scores[:, 0], tokens
+    if model.task == "embed":  # bge-m3's three heads (score_model checked them)
+        scores, tokens = await maxsim_scores(service, model, job, all_outputs=True)
+        return model, all_outputs.weighted(scores, job.mode_weights)["colbert+sparse+dense"], tokens
+    if job.mode_weights is not None:
+        raise unweighted(model)
     service.check_inputs(len(job.pairs))
     instruction = pair_instruction(model, job.instruction)
 
@@ -60,12 +69,23 @@ async def predict(service: Service, job: PredictJob) -> tuple[ServedModel, np.nd
 
 
 def score_model(service: Service, name: str | None, pairs_only: bool = True) -> ServedModel:
-    """The model a scoring request names: a cross-encoder, or for pairs a ColBERT model (late interaction); an
-    embedding model is refused (TEI's 424 on its routes)."""
+    """The model a scoring request names: a cross-encoder, or for pairs a ColBERT model (late interaction) or
+    bge-m3 (its three heads); another embedding model is refused (TEI's 424 on its routes)."""
     model = service.catalog.get(name)
-    if model.task != "score" and not (pairs_only and model.task == "multi_vector"):
+    if model.task != "score" and not (pairs_only and (model.task == "multi_vector" or three_heads(model))):
         raise model.wrong_task("scores; rerank with a cross-encoder")
     return model
+
+
+def three_heads(model: ServedModel) -> bool:
+    """Whether it gives bge-m3's three outputs: an embedding model with a token-weight sparse head (a sparse head
+    beside dense rows is one: SPLADE's task is "sparse") and a multi-vector projection."""
+    return model.task == "embed" and bool(model.sparse_dimension) and model.multi_vector is not None
+
+
+def unweighted(model: ServedModel) -> InvalidRequest:
+    message = f"the model {model.id!r} has no modes to weigh: weights_for_different_modes is bge-m3's"
+    return InvalidRequest(message, "unsupported_parameter", "weights_for_different_modes")
 
 
 def pair_instruction(model: ServedModel, instruction: str | None) -> str | None:

@@ -25,8 +25,8 @@ from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.memory_trim import trim_when_idle
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
-from bouquet.gateway.replicas.pool import ReplicaPool
-from bouquet.sparse_rows import SparseRows, max_sparse_rows
+from bouquet.gateway.replicas.pool import ReplicaPool, Reply
+from bouquet.sparse_rows import max_sparse_rows
 from bouquet.tls import channel_credentials
 
 SPECIAL_TOKENS = 4  # the most any tokenizer here adds around one text or pair (e.g. <s> </s></s> </s>)
@@ -170,7 +170,7 @@ class Service:
             chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
             max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None
-            rows: np.ndarray | SparseRows
+            rows: Reply
             if maxsim:
                 rows = await maxsim_chunked(self.pool, model.name, batch, chunk_tokens, priority)
             else:

@@ -13,6 +13,10 @@ Token vectors (ColBERT's per-token rows, docs/late-interaction.md) are span rows
 the model's multi-vector projection (`token_head`) instead of its Dense modules, then the head; `/embed_all`'s raw
 rows and they share every step of the way but that projection.
 
+bge-m3's three outputs from one forward (Batch.all_outputs): a sequence's pooled row, then its span rows (token
+vectors, spans of one token), each with its token's weight from the token-weight sparse head put before its values,
+so that the weight's column is the first whatever width the step's rows are padded to.
+
 Sparse rows (layers/sparse.py) take the place of the embedding of each sequence that asks for one; a model whose
 only output is sparse (SPLADE: no pooling methods) gives nothing else. They too run eagerly only.
 """
@@ -141,6 +145,7 @@ class SpanInputs:
     all_raw: bool
     token_vectors: torch.Tensor | None = None  # [S] bool: through the multi-vector projection; None: no span is
     all_token_vectors: bool = False  # host copy of token_vectors.all()
+    weighted: torch.Tensor | None = None  # [S] bool: its token's weight put first (Batch.all_outputs); None: none
 
 
 def pool_span_means(hidden: torch.Tensor, spans: SpanInputs) -> torch.Tensor:  # [S, hidden] float32
@@ -293,7 +298,12 @@ class Pooler(nn.Module):
             for layer in self.token_head:
                 vectors = layer(vectors)
             rows = vectors if spans.all_token_vectors else _choose(spans.token_vectors, vectors, rows)
-        return embedding_head(rows, spans.dimensions, spans.normalize)
+        rows = embedding_head(rows, spans.dimensions, spans.normalize)
+        if spans.weighted is None:
+            return rows
+        weights = self.sparse_head.token_weights(means)[:, None]  # the replica checked the head is TokenWeightHead
+        weighted = torch.cat([weights, rows], 1)
+        return torch.where(spans.weighted[:, None], weighted, _pad_columns(rows, weighted.shape[1]))
 
 
 def _choose(where: torch.Tensor, rows: torch.Tensor, others: torch.Tensor) -> torch.Tensor:  # [S, widest]

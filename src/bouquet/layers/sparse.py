@@ -97,8 +97,11 @@ class TokenWeightHead(nn.Module):
     def name(self) -> str:
         return "token-weights"
 
+    def token_weights(self, states: torch.Tensor) -> torch.Tensor:  # [L, hidden] -> [L] float32
+        return F.relu(self.linear(states.float())).squeeze(1)
+
     def forward(self, hidden: torch.Tensor, sparse: SparseInputs) -> torch.Tensor:  # [S, vocab] float32
-        weights = F.relu(self.linear(hidden[sparse.token_index].float())).squeeze(1)  # [L]
+        weights = self.token_weights(hidden[sparse.token_index])  # [L]
         rows = weights.new_zeros(sparse.num_rows * self.vocab_size)
         # Zeros to start: a weight is kept only above zero, as FlagEmbedding keeps it.
         rows.scatter_reduce_(0, sparse.seq_index * self.vocab_size + sparse.input_ids, weights, "amax")

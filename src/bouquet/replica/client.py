@@ -7,6 +7,7 @@ from typing import cast
 
 import numpy as np
 
+from bouquet.all_outputs import AllOutputs, from_response
 from bouquet.batch import Batch
 from bouquet.encodings import Encoding, encode_rows, rows_from_bytes
 from bouquet.proto import embedding_pb2
@@ -38,6 +39,7 @@ def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequ
         token_vectors=options.token_vectors,
         key_lens=b"" if batch.key_lens is None else _int32_bytes(batch.key_lens),
         maxsim=maxsim,
+        all_outputs=options.all_outputs,
     )
 
 
@@ -75,3 +77,18 @@ def response_sparse_rows(response: embedding_pb2.EmbedResponse) -> SparseRows:
             f"{len(indices)} indices, {len(values)} values"
         )
     return SparseRows(offsets, indices, values)
+
+
+def response_outputs(response: embedding_pb2.EmbedResponse, request: embedding_pb2.EmbedRequest) -> AllOutputs:
+    """An all_outputs request's dense rows, sparse rows and token vectors (without maxsim)."""
+    cu_spans = np.frombuffer(request.cu_spans, "<i4").astype(np.int32, copy=False)
+    return from_response(response, cu_spans, response_sparse_rows(response))
+
+
+def read_reply(
+    response: embedding_pb2.EmbedResponse, request: embedding_pb2.EmbedRequest
+) -> np.ndarray | SparseRows | AllOutputs:
+    """What a reply holds, by what its request asked: rows in its encoding, sparse rows, or all outputs."""
+    if request.all_outputs and not request.maxsim:
+        return response_outputs(response, request)
+    return response_sparse_rows(response) if request.sparse else response_rows(response, Encoding(request.encoding))

@@ -53,6 +53,8 @@ class Limits:
     token_dimension: int = 0  # a multi-vector (ColBERT) token row's width; 0: the model gives none
     image_shape: tuple[int, ...] = ()  # (C, H, W) of the images the model takes; (): it takes none
     image_tokens: int = 0  # the tokens of one image; 0: the model takes no images
+    # bge-m3's token-weight sparse head (sparse_linear.pt): the ids it never weights; None: the model has no such head
+    unweighted_ids: tuple[int, ...] | None = None
 
     @classmethod
     def from_engine(cls, engine: StepEngine) -> Limits:
@@ -68,11 +70,17 @@ class Limits:
             token_dimension=getattr(engine, "token_dimension", 0),  # tests' stand-in engines may not say
             image_shape=tuple(getattr(engine, "image_shape", ())),
             image_tokens=getattr(engine, "image_tokens", 0),
+            unweighted_ids=getattr(engine, "unweighted_ids", None),
         )
 
-    def full_width(self, raw_spans: bool, sparse: bool = False, token_vectors: bool = False) -> int:
+    def full_width(
+        self, raw_spans: bool, sparse: bool = False, token_vectors: bool = False, all_outputs: bool = False
+    ) -> int:
         """The width of a row: a sparse row's is the vocabulary's, a raw span row's the model's hidden size, a token
-        vector's the multi-vector projection's, any other's `dimension`."""
+        vector's the multi-vector projection's, any other's `dimension`; with all outputs, the widest of the pooled
+        row and a span row with its weight."""
+        if all_outputs:
+            return max(self.dimension, 1 + self.full_width(raw_spans, token_vectors=token_vectors))
         if sparse:
             return self.sparse_dimension
         if token_vectors:
@@ -95,6 +103,7 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
         encoding=_encoding(message.encoding),
         sparse=message.sparse,
         token_vectors=message.token_vectors,
+        all_outputs=message.all_outputs,
     )
     _validate_sparse(limits, message)
     _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans,
@@ -103,12 +112,14 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     if message.key_lens:
         batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
     if not message.cu_spans:
-        if message.span_bounds or message.raw_spans or message.token_vectors or message.maxsim:
-            raise InvalidInput("span_bounds, raw_spans, token_vectors and maxsim need cu_spans")
+        if message.span_bounds or message.raw_spans or message.token_vectors or message.maxsim or message.all_outputs:
+            raise InvalidInput("span_bounds, raw_spans, token_vectors, maxsim and all_outputs need cu_spans")
         return batch
     cu_spans = _int32s("cu_spans", message.cu_spans)
     span_bounds = _int32s("span_bounds", message.span_bounds)
     _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans, options.token_vectors)
+    if message.all_outputs:
+        _validate_all_outputs(limits, options, span_bounds.reshape(-1, 2), message.maxsim)
     if message.maxsim:
         _validate_maxsim(options, cu_spans)
     return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans, options.token_vectors)
@@ -124,6 +135,19 @@ def _validate_maxsim(options: RowOptions, cu_spans: np.ndarray) -> None:
     empty = np.diff(cu_spans) == 0
     if empty.any():
         raise InvalidInput(f"maxsim: sequence {int(np.argmax(empty))} has no token vectors (spans)")
+
+
+def _validate_all_outputs(limits: Limits, options: RowOptions, bounds: np.ndarray, maxsim: bool) -> None:
+    """All outputs come from a model with a token-weight sparse head, at full width in float32, over spans of one
+    token each (a span's weight is its token's); scored (maxsim), with the token vectors."""
+    if limits.unweighted_ids is None:
+        raise InvalidInput("all_outputs: this model has no token-weight sparse head (bge-m3's sparse_linear.pt)")
+    if options.dimensions or options.encoding is not Encoding.FLOAT32 or options.sparse or options.raw_spans:
+        raise InvalidInput("all_outputs come at full width in float32: no dimensions, encoding, sparse or raw_spans")
+    if (bounds[:, 1] - bounds[:, 0] != 1).any():
+        raise InvalidInput("all_outputs: every span is one token (its weight and vector are that token's)")
+    if maxsim and not options.token_vectors:
+        raise InvalidInput("all_outputs with maxsim scores token vectors too: set token_vectors")
 
 
 def _key_lens(data: bytes, seq_lens: np.ndarray) -> np.ndarray:  # [B] int32

@@ -118,7 +118,7 @@ class Scheduler:
         raw = batch.raw_spans is not None and bool(batch.raw_spans.any())
         vectors = batch.token_vectors is not None and bool(batch.token_vectors.any())
         # one request: all its sequences sparse or none, token vectors or none
-        full_width = self.limits.full_width(raw, batch.any_sparse, vectors)
+        full_width = self.limits.full_width(raw, batch.any_sparse, vectors, batch.any_all_outputs)
         rows = np.empty((batch.num_rows, batch.width(full_width)), np.float32)
         request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_rows)
         self._queue.append(request)

@@ -22,6 +22,8 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bouquet import all_outputs
+from bouquet.batch import Batch
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.model_dir import MultiVectorSpec
@@ -29,7 +31,7 @@ from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
 from bouquet.replica.metrics import ReplicaMetrics, TlsFiles
-from bouquet.replica.request import DeadlineExpired, InvalidInput, QueueFull, Unavailable, decode_request
+from bouquet.replica.request import DeadlineExpired, InvalidInput, Limits, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
 from bouquet.scoring import maxsim
 from bouquet.sparse_rows import sparsify
@@ -139,6 +141,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         rows = await scheduler.embed(batch, deadline)  # [B, D] float32
+        if request.all_outputs:  # sparse rows (and scores): off the event loop
+            return await asyncio.to_thread(all_outputs_response, rows, batch, scheduler.limits, request.maxsim)
         if request.maxsim:  # a large rerank's products: off the event loop, as sparse rows are
             return await asyncio.to_thread(maxsim_response, rows, batch.cu_rows)
         if request.sparse:  # np.nonzero over vocabulary-wide rows: off the event loop, which serves health too
@@ -191,6 +195,22 @@ def maxsim_response(rows: np.ndarray, cu_rows: np.ndarray) -> embedding_pb2.Embe
     return embedding_pb2.EmbedResponse(
         embeddings=scores.astype("<f4").tobytes(), num_seqs=len(scores), dimension=1, encoding=embedding_pb2.FLOAT32
     )
+
+
+def all_outputs_response(
+    rows: np.ndarray, batch: Batch, limits: Limits, maxsim: bool
+) -> embedding_pb2.EmbedResponse:  # rows: [R, width] float32, as Batch.all_outputs lays them out
+    """bge-m3's three outputs, or with `maxsim` its three scores of the query against each document."""
+    assert limits.unweighted_ids is not None, "decode_request refuses all_outputs to a model without token weights"
+    token_dimension = limits.token_dimension if batch.token_vectors is not None and batch.token_vectors[0] else 0
+    outputs = all_outputs.split_rows(rows, batch, limits.dimension, token_dimension, limits.unweighted_ids)
+    if not maxsim:
+        return all_outputs.to_response(outputs)
+    scores = all_outputs.scores(outputs)  # [documents, 3]
+    return embedding_pb2.EmbedResponse(
+        embeddings=scores.astype("<f4").tobytes(), num_seqs=len(scores), dimension=scores.shape[1],
+        encoding=embedding_pb2.FLOAT32,
+    )  # fmt: skip
 
 
 def sparse_response(rows: np.ndarray) -> embedding_pb2.EmbedResponse:  # rows: [B, vocabulary] float32

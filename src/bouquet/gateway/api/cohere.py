@@ -25,7 +25,17 @@ from starlette.routing import Route
 
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import scoring
-from bouquet.gateway.api.fields import Count, Instruction, Model, Text, Texts, described, strict
+from bouquet.gateway.api.fields import (
+    Count,
+    Instruction,
+    Model,
+    ModeWeights,
+    Text,
+    Texts,
+    described,
+    mode_weights,
+    strict,
+)
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.api.vllm import Activation, raw_scores
 from bouquet.gateway.errors import InvalidRequest
@@ -57,6 +67,7 @@ class CohereRerankRequest(RequestBody):
     instruction: Instruction = None
     activation: Activation = None
     use_activation: Activation = None
+    weights_for_different_modes: ModeWeights = None
 
 
 class CohereContent(msgspec.Struct):
@@ -170,6 +181,7 @@ def v1_rerank_job(body: CohereRerankRequest) -> tuple[RerankJob, int | None, boo
         pairs=[(body.query, text) for text in documents],
         raw_scores=raw_scores(body.activation, body.use_activation),
         instruction=body.instruction,
+        mode_weights=mode_weights(body.weights_for_different_modes),
     )
     return job, body.top_n, body.return_documents is not False
 

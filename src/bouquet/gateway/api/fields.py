@@ -4,6 +4,7 @@ each error naming the offending field in `param`. An API's own fields are declar
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from msgspec import Meta
@@ -58,6 +59,17 @@ LongInput = (
     Annotated[str, described("chunk: embed an over-long input whole, in windows", enum=list(LONG_INPUTS))] | None
 )
 PromptName = Annotated[str, described("one of the model's sentence-transformers prompts")] | None
+ModeWeights = (
+    Annotated[
+        list[float],
+        Meta(min_length=3, max_length=3),
+        described(
+            "bge-m3's weights of its dense, sparse and ColBERT scores (FlagEmbedding's compute_score); the score is "
+            "their weighted mean. Default [1, 1, 1]; only for a model with bge-m3's heads"
+        ),
+    ]
+    | None
+)
 
 
 # How one embedding row is answered for each `encoding_format` (docs/encodings.md defines them); tests/test_openapi.py
@@ -187,3 +199,13 @@ def optional_field(body: dict[str, Any], name: str, kind: type[T]) -> T | None:
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
         raise Unprocessable(f"'{name}' must be of type {kind.__name__}", "invalid_type", name)
     return value
+
+
+def mode_weights(value: list[float] | None) -> tuple[float, float, float] | None:
+    """`weights_for_different_modes` checked: three finite weights, none negative, not all zero."""
+    if value is None:
+        return None
+    if not all(math.isfinite(weight) and weight >= 0 for weight in value) or sum(value) <= 0:
+        message = f"weights_for_different_modes {value}: three weights >= 0 (dense, sparse, colbert), not all zero"
+        raise InvalidRequest(message, "invalid_value", "weights_for_different_modes")
+    return value[0], value[1], value[2]

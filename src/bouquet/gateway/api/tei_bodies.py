@@ -20,6 +20,7 @@ from bouquet.gateway.api.fields import (
     Instruction,
     LongInput,
     Model,
+    ModeWeights,
     PromptName,
     RawScores,
     Text,
@@ -125,6 +126,7 @@ class TEIRerankRequest(RequestBody):
         str, described("right only: the longer part of a pair is cut from its end", pattern="^([Rr][Ii][Gg][Hh][Tt])?$")
     ] | None = None  # fmt: skip
     instruction: Instruction = None
+    weights_for_different_modes: ModeWeights = None
 
 
 # One text, or a pair: the route checks the count (422 otherwise, a body of the wrong shape).

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from bouquet.gateway import scoring
 from bouquet.gateway.api import cohere
-from bouquet.gateway.api.fields import Count, described, strict, truncation_direction
+from bouquet.gateway.api.fields import Count, described, mode_weights, strict, truncation_direction
 from bouquet.gateway.api.tei_bodies import PREDICT, RERANK, PredictRequest, TEIRerankRequest
 from bouquet.gateway.errors import InvalidRequest, Unprocessable
 from bouquet.gateway.http.body import read_body, read_request
@@ -59,6 +59,7 @@ def tei_rerank_job(body: TEIRerankRequest) -> tuple[RerankJob, bool]:
         truncate=body.truncate is not False,
         raw_scores=bool(body.raw_scores),
         instruction=body.instruction,
+        mode_weights=mode_weights(body.weights_for_different_modes),
     )
     return job, bool(body.return_text)
 

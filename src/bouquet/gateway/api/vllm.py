@@ -15,7 +15,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.gateway import scoring, text_tools
-from bouquet.gateway.api.fields import Count, Instruction, Model, Text, Texts, Truncate, described
+from bouquet.gateway.api.fields import (
+    Count,
+    Instruction,
+    Model,
+    ModeWeights,
+    Text,
+    Texts,
+    Truncate,
+    described,
+    mode_weights,
+)
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
@@ -52,6 +62,7 @@ class ScoreRequest(RequestBody):
     documents: Annotated[Side, described("vLLM's: text_2")] | None = None
     items: Annotated[Side, described("vLLM's: text_2")] | None = None
     data_2: Annotated[Side, described("vLLM's: text_2")] | None = None
+    weights_for_different_modes: ModeWeights = None
 
     __openapi__: ClassVar[dict[str, Any]] = {
         "allOf": [{"oneOf": [{"required": [name]} for name in names]} for names in SCORE_SIDES.values()]
@@ -123,6 +134,7 @@ def score_job(body: ScoreRequest) -> RerankJob:
         body.truncate is not False,
         raw_scores=raw_scores(body.activation, body.use_activation),
         instruction=body.instruction,
+        mode_weights=mode_weights(body.weights_for_different_modes),
     )
 
 

@@ -32,15 +32,17 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2
 
+from bouquet.all_outputs import AllOutputs
 from bouquet.batch import Batch
-from bouquet.encodings import Encoding
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.gateway.replicas.replica import Replica, unusable_cause
 from bouquet.proto import embedding_pb2
-from bouquet.replica.client import embed_request, response_rows, response_sparse_rows
+from bouquet.replica.client import embed_request, read_reply
 from bouquet.sparse_rows import SparseRows
+
+Reply = np.ndarray | SparseRows | AllOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +170,10 @@ class ReplicaPool:
         known = [rate for rate in rates if rate is not None]
         return sum(known) * len(rates) / len(known) if known else None
 
-    async def embed(self, model: str, batch: Batch, priority: int = 0, maxsim: bool = False) -> np.ndarray | SparseRows:
-        """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them; or, with
-        `maxsim`, [B - 1, 1] scores of its first sequence against the others); `priority` orders chunks waiting
+    async def embed(self, model: str, batch: Batch, priority: int = 0, maxsim: bool = False) -> Reply:
+        """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them, or its
+        AllOutputs; or, with `maxsim`, [B - 1, 1] scores of its first sequence against the others, [B - 1, 3] with
+        all outputs); `priority` orders chunks waiting
         for a replica (lower first, then by arrival)."""
         request = embed_request(batch, maxsim)
         tokens = batch.num_tokens
@@ -223,9 +226,7 @@ class ReplicaPool:
         assert replica.model is not None
         return any(other is not replica and other.serves(replica.model.name) for other in self.replicas)
 
-    async def _call(
-        self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float
-    ) -> np.ndarray | SparseRows:
+    async def _call(self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float) -> Reply:
         """One attempt; `tokens` were added to the replica's outstanding count when it was chosen."""
         started = time.perf_counter()
         replica.rate.started(time.monotonic())
@@ -245,7 +246,7 @@ class ReplicaPool:
         replica.succeeded()
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
         self._metrics.replica_tokens.labels(replica.address).inc(tokens)
-        return response_sparse_rows(reply) if request.sparse else response_rows(reply, Encoding(request.encoding))
+        return read_reply(reply, request)
 
     async def _acquire(
         self, model: str, tokens: int, place: tuple[int, int], tried: set[Replica], deadline: float

@@ -1,0 +1,198 @@
+"""bge-m3's three outputs in one request and its weighted score (issue 28), on a tiny random-weight bge-m3 with both
+of FlagEmbedding's heads (tests/flag_m3.py), against FlagEmbedding's formulas (reimplemented there; the module says
+why FlagEmbedding itself is not imported): `POST /encode` (dense, lexical weights, ColBERT vectors from one forward),
+`/score` and `/rerank` (compute_score's 'colbert+sparse+dense', weights from the request or [1, 1, 1]), through the
+gateway and real replicas in this process (tests/in_process.py). Also: a step mixing all-outputs sequences with
+plain and token-vector ones gives each the rows it gives alone, and the refusals (a model without colbert_linear.pt,
+one without sparse_linear.pt, bad weights, the replica's own checks)."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from corpus import documents
+from flag_m3 import FlagM3, build_m3, cosines
+from in_process import api, engines
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.engine.engine import Engine
+from bouquet.replica.client import embed_request
+from bouquet.replica.request import InvalidInput, Limits, decode_request
+from bouquet.tokenizer import TextTokenizer
+
+M3, SPARSE_ONLY = "tiny-bge-m3", "tiny-bge-m3-sparse"
+TEXTS = [*documents(5), "a", "🙂 café", "the cat and the hat and the bat and the cat"]  # [UNK]; repeated ids
+QUERY = "the cat in the hat"
+COSINE = 0.99999  # float32, per vector
+BOUND = 1e-5  # sparse weights and scores
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bge-m3-outputs")
+    return {M3: build_m3(root, minilm_path, M3), SPARSE_ONLY: build_m3(root, minilm_path, SPARSE_ONLY, colbert=False)}
+
+
+@pytest.fixture(scope="module")
+def m3_engines(model_dirs: dict[str, Path]) -> Iterator[list[Engine]]:
+    with engines(*model_dirs.values()) as built:
+        yield built
+
+
+@pytest.fixture(scope="module")
+def client(m3_engines: list[Engine], model_dirs: dict[str, Path], minilm_path: Path, minilm_fp32: Engine):
+    with api([*m3_engines, minilm_fp32], model_dirs=(*model_dirs.values(), minilm_path), chunk_tokens=96) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def flag(model_dirs: dict[str, Path]) -> FlagM3:
+    return FlagM3(model_dirs[M3])
+
+
+def test_encode_gives_flag_embeddings_three_outputs(client: httpx.Client, flag: FlagM3) -> None:
+    """Eight texts over chunks of 96 tokens: several replica calls, put back in order."""
+    body = {"model": M3, "sentences": TEXTS, "return_dense": True, "return_sparse": True, "return_colbert_vecs": True}
+    reply = client.post("/encode", json=body)
+    assert reply.status_code == 200, reply.text
+    ours, theirs = reply.json(), flag.encode(TEXTS)
+    assert cosines(ours["dense_vecs"], np.array(theirs["dense_vecs"])).min() >= COSINE
+    for mine, expected in zip(ours["lexical_weights"], theirs["lexical_weights"], strict=True):
+        assert mine.keys() == expected.keys()
+        np.testing.assert_allclose([mine[key] for key in expected], list(expected.values()), atol=BOUND, rtol=0)
+    for mine, expected in zip(ours["colbert_vecs"], theirs["colbert_vecs"], strict=True):
+        assert np.shape(mine) == expected.shape
+        assert cosines(mine, expected).min() >= COSINE
+    tokens = sum(len(flag.tokenizer(text, max_length=64, truncation=True)["input_ids"]) for text in TEXTS)
+    assert ours["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    pairs = zip(ours["lexical_weights"], ours["colbert_vecs"], strict=True)
+    assert any(len(weights) < len(vectors) for weights, vectors in pairs)  # repeated and special ids: fewer weights
+
+
+def test_encode_answers_only_what_is_asked_and_in_base64(client: httpx.Client, flag: FlagM3) -> None:
+    """FlagEmbedding's defaults (dense only); base64 rows are little-endian float32; `input` names the texts too."""
+    reply = client.post("/encode", json={"model": M3, "input": TEXTS[:2]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["lexical_weights"] is None and reply.json()["colbert_vecs"] is None
+    body = {"model": M3, "sentences": QUERY, "return_dense": False, "return_colbert_vecs": True,
+            "encoding_format": "base64", "max_length": 4}  # fmt: skip
+    answer = client.post("/encode", json=body).json()
+    assert answer["dense_vecs"] is None and answer["lexical_weights"] is None
+    vectors = np.array([np.frombuffer(base64.b64decode(row), "<f4") for row in answer["colbert_vecs"][0]])
+    expected = flag.encode([QUERY], max_length=4)["colbert_vecs"][0]
+    assert vectors.shape == (3, 64) and cosines(vectors, expected).min() >= COSINE
+
+
+@pytest.mark.parametrize("weights", [None, [0.4, 0.2, 0.4], [0, 1, 0]])
+def test_score_and_rerank_give_compute_scores_weighted_sum(
+    client: httpx.Client, flag: FlagM3, weights: list[float] | None
+) -> None:
+    pairs = [(QUERY, text) for text in TEXTS]
+    expected = flag.compute_score(pairs, weights)["colbert+sparse+dense"]
+    extra = {} if weights is None else {"weights_for_different_modes": weights}
+    reply = client.post("/score", json={"model": M3, "text_1": QUERY, "text_2": TEXTS, **extra})
+    assert reply.status_code == 200, reply.text
+    scores = [item["score"] for item in sorted(reply.json()["data"], key=lambda item: item["index"])]
+    np.testing.assert_allclose(scores, expected, atol=BOUND, rtol=0)
+    ranked = client.post("/rerank", json={"model": M3, "query": QUERY, "texts": TEXTS, **extra}).json()
+    assert sorted(item["index"] for item in ranked) == list(range(len(TEXTS)))
+    assert all(first["score"] >= then["score"] for first, then in itertools.pairwise(ranked))  # best first
+    np.testing.assert_allclose([item["score"] for item in ranked], [expected[item["index"]] for item in ranked],
+                               atol=BOUND, rtol=0)  # fmt: skip
+
+
+def test_each_mode_alone_is_compute_scores(client: httpx.Client, flag: FlagM3) -> None:
+    """Dense, sparse and ColBERT alone by their weights; several queries in one /score (one replica call each)."""
+    queries = [QUERY, "packed sequences", QUERY]
+    pairs = list(zip(queries, TEXTS[:3], strict=True))
+    expected = flag.compute_score(pairs)
+    for mode, weights in (("dense", [1, 0, 0]), ("sparse", [0, 1, 0]), ("colbert", [0, 0, 1])):
+        body = {"model": M3, "text_1": queries, "text_2": TEXTS[:3], "weights_for_different_modes": weights}
+        data = client.post("/score", json=body).json()["data"]
+        np.testing.assert_allclose([item["score"] for item in data], expected[mode], atol=BOUND, rtol=0)
+
+
+def test_one_step_mixes_all_outputs_with_other_sequences(m3_engines: list[Engine], model_dirs: dict[str, Path]):
+    """All-outputs sequences beside plain and token-vector ones in one step: each kind's rows as it gets them alone."""
+    engine = m3_engines[0]
+    ids = TextTokenizer(model_dirs[M3] / "tokenizer.json", max_length=64).encode(TEXTS)
+    spans = [[(i, i + 1) for i in range(1, len(sequence))] for sequence in ids]
+    parts = [
+        Batch.pack(ids[:3]),
+        Batch.pack(ids, RowOptions(token_vectors=True, all_outputs=True), spans=spans),
+        Batch.pack(ids[2:5], RowOptions(token_vectors=True), spans=spans[2:5]),
+        Batch.pack(ids[:2], RowOptions(all_outputs=True), spans=spans[:2]),
+    ]
+    mixed = engine.embed(Batch.concat(parts))
+    start = 0
+    for part in parts:
+        alone = engine.embed(part)
+        np.testing.assert_allclose(mixed[start : start + len(alone), : alone.shape[1]], alone, atol=1e-6)
+        start += len(alone)
+    assert start == len(mixed)
+
+
+def test_a_model_without_a_head_is_refused(client: httpx.Client, minilm_path: Path) -> None:
+    body = {"model": SPARSE_ONLY, "sentences": ["a"], "return_sparse": True, "return_colbert_vecs": True}
+    reply = client.post("/encode", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "return_colbert_vecs" and "colbert_linear.pt" in reply.text
+    sparse = client.post("/encode", json={**body, "return_colbert_vecs": False})  # dense and sparse: still served
+    assert sparse.status_code == 200 and len(sparse.json()["lexical_weights"]) == 1
+    minilm = client.post("/encode", json={"model": minilm_path.name, "sentences": ["a"]})  # no sparse head at all
+    assert minilm.status_code == 400 and minilm.json()["error"]["code"] == "wrong_task"
+    for path, extra in (("/score", {"text_1": "a", "text_2": ["b"]}), ("/rerank", {"query": "a", "texts": ["b"]})):
+        reply = client.post(path, json={"model": SPARSE_ONLY, **extra})
+        assert reply.status_code in (400, 424) and "makes no scores" in reply.text, reply.text
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"sentences": ["a"], "input": ["b"]}, "sentences"),
+        ({"sentences": ["a"], "return_dense": False}, "return_dense"),
+        ({"sentences": ["a"], "max_length": 1}, "max_length"),
+        ({"sentences": ["a"], "encoding_format": "int8"}, "encoding_format"),
+    ],
+)
+def test_bad_encode_bodies_are_refused(client: httpx.Client, body: dict, param: str) -> None:
+    reply = client.post("/encode", json={"model": M3, **body})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+@pytest.mark.parametrize("weights", [[1, 1], [-1, 1, 1], [0, 0, 0]])
+def test_bad_weights_are_refused(client: httpx.Client, weights: list[float], minilm_path: Path) -> None:
+    body = {"model": M3, "text_1": "a", "text_2": ["b"], "weights_for_different_modes": weights}
+    reply = client.post("/score", json=body)
+    assert reply.status_code in (400, 422) and "weights_for_different_modes" in reply.text, reply.text
+    body = {"model": minilm_path.name, "text_1": "a", "text_2": ["b"], "weights_for_different_modes": [1, 1, 1]}
+    reply = client.post("/score", json=body)  # the bundled MiniLM: not a bge-m3
+    assert reply.status_code == 400 and "wrong_task" in reply.text, reply.text
+
+
+@pytest.mark.parametrize(
+    ("options", "spans", "maxsim", "problem"),
+    [
+        (RowOptions(all_outputs=True), [[(1, 3)], [(1, 2)]], False, "every span is one token"),
+        (RowOptions(all_outputs=True, dimensions=8), [[(1, 2)], [(1, 2)]], False, "full width"),
+        (RowOptions(all_outputs=True), [[(1, 2)], [(1, 2)]], True, "set token_vectors"),
+    ],
+)
+def test_the_replica_refuses_all_outputs_it_cannot_give(
+    m3_engines: list[Engine], options: RowOptions, spans: list, maxsim: bool, problem: str
+) -> None:
+    message = embed_request(Batch.pack([[101, 7, 8, 102], [101, 9, 102]], options, spans=spans), maxsim=maxsim)
+    with pytest.raises(InvalidInput, match=problem):
+        decode_request(message, Limits.from_engine(m3_engines[0]))
+
+
+def test_a_model_without_token_weights_refuses_all_outputs(minilm_fp32: Engine) -> None:
+    batch = Batch.pack([[101, 7, 102]], RowOptions(all_outputs=True), spans=[[(1, 2)]])
+    with pytest.raises(InvalidInput, match="no token-weight sparse head"):
+        decode_request(embed_request(batch), Limits.from_engine(minilm_fp32))
