@@ -13,7 +13,7 @@ FlagEmbedding's keys: `dense_vecs` (normalised), `lexical_weights` (per text, `{
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 from starlette.requests import Request
@@ -39,6 +39,8 @@ Flag = Annotated[bool, described("FlagEmbedding's; default false")] | None
 
 class EncodeRequest(RequestBody):
     """Exactly one of `sentences` and `input`."""
+
+    __openapi__: ClassVar[dict[str, Any]] = {"oneOf": [{"required": ["sentences"]}, {"required": ["input"]}]}
 
     sentences: Text | Texts | None = None
     input: Annotated[Text | Texts, described("`sentences` by its OpenAI name")] | None = None
