@@ -2,9 +2,10 @@
 of FlagEmbedding's heads (tests/flag_m3.py), against FlagEmbedding's formulas (reimplemented there; the module says
 why FlagEmbedding itself is not imported): `POST /encode` (dense, lexical weights, ColBERT vectors from one forward),
 `/score` and `/rerank` (compute_score's 'colbert+sparse+dense', weights from the request or [1, 1, 1]), through the
-gateway and real replicas in this process (tests/in_process.py). Also: a step mixing all-outputs sequences with
-plain and token-vector ones gives each the rows it gives alone, and the refusals (a model without colbert_linear.pt,
-one without sparse_linear.pt, bad weights, the replica's own checks)."""
+gateway and real replicas in this process (tests/in_process.py), and the `cohere` SDK's ClientV2. Also: a step
+mixing all-outputs sequences with plain and token-vector ones gives each the rows it gives alone, lexical weights
+and their dot products on the host, and the refusals (a model without colbert_linear.pt, one without
+sparse_linear.pt, bad weights, the replica's own checks)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
+import cohere
 import httpx
 import numpy as np
 import pytest
 from corpus import documents
 from flag_m3 import FlagM3, build_m3, cosines
-from in_process import api, engines
+from in_process import BASE_URL, api, engines
 
+from bouquet import sparse_rows
 from bouquet.batch import Batch, RowOptions
 from bouquet.engine.engine import Engine
 from bouquet.replica.client import embed_request
@@ -196,3 +199,27 @@ def test_a_model_without_token_weights_refuses_all_outputs(minilm_fp32: Engine) 
     batch = Batch.pack([[101, 7, 102]], RowOptions(all_outputs=True), spans=[[(1, 2)]])
     with pytest.raises(InvalidInput, match="no token-weight sparse head"):
         decode_request(embed_request(batch), Limits.from_engine(minilm_fp32))
+
+
+def test_lexical_weights_keep_each_ids_largest_and_leave_out_special_ids() -> None:
+    rows = np.array([0, 0, 0, 0, 1, 1, 2])
+    ids = np.array([7, 5, 7, 3, 3, 9, 9])
+    weights = np.array([0.2, 0.5, 0.4, 0.9, 0.0, 0.3, 0.6], np.float32)
+    sparse = sparse_rows.max_by_id(rows, ids, weights, 4, skip_ids=(3,))  # row 3 has no tokens
+    assert sparse.cu_offsets.tolist() == [0, 2, 3, 4, 4]  # row 1: a zero weight and a special id, 9 kept
+    assert [sparse.row(index)[0].tolist() for index in range(4)] == [[5, 7], [9], [9], []]
+    np.testing.assert_allclose(sparse.values, [0.5, 0.4, 0.3, 0.6])
+    np.testing.assert_allclose(sparse_rows.dot(sparse), [0.41, 0.0, 0.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(sparse_rows.dot(sparse, 1), [0.0, 0.09, 0.18, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(sparse_rows.dot(sparse, 3), [0, 0, 0, 0])  # an empty row shares nothing
+
+
+def test_cohere_client_v2_reranks_a_bge_m3(m3_engines: list[Engine], model_dirs: dict[str, Path], flag: FlagM3):
+    """The `cohere` SDK's ClientV2 against /v2/rerank: compute_score's 'colbert+sparse+dense', default weights."""
+    expected = np.array(flag.compute_score([(QUERY, text) for text in TEXTS])["colbert+sparse+dense"])
+    with api(m3_engines[:1], model_dirs=(model_dirs[M3],), api_key="co-key") as http:
+        client = cohere.ClientV2(api_key="co-key", base_url=BASE_URL, httpx_client=http, timeout=60)
+        response = client.rerank(model=M3, query=QUERY, documents=TEXTS, top_n=3)
+    assert [result.index for result in response.results] == list(np.argsort(-expected)[:3])
+    for result in response.results:
+        assert result.relevance_score == pytest.approx(float(expected[result.index]), abs=BOUND)
