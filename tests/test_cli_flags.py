@@ -243,7 +243,7 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
 
 GATEWAY_SAMPLES = {
     "--max-inputs": "100", "--max-request-tokens": "50000", "--max-token-vectors": "4096",
-    "--max-payload-bytes": "1000000",
+    "--max-payload-bytes": "1000000", "--max-image-bytes": "500000", "--max-image-pixels": "4000000",
     "--max-inflight-tokens": "100000", "--admission-seconds": "1.5", "--admission-wait": "0.5",
     "--max-concurrent-requests": "64", "--chunk-tokens": "256", "--max-attempts": "2", "--request-timeout": "60.0",
     "--probe-interval": "0.25", "--tokenizer-threads": "1", "--max-connections": "5000", "--max-header-bytes": "8192",

@@ -188,6 +188,11 @@ def test_server_answers_as_documented(case: schemathesis.Case, server: str) -> N
     ANSWERS[(case.operation.label, response.status_code)] += 1
 
 
+# A random body holds no decodable image, and these servers take none: /embeddings_image answers 400 here, its 200
+# (OpenAI's embeddings, as /v1/embeddings answers) checked in tests/test_image_api.py.
+NO_RANDOM_200 = {"POST /embeddings_image"}
+
+
 def test_every_operation_answered_200_in_its_documented_shape() -> None:
     """After the schemathesis cases (which check each answer's shape): every operation they ran answered at least
     once with a 200, so each success shape was checked against a real answer, not only the errors."""
@@ -198,7 +203,7 @@ def test_every_operation_answered_200_in_its_documented_shape() -> None:
     for label in sorted(operations):
         statuses = {status: count for (name, status), count in sorted(ANSWERS.items()) if name == label}
         print(f"  {label}: {statuses}")
-    assert {label for (label, status) in ANSWERS if status == 200} == operations
+    assert {label for (label, status) in ANSWERS if status == 200} == operations - NO_RANDOM_200
 
 
 def _post(url: str, body: object) -> tuple[int, object]:

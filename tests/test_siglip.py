@@ -22,13 +22,14 @@ IMAGE_SIZE, PATCH = 32, 8
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
 
 
-@pytest.fixture(scope="module")
-def siglip(tmp_path_factory, minilm_path: Path):
+def save_siglip(path: Path, tokenizer_dir: Path, projection_size: int = 48):
+    """A tiny random-weight SiglipModel saved at `path` beside the MiniLM tokenizer; the model, in eval mode. Its
+    image rows are as wide as the vision tower (64); text rows as `projection_size` (a real SigLIP's are equal)."""
     from transformers import SiglipConfig, SiglipModel
 
     tower = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     config = SiglipConfig(
-        text_config=dict(tower, vocab_size=30522, max_position_embeddings=64, projection_size=48),
+        text_config=dict(tower, vocab_size=30522, max_position_embeddings=64, projection_size=projection_size),
         vision_config=dict(tower, image_size=IMAGE_SIZE, patch_size=PATCH),
     )
     model = SiglipModel(config)
@@ -36,11 +37,16 @@ def siglip(tmp_path_factory, minilm_path: Path):
     with torch.no_grad():  # patches of 192 pixels at std 1 would drown the position embeddings
         model.vision_model.embeddings.patch_embedding.weight.mul_(0.1)
         model.vision_model.head.probe.mul_(3.0)  # a probe far from the keys' scale makes the MAP head's weights peak
-    path = tmp_path_factory.mktemp("siglip") / "hf"
     model.save_pretrained(path)
     for name in TOKENIZER_FILES:
-        shutil.copy(minilm_path / name, path / name)
-    return path, model.eval()
+        shutil.copy(tokenizer_dir / name, path / name)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def siglip(tmp_path_factory, minilm_path: Path):
+    path = tmp_path_factory.mktemp("siglip") / "hf"
+    return path, save_siglip(path, minilm_path)
 
 
 def _texts() -> list[list[int]]:

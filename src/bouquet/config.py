@@ -370,6 +370,12 @@ class GatewayConfig:
     # TEI's 2 MB. A batch of texts the replicas can take fits easily; a few multi-megabyte strings (which truncation
     # throws away anyway) would cost the gateway gigabytes to parse and tokenize.
     max_payload_bytes: int = flag(2 * 1024 * 1024, help="bytes a request body; more is 413")
+    # An image input is bounded before it is decoded: its file's bytes (base64's length says them), then its pixels
+    # (Pillow reads the header first), so neither a large file nor a decompression bomb costs memory (images.py).
+    max_image_bytes: int = flag(8 * 1024 * 1024, help="bytes of one image input's file; more is 400")
+    max_image_pixels: int = flag(
+        36_000_000, help="pixels (width x height, from the header, before decoding) of one image input; more is 400"
+    )
     # Tokens admitted and not yet answered, per gateway process, per lane (bulk; short requests): what the replicas
     # compute in `admission_seconds` as measured, between a floor of some batches per replica and this ceiling. A
     # request over it waits up to `admission_wait` for room, then 429: every answer within about their sum (3 s; a
@@ -425,6 +431,7 @@ class GatewayConfig:
         for name in (
             "max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts",
             "max_connections", "max_header_bytes", "max_concurrent_requests", "body_min_rate", "max_token_vectors",
+            "max_image_bytes", "max_image_pixels",
         ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

@@ -30,12 +30,15 @@ from bouquet.gateway.api.fields import (
     parse_inputs,
     refuse_unless,
     response_format,
+    strict,
     text_positions,
 )
+from bouquet.gateway.api.multimodal import CHAT_EMBEDDINGS, IMAGE_EMBEDDINGS, chat_job, image_job, images_job
 from bouquet.gateway.errors import InvalidRequest
-from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
+from bouquet.gateway.http.body import read_body, read_request
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody, present
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
+from bouquet.gateway.images import ImageEmbedJob, embed_images
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
@@ -67,7 +70,10 @@ class EmbeddingsRequest(RequestBody):
     ] | None = None  # fmt: skip
     priority: Annotated[int, described("vLLM's hint; requests are served first come here")] | None = None
     request_id: str | None = None
-    modality: Annotated[Any, described("Infinity's", type="string", enum=["text", None], nullable=True)] = None
+    modality: Annotated[Any, described(
+        "Infinity's; image: `input` holds images (data URIs or base64)", type="string", enum=["text", "image", None],
+        nullable=True,
+    )] = None  # fmt: skip
     long_input: LongInput = None  # bouquet's: "chunk" embeds an over-long input whole
 
 
@@ -78,6 +84,7 @@ def routes() -> list[Route]:
     return [
         Route("/v1/embeddings", endpoint("/v1/embeddings", _embeddings, work=True), methods=["POST"]),
         Route("/embeddings", endpoint("/embeddings", _embeddings, work=True), methods=["POST"]),  # Infinity's
+        Route("/embeddings_image", endpoint("/embeddings_image", _embeddings_image, work=True), methods=["POST"]),
         Route("/v1/models", endpoint("/v1/models", _models), methods=["GET"]),
         Route("/models", endpoint("/models", _models), methods=["GET"]),
         Route("/v1/models/{model:path}", endpoint("/v1/models/{model}", _model), methods=["GET"]),
@@ -85,9 +92,31 @@ def routes() -> list[Route]:
 
 
 async def _embeddings(service: Service, request: Request) -> Response:
-    job = embed_job(await read_request(service, request, EMBEDDINGS))
-    model, rows, tokens = await unless_disconnected(request, service.embed(job))
+    """Texts or token ids in `input`; Infinity's images in `input` with `"modality": "image"`; or vLLM's chat form,
+    `messages` holding one text or one image (api/multimodal.py)."""
+    body = await read_body(service, request)
+    if "messages" in present(body):
+        return await _answer(service, request, chat_job(CHAT_EMBEDDINGS.decode(body, strict(service))))
+    parsed = EMBEDDINGS.decode(body, strict(service))
+    if parsed.modality == "image":
+        return await _answer(service, request, _image_input(parsed))
+    return await _answer(service, request, embed_job(parsed))
+
+
+async def _embeddings_image(service: Service, request: Request) -> Response:
+    """Infinity's image route: `input` holds images."""
+    return await _answer(service, request, image_job(await read_request(service, request, IMAGE_EMBEDDINGS)))
+
+
+async def _answer(service: Service, request: Request, job: EmbedJob | ImageEmbedJob) -> Response:
+    work = embed_images(service, job) if isinstance(job, ImageEmbedJob) else service.embed(job)
+    model, rows, tokens = await unless_disconnected(request, work)
     return json_response(openai_response(rows, job.model or model.id, tokens, job.response_format))
+
+
+def _image_input(body: EmbeddingsRequest) -> ImageEmbedJob:
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    return images_job(body.model, body.input, body.dimensions, formats, _normalize(body.normalize, body.use_activation))
 
 
 def embed_job(body: EmbeddingsRequest) -> EmbedJob:

@@ -116,13 +116,15 @@ class _Present(msgspec.Struct):
     inputs: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     prompt: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     documents: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    messages: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 _PRESENT = BodyDecoder(_Present, _Present)
 
 
 def present(body: Bytes) -> dict[str, bytes]:
-    """The first bytes of `inputs`, `prompt` and `documents` where the body holds them (`{` for an object)."""
+    """The first bytes of `inputs`, `prompt`, `documents` and `messages` where the body holds them (`{` for an
+    object)."""
     found = _PRESENT.decode(body)
-    raw = {"inputs": found.inputs, "prompt": found.prompt, "documents": found.documents}
+    raw = {"inputs": found.inputs, "prompt": found.prompt, "documents": found.documents, "messages": found.messages}
     return {name: bytes(value)[:1] for name, value in raw.items() if len(value)}

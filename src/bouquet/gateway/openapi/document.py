@@ -29,6 +29,7 @@ from bouquet.gateway.openapi.requests import (
     DETOKENIZE_REQUEST,
     EMBED_ALL_REQUEST,
     EMBED_SPARSE_REQUEST,
+    IMAGE_EMBEDDINGS_REQUEST,
     MULTI_VECTOR_REQUEST,
     OPENAI_EMBEDDINGS_REQUEST,
     PREDICT_REQUEST,
@@ -176,6 +177,8 @@ OPERATIONS: tuple[Operation, ...] = (
                   OPENAI_EMBEDDINGS_REQUEST, COMPUTE)
         for path in ("/v1/embeddings", "/embeddings")
     ),
+    Operation("/embeddings_image", "post", "Infinity: embed images (data URIs or base64)", "OpenAI",
+              _json(OPENAI_EMBEDDINGS), IMAGE_EMBEDDINGS_REQUEST, COMPUTE),
     *(Operation(path, "get", "OpenAI / Infinity: the served models", "OpenAI", _json(MODELS)) for path in
       ("/v1/models", "/models")),
     Operation("/v1/models/{model}", "get", "OpenAI: one served model", "OpenAI", _json(MODEL_CARD),

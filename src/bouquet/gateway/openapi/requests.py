@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bouquet.gateway.api.cohere import CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest
 from bouquet.gateway.api.jina import MultiVectorRequest
+from bouquet.gateway.api.multimodal import ChatEmbeddingsRequest, ImageEmbeddingsRequest
 from bouquet.gateway.api.openai import EmbeddingsRequest
 from bouquet.gateway.api.perplexity import ContextualizedEmbeddingsRequest
 from bouquet.gateway.api.tei_bodies import (
@@ -25,11 +26,16 @@ REQUESTS = (
     EmbeddingsRequest, TEIEmbedRequest, SimilarityRequest, EmbedSparseRequest, EmbedAllRequest,
     ContextualizedEmbeddingsRequest, TEITokenizeRequest, VLLMTokenizeRequest, DecodeRequest, PredictRequest,
     DetokenizeRequest, TEIRerankRequest, CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest,
-    ScoreRequest, MultiVectorRequest,
+    ScoreRequest, MultiVectorRequest, ChatEmbeddingsRequest, ImageEmbeddingsRequest,
 )  # fmt: skip
 REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS)[1].items()}
 
-OPENAI_EMBEDDINGS_REQUEST = REFS["EmbeddingsRequest"]
+OPENAI_EMBEDDINGS_REQUEST: Schema = {
+    "description": '`input` (texts, token ids; images with Infinity\'s `"modality": "image"`), or vLLM\'s chat '
+    "form: `messages` holding one text or one image",
+    "oneOf": [REFS["EmbeddingsRequest"], REFS["ChatEmbeddingsRequest"]],
+}
+IMAGE_EMBEDDINGS_REQUEST = REFS["ImageEmbeddingsRequest"]
 TEI_EMBED_REQUEST = REFS["TEIEmbedRequest"]
 SIMILARITY_REQUEST = REFS["SimilarityRequest"]
 TEI_ROOT_REQUEST: Schema = {

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
+from bouquet.gateway.image_processing import ModelImages, model_images
 from bouquet.gateway.replicas.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
@@ -54,6 +55,8 @@ class ServedModel:
     served_names: tuple[str, ...] = ()  # the replica's --served-model-name, each listed by /v1/models
     # How its per-token (ColBERT) vectors are laid out, from Info; None: the model gives none (late_interaction.py)
     multi_vector: embedding_pb2.MultiVector | None = None
+    # The images it takes and how they are preprocessed, from Info (image_processing.py); None: it takes none
+    images: ModelImages | None = None
 
     @property
     def routes(self) -> str:
@@ -190,7 +193,21 @@ class ModelCatalog:
             prompts=dict(info.prompts), default_prompt_name=info.default_prompt_name or None, tokenizer=tokenizer,
             labels=_labels(spec, info), sparse_dimension=info.sparse_dimension,
             multi_vector=info.multi_vector if info.HasField("multi_vector") else None,
+            images=_images(spec, info),
         )  # fmt: skip
+
+
+def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelImages | None:
+    """The images a model takes, preprocessed as the replica's preprocessor_config.json says (else the local
+    directory's); a config the gateway cannot follow is logged, and its image requests are refused saying why."""
+    processor_json = info.image_processor_json
+    local = spec.tokenizer_file.parent / "preprocessor_config.json" if spec is not None else None
+    if not processor_json and local is not None and local.is_file():
+        processor_json = local.read_text()
+    images = model_images(tuple(info.image_shape), info.image_tokens, processor_json)
+    if images is not None and images.processing is None:
+        logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)
+    return images
 
 
 def _labels(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> tuple[str, ...]:

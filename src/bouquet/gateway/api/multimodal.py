@@ -1,0 +1,136 @@
+"""Image inputs in the bodies vLLM and Infinity take (the routes are OpenAI's, api/openai.py; the decoding and
+preprocessing gateway/images.py):
+- vLLM's chat form of `/v1/embeddings`: `messages`, each a `role` and a `content` that is a text or a list of
+  parts, `{"type": "text", "text"}` or `{"type": "image_url", "image_url": {"url"}}`; one text or one image a
+  request, as a CLIP or SigLIP model embeds each alone;
+- Infinity's `/embeddings_image` (`input`: an image or a list of images), and its `/embeddings` with
+  `"modality": "image"`.
+An image is a data URI (`data:image/png;base64,...`) or base64; a URL is refused (nothing is fetched)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from bouquet.encodings import ResponseFormat
+from bouquet.gateway.api.fields import (
+    Dimensions,
+    EmbedDtype,
+    EncodingFormat,
+    Endianness,
+    Model,
+    Text,
+    described,
+    refuse_unless,
+    response_format,
+)
+from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody
+from bouquet.gateway.images import ImageEmbedJob
+from bouquet.gateway.jobs import EmbedJob
+
+Image = Annotated[
+    str, Meta(min_length=1, description="a data URI (data:image/png;base64,...) or base64 of an image file; no URL")
+]
+
+
+class ImageUrl(msgspec.Struct, forbid_unknown_fields=True):
+    url: Image
+    detail: Annotated[str, described("OpenAI's; no effect on an embedding")] | None = None
+
+
+class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    text: Text
+
+
+class ImagePart(msgspec.Struct, tag="image_url", tag_field="type", forbid_unknown_fields=True):
+    image_url: ImageUrl
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True):
+    role: Annotated[str, described("user, as vLLM's examples send; any role is read alike")]
+    content: Text | Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
+
+
+class ChatEmbeddingsRequest(RequestBody):
+    """vLLM's chat form of `/v1/embeddings` (a body with `messages`): one text or one image to embed."""
+
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    model: Model = None
+    encoding_format: EncodingFormat = None
+    dimensions: Dimensions = None
+    user: str | None = None
+    normalize: Annotated[bool, described("vLLM's; default: as the model's Normalize module says")] | None = None
+    embed_dtype: EmbedDtype = None
+    endianness: Endianness = None
+
+
+class ImageEmbeddingsRequest(RequestBody):
+    """Infinity's `/embeddings_image`: images to embed, answered as OpenAI's embeddings."""
+
+    input: Image | Annotated[list[Image], Meta(min_length=1)]
+    model: Model = None
+    encoding_format: EncodingFormat = None
+    dimensions: Dimensions = None
+    user: str | None = None
+    modality: Annotated[Any, described("Infinity's", type="string", enum=["image", None], nullable=True)] = None
+
+
+CHAT_EMBEDDINGS = BodyDecoder(ChatEmbeddingsRequest)
+IMAGE_EMBEDDINGS = BodyDecoder(ImageEmbeddingsRequest)
+
+
+def chat_job(body: ChatEmbeddingsRequest) -> EmbedJob | ImageEmbedJob:
+    """The one text or image of vLLM's `messages`, with the name a refusal gives it."""
+    texts: list[str] = []
+    images: list[tuple[str, str]] = []  # (image, its field's path)
+    for m, message in enumerate(body.messages):
+        if isinstance(message.content, str):
+            texts.append(message.content)
+            continue
+        for p, part in enumerate(message.content):
+            if isinstance(part, TextPart):
+                texts.append(part.text)
+            else:
+                images.append((part.image_url.url, f"messages[{m}].content[{p}].image_url.url"))
+    if len(texts) + len(images) != 1:
+        raise InvalidRequest(
+            f"'messages' holds {len(texts)} texts and {len(images)} images; a request embeds one text or one image "
+            "(an image and a text are embedded apart, in the same space)",
+            "invalid_value",
+            "messages",
+        )
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    if images:
+        (image, name), = images  # fmt: skip
+        return ImageEmbedJob(body.model, [image], [name], body.dimensions, body.normalize, formats)
+    return EmbedJob(body.model, texts, None, body.dimensions, body.normalize, response_format=formats)
+
+
+def image_job(body: ImageEmbeddingsRequest) -> ImageEmbedJob:
+    """Infinity's `/embeddings_image` body as its images."""
+    refuse_unless(body.modality, "modality", "image", "this route embeds images")
+    return images_job(body.model, body.input, body.dimensions, response_format(body.encoding_format, None, None))
+
+
+def images_job(
+    model: str | None,
+    value: str | list[Any],
+    dimensions: int | None,
+    formats: ResponseFormat,
+    normalize: bool | None = None,
+) -> ImageEmbedJob:
+    """`input` as images (Infinity's `/embeddings_image`, or `/embeddings` with `"modality": "image"`): a string or
+    a list of strings, each named `input[i]` in a refusal."""
+    images = [value] if isinstance(value, str) else value
+    for index, item in enumerate(images):
+        if not isinstance(item, str):
+            raise InvalidRequest(
+                f"'input[{index}]' must be an image (a data URI or base64), not a list of token ids",
+                "invalid_type",
+                f"input[{index}]",
+            )
+    names = ["input"] if isinstance(value, str) else [f"input[{index}]" for index in range(len(images))]
+    return ImageEmbedJob(model, images, names, dimensions, normalize, formats)

@@ -1,0 +1,165 @@
+"""Image inputs: each a data URI (`data:image/png;base64,...`) or plain base64 of an image file, decoded and
+preprocessed as the model's processor does (image_processing.py) on the gateway's executor, never on the event loop,
+then sent to a replica as float32 pixels (Batch.pack_images) and embedded like texts (`Service.compute`).
+
+Nothing is fetched: a URL is refused (server-side request forgery), whatever its scheme. Before any decoding an
+input is bounded in bytes (base64's length says them) and then in pixels (Pillow reads the header first; a PNG that
+claims 100,000 x 100,000 pixels is refused before a byte of it is inflated); only common raster formats are opened
+(Pillow's EPS, for one, would run Ghostscript). Every refusal is a 400 naming the input (`input[2]`)."""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import io
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.encodings import FORMATS, ResponseFormat
+from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.image_processing import ImageProcessing, ModelImages
+from bouquet.gateway.service import check_dimensions, embedding_model
+
+if TYPE_CHECKING:
+    from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.service import Service
+
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # what Pillow opens here; any other is unknown
+URL_SCHEMES = ("http://", "https://", "ftp://", "file:", "s3://", "gs://")
+MAX_REQUEST_PIXEL_BYTES = 256 * 1024 * 1024  # one request's preprocessed pixels, float32: a bound on its memory
+
+
+@dataclass(frozen=True)
+class ImageEmbedJob:
+    """Images to embed, each a data URI or base64 of an image file, with the name a refusal gives it (`input[2]`,
+    `messages[0].content[1].image_url.url`); a job as jobs.py's are, beside the code that runs it."""
+
+    model: str | None
+    images: list[str]
+    names: list[str]
+    dimensions: int | None = None
+    normalize: bool | None = None  # None: as the model's Normalize module says
+    response_format: ResponseFormat = FORMATS["float"]
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_bytes: int  # of an image's file
+    max_pixels: int  # width x height, from its header
+
+
+def image_file(source: str, name: str, max_bytes: int) -> bytes:
+    """An input's image file: the base64 of a data URI, or plain base64; a URL or anything else is refused, and so
+    is a file over `max_bytes`, before its base64 is decoded."""
+    head = source[:16].lower()
+    if head.startswith(URL_SCHEMES):
+        raise InvalidRequest(
+            f"{name} is a URL; this server fetches nothing: send the image inline, as a data URI "
+            "(data:image/png;base64,...) or base64",
+            "image_url_refused",
+            name,
+        )
+    payload = source
+    if head.startswith("data:"):
+        header, comma, payload = source.partition(",")
+        if not comma or not header.lower().endswith(";base64"):
+            raise InvalidRequest(
+                f"{name} is a data URI without base64 (data:image/png;base64,...)", "invalid_image", name
+            )
+    if len(payload) // 4 * 3 > max_bytes:
+        raise InvalidRequest(
+            f"{name} is an image of about {len(payload) // 4 * 3} bytes, over the limit of {max_bytes}",
+            "image_too_large",
+            name,
+        )
+    try:
+        return binascii.a2b_base64(payload, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(
+            f"{name} is neither a data URI (data:image/png;base64,...) nor base64", "invalid_image", name
+        ) from None
+
+
+def open_image(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
+    """The decoded image (its first frame), after its header has been read and its pixels counted."""
+    try:
+        image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except UnidentifiedImageError:
+        raise InvalidRequest(
+            f"{name} is not an image in a format read here ({', '.join(IMAGE_FORMATS)})", "unknown_image_format", name
+        ) from None
+    except Image.DecompressionBombError:
+        raise _too_many_pixels(name, None, limits.max_pixels) from None
+    except Exception as error:  # any failure to read a client's header is its file's fault
+        raise InvalidRequest(f"{name} is not a readable image: {error}", "invalid_image", name) from None
+    if image.width * image.height > limits.max_pixels:
+        raise _too_many_pixels(name, image.size, limits.max_pixels)
+    try:
+        image.load()
+        return ImageOps.exif_transpose(image)  # as transformers' load_image turns it
+    except Exception as error:  # truncated data, a corrupt stream: Pillow raises many kinds
+        raise InvalidRequest(f"{name} is a corrupt {image.format} image: {error}", "invalid_image", name) from None
+
+
+def _too_many_pixels(name: str, size: tuple[int, int] | None, limit: int) -> InvalidRequest:
+    what = f"{size[0]} x {size[1]} pixels" if size is not None else "an image of too many pixels"
+    return InvalidRequest(f"{name} is {what}, over the limit of {limit} pixels", "image_too_large", name)
+
+
+def load_pixels(source: str, name: str, processing: ImageProcessing, limits: ImageLimits) -> np.ndarray:
+    """One input to the model's pixels [C, H, W] float32: on the executor (decoding and resizing hold the GIL
+    little, and never the event loop)."""
+    return processing(open_image(image_file(source, name, limits.max_bytes), name, limits))
+
+
+def require_images(model: ServedModel) -> tuple[ModelImages, ImageProcessing]:
+    if model.images is None:
+        raise InvalidRequest(f"the model {model.id!r} takes no images; it embeds text", "no_image_input", "model")
+    if model.images.processing is None:
+        raise InvalidRequest(
+            f"the model {model.id!r} takes images, but the gateway cannot preprocess them: {model.images.unusable}",
+            "no_image_input",
+            "model",
+        )
+    return model.images, model.images.processing
+
+
+async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedModel, Any, int]:
+    """Rows [N, elements] of the job's images in its response format's encoding, and the tokens they took (an
+    image's, as its model lays it out)."""
+    model = embedding_model(service, job.model)
+    images, processing = require_images(model)
+    service.check_inputs(len(job.images))
+    _check_pixel_bytes(len(job.images), images)
+    options = RowOptions(
+        dimensions=check_dimensions(job.dimensions, model),
+        normalize=model.normalize if job.normalize is None else job.normalize,
+        encoding=job.response_format.encoding,
+    )
+    limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels)
+    loop = asyncio.get_running_loop()
+
+    async def batch() -> Batch:
+        pixels = await asyncio.gather(
+            *(
+                loop.run_in_executor(service.executor, load_pixels, source, name, processing, limits)
+                for source, name in zip(job.images, job.names, strict=True)
+            )
+        )
+        return Batch.pack_images(np.stack(pixels), images.tokens, options)
+
+    estimate = len(job.images) * images.tokens
+    service.check_tokens(estimate)
+    rows, tokens = await service.compute(model, estimate, batch, exact=True)
+    return model, rows, tokens
+
+
+def _check_pixel_bytes(count: int, images: ModelImages) -> None:
+    per_image = 4 * int(np.prod(images.shape))
+    limit = max(1, MAX_REQUEST_PIXEL_BYTES // per_image)
+    if count > limit:
+        raise TooLarge(f"{count} images, over the limit of {limit} a request for this model", "too_many_inputs")

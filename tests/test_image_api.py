@@ -1,0 +1,247 @@
+"""Image inputs over real HTTP on loopback: a tiny CLIP and a tiny SigLIP (random weights, saved by transformers with
+their image processors) behind the real gateway, images of sizes other than the processor's sent as data URIs and
+base64 through Infinity's `/embeddings_image`, its `/embeddings` with `"modality": "image"` and vLLM's `messages`
+form of `/v1/embeddings`, against transformers' own processor and `get_image_features` (float32, cosine >= 0.99999);
+a text and an image of one model in the same space; `dimensions` and base64; every bad image a 400 naming the input,
+the server answering after. The gateway's preprocessing is also checked bit for bit against transformers'."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import row_cosines
+from in_process import engines, served
+from PIL import Image
+from test_clip import _clip, _save
+from test_siglip import save_siglip
+
+from bouquet.gateway.image_processing import parse_processor_config
+
+BOUND = 0.99999
+SIZES = [(50, 80), (300, 120), (32, 32), (17, 9)]  # (width, height); the processors' size is 32
+MAX_IMAGE_BYTES = 200_000
+
+
+def _processor(family: str):
+    from transformers import CLIPImageProcessor, SiglipImageProcessor
+
+    if family == "clip":
+        return CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    return SiglipImageProcessor(size={"height": 32, "width": 32}, resample=2)  # bilinear: the config's, not a default
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_path: Path) -> dict[str, tuple[Path, torch.nn.Module]]:
+    root = tmp_path_factory.mktemp("image-api")
+    clip_path, siglip_path = root / "tiny-clip", root / "tiny-siglip"
+    built = {
+        "clip": (clip_path, _save(_clip(eos_token_id=102), clip_path, minilm_path)),
+        "siglip": (siglip_path, save_siglip(siglip_path, minilm_path, projection_size=64)),  # one space
+    }
+    for family, (path, _) in built.items():
+        _processor(family).save_pretrained(path)
+    return built
+
+
+@pytest.fixture(scope="module")
+def server(models) -> Iterator[httpx.Client]:
+    with (
+        engines(*(path for path, _ in models.values())) as built,
+        served(built, listen=True, max_image_bytes=MAX_IMAGE_BYTES) as running,
+        httpx.Client(base_url=running.url, timeout=120) as client,
+    ):
+        yield client
+
+
+def _image(width: int, height: int, seed: int, mode: str = "RGB") -> Image.Image:
+    """A gradient with noise: resizing or cropping at the wrong place moves its pixels."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(width - 1, 1), y * 255 / max(height - 1, 1), (x + y) % 256], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels, "RGB")
+    if mode == "RGBA":
+        alpha = rng.integers(0, 256, (height, width), dtype=np.uint8)
+        image = Image.fromarray(np.dstack([pixels, alpha]), "RGBA")
+    return image
+
+
+def _file(image: Image.Image, format: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=format, quality=95) if format == "JPEG" else image.save(buffer, format=format)
+    return buffer.getvalue()
+
+
+def _data_uri(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def _reference(family: str, models, files: list[bytes]) -> np.ndarray:
+    path, model = models[family]
+    images = [Image.open(io.BytesIO(data)) for data in files]
+    pixels = _processor(family).from_pretrained(path)(images=images, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        return model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+
+
+def _rows(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
+
+
+def _assert_close(rows: np.ndarray, expected: np.ndarray) -> None:
+    cosines = row_cosines(rows, expected)
+    assert cosines.min() >= BOUND, f"cosines {np.round(cosines, 7)}"
+
+
+def _test_files() -> list[bytes]:
+    files = [_file(_image(w, h, seed)) for seed, (w, h) in enumerate(SIZES)]
+    files.append(_file(_image(64, 40, 7, "RGBA")))  # transparency composited onto white
+    files.append(_file(_image(90, 61, 8), "JPEG"))
+    return files
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_images_of_every_size_match_transformers_on_each_route(server: httpx.Client, models, family: str) -> None:
+    files, model = _test_files(), f"tiny-{family}"
+    expected = _reference(family, models, files)
+    inputs = [_data_uri(data) if index % 2 else base64.b64encode(data).decode() for index, data in enumerate(files)]
+    batch = _rows(server.post("/embeddings_image", json={"model": model, "input": inputs}))
+    _assert_close(batch, expected)
+    unified = _rows(server.post("/embeddings", json={"model": model, "input": inputs, "modality": "image"}))
+    np.testing.assert_allclose(unified, batch, atol=1e-6)
+    for index in (0, 1):  # vLLM's chat form: one image a request
+        content = [{"type": "image_url", "image_url": {"url": _data_uri(files[index])}}]
+        body = {"model": model, "messages": [{"role": "user", "content": content}]}
+        _assert_close(_rows(server.post("/v1/embeddings", json=body)), expected[index : index + 1])
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_a_text_and_an_image_of_one_model_share_its_space(server: httpx.Client, models, family: str) -> None:
+    """The text on /v1/embeddings (and vLLM's text message) and the image on /embeddings_image give transformers'
+    cosine between its text and image features."""
+    _, model = models[family]
+    text, image = "a photo of a small cat", _file(_image(120, 90, 3))
+    text_row = _rows(server.post("/v1/embeddings", json={"model": f"tiny-{family}", "input": text}))
+    message = {"model": f"tiny-{family}", "messages": [{"role": "user", "content": text}]}
+    np.testing.assert_allclose(_rows(server.post("/v1/embeddings", json=message)), text_row, atol=1e-6)
+    image_row = _rows(server.post("/embeddings_image", json={"model": f"tiny-{family}", "input": _data_uri(image)}))
+    ids = server.post("/tokenize", json={"model": f"tiny-{family}", "inputs": text}).json()[0]
+    with torch.no_grad():
+        text_features = model.get_text_features(input_ids=torch.tensor([[token["id"] for token in ids]]))
+    expected_text = text_features.pooler_output.numpy()
+    _assert_close(text_row, expected_text)
+    expected_image = _reference(family, models, [image])
+    served_cosine = float(row_cosines(text_row, image_row)[0])
+    assert abs(served_cosine - float(row_cosines(expected_text, expected_image)[0])) < 1e-5
+
+
+def test_dimensions_and_base64_apply_to_images(server: httpx.Client) -> None:
+    image = _data_uri(_file(_image(70, 50, 5)))
+    full = _rows(server.post("/embeddings_image", json={"model": "tiny-clip", "input": [image]}))[0]
+    cut = _rows(server.post("/embeddings_image", json={"model": "tiny-clip", "input": [image], "dimensions": 16}))[0]
+    np.testing.assert_allclose(cut, full[:16] / np.linalg.norm(full[:16]), atol=1e-6)
+    body = {"model": "tiny-clip", "messages": [{"role": "user", "content": [{"type": "image_url",
+            "image_url": {"url": image}}]}], "encoding_format": "base64"}  # fmt: skip
+    answer = server.post("/v1/embeddings", json=body)
+    assert answer.status_code == 200, answer.text
+    decoded = np.frombuffer(base64.b64decode(answer.json()["data"][0]["embedding"]), "<f4")
+    np.testing.assert_allclose(decoded, full, atol=1e-6)
+    assert answer.json()["usage"]["prompt_tokens"] == 17  # the image's tokens: a class token and 16 patches
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels, with one tiny compressed row behind it: a decompression
+    bomb as Pillow's header reader meets it."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    rows = chunk(b"IDAT", zlib.compress(b"\0" * 64))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + rows + chunk(b"IEND", b"")
+
+
+def _noise_png(side: int) -> bytes:
+    return _file(Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)))
+
+
+_GOOD = _data_uri(_file(_image(40, 30, 1)))
+BAD_IMAGES = [
+    # (input, code, words the message holds)
+    (_data_uri(b"\x89PNG\r\n\x1a\n" + b"\0garbage" * 20), "invalid_image", "not a readable image"),
+    (_data_uri(_file(_image(64, 64, 2))[:300]), "invalid_image", "corrupt PNG"),  # truncated mid-stream
+    (base64.b64encode(b"plain text, not an image").decode(), "unknown_image_format", "not an image in a format"),
+    (_data_uri(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n"), "unknown_image_format", "PNG, JPEG"),
+    (_data_uri(_noise_png(300)), "image_too_large", f"over the limit of {MAX_IMAGE_BYTES}"),
+    (_data_uri(_png_header_only(100_000, 100_000)), "image_too_large", "pixels"),  # Pillow's own bomb error
+    (_data_uri(_png_header_only(7_000, 7_000)), "image_too_large", "7000 x 7000 pixels"),  # over ours only
+    ("http://127.0.0.1:9/cat.png", "image_url_refused", "fetches nothing"),
+    ("https://example.com/cat.png", "image_url_refused", "URL"),
+    ("data:image/png,rawbytes", "invalid_image", "without base64"),
+    ("data:image/png;base64,@@@@", "invalid_image", "neither a data URI"),
+]
+
+
+@pytest.mark.parametrize(("image", "code", "words"), BAD_IMAGES)
+def test_a_bad_image_is_a_400_naming_it_and_the_server_answers_after(
+    server: httpx.Client, image: str, code: str, words: str
+) -> None:
+    answer = server.post("/embeddings_image", json={"model": "tiny-siglip", "input": [_GOOD, image]})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["code"], error["param"]) == (code, "input[1]") and words in error["message"], error
+    assert "input[1]" in error["message"]
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}}]}]
+    chat = server.post("/v1/embeddings", json={"model": "tiny-clip", "messages": messages})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages[0].content[0].image_url.url"
+    assert server.post("/embeddings_image", json={"model": "tiny-siglip", "input": _GOOD}).status_code == 200
+
+
+_TEXT_AND_IMAGE = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": _GOOD}}]
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"messages": [{"role": "user", "content": _TEXT_AND_IMAGE}]}, "invalid_value", "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "x"}}]}]},
+         "invalid_value", "messages[0].content[0].type"),
+        ({"input": [_GOOD, [1, 2]], "modality": "image"}, "invalid_type", "input[1]"),
+        ({"input": _GOOD, "modality": "video"}, "unsupported_parameter", "modality"),
+    ],
+)  # fmt: skip
+def test_bodies_that_are_not_one_text_or_image_are_refused(server: httpx.Client, body: dict, code: str, param: str):
+    answer = server.post("/v1/embeddings", json={"model": "tiny-clip", **body})
+    assert answer.status_code in (400, 422), answer.text
+    assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == (code, param)
+
+
+def test_a_text_model_refuses_images(minilm_fp32) -> None:
+    with served([minilm_fp32], listen=True) as running, httpx.Client(base_url=running.url) as client:
+        answer = client.post("/embeddings_image", json={"input": _GOOD})
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "no_image_input", answer.text
+        assert "takes no images" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_preprocessing_is_transformers_bit_for_bit(tmp_path: Path, family: str) -> None:
+    """Every size (upscaled, downscaled, narrower than the crop) and mode (alpha, palette, grey, CMYK)."""
+    _processor(family).save_pretrained(tmp_path)
+    reference = _processor(family).from_pretrained(tmp_path)
+    ours = parse_processor_config((tmp_path / "preprocessor_config.json").read_text())
+    for width, height in [*SIZES, (7, 500), (33, 31), (1000, 3)]:
+        for mode in ("RGB", "RGBA", "P", "L", "LA", "CMYK"):
+            image = _image(width, height, width * height, "RGBA" if mode != "RGB" else "RGB")
+            image = image if mode in ("RGB", "RGBA") else image.convert(mode)
+            expected = reference(images=image, return_tensors="np")["pixel_values"][0]
+            np.testing.assert_array_equal(ours(image), expected, err_msg=f"{width} x {height} {mode}")
