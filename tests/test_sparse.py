@@ -269,7 +269,7 @@ def test_sparse_flags_survive_slicing_and_concatenation() -> None:
     assert joined.sparse.tolist() == [True, True, False]
     assert joined.slice(1, 3).sparse.tolist() == [True, False] and joined.slice(2, 3).options().sparse is False
     assert first.options() == RowOptions(sparse=True) and second.sparse is None and not second.any_sparse
-    with pytest.raises(ValueError, match="encodings or sparse"):
+    with pytest.raises(ValueError, match="encodings, sparse or all_outputs"):
         joined.options()
 
 
