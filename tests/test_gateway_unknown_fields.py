@@ -20,6 +20,7 @@ EXTRA = {"x_client_trace": "abc", "user": "someone"}  # fields no route reads
 EMBEDDER, RERANKER = "all-MiniLM-L6-v2", "tiny-reranker"
 ROUTES = {
     "/v1/embeddings": {"input": "a", "model": EMBEDDER},
+    "/v1/embeddings (vLLM chat)": {"messages": [{"role": "user", "content": "a"}], "model": EMBEDDER},
     "/embed": {"inputs": "a", "model": EMBEDDER},
     "/": {"inputs": "a", "model": EMBEDDER},
     "/similarity": {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": EMBEDDER},

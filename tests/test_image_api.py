@@ -218,6 +218,8 @@ _TEXT_AND_IMAGE = [{"type": "text", "text": "a"}, {"type": "image_url", "image_u
          "invalid_value", "messages[0].content[0].type"),
         ({"input": [_GOOD, [1, 2]], "modality": "image"}, "invalid_type", "input[1]"),
         ({"input": _GOOD, "modality": "video"}, "unsupported_parameter", "modality"),
+        ({"user": "u"}, "missing_required_parameter", "input"),  # neither `input` nor `messages`
+        ({"messages": [{"role": "user", "content": "a"}], "x": 1}, "unsupported_parameter", "x"),
     ],
 )  # fmt: skip
 def test_bodies_that_are_not_one_text_or_image_are_refused(server: httpx.Client, body: dict, code: str, param: str):

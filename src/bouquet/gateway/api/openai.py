@@ -34,7 +34,7 @@ from bouquet.gateway.api.fields import (
     text_positions,
 )
 from bouquet.gateway.api.multimodal import CHAT_EMBEDDINGS, IMAGE_EMBEDDINGS, chat_job, image_job, images_job
-from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.errors import ApiError, InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody, present
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
@@ -95,9 +95,12 @@ async def _embeddings(service: Service, request: Request) -> Response:
     """Texts or token ids in `input`; Infinity's images in `input` with `"modality": "image"`; or vLLM's chat form,
     `messages` holding one text or one image (api/multimodal.py)."""
     body = await read_body(service, request)
-    if "messages" in present(body):
-        return await _answer(service, request, chat_job(CHAT_EMBEDDINGS.decode(body, strict(service))))
-    parsed = EMBEDDINGS.decode(body, strict(service))
+    try:
+        parsed = EMBEDDINGS.decode(body, strict(service))
+    except ApiError:  # a body without `input`: vLLM's chat form? (looked for only then: no second pass otherwise)
+        if "messages" in present(body):
+            return await _answer(service, request, chat_job(CHAT_EMBEDDINGS.decode(body, strict(service))))
+        raise
     if parsed.modality == "image":
         return await _answer(service, request, _image_input(parsed))
     return await _answer(service, request, embed_job(parsed))
