@@ -35,7 +35,7 @@ from starlette.routing import Route
 from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway import errors
-from bouquet.gateway.api import cohere, fields, jina, openai, perplexity, tei_bodies, vllm
+from bouquet.gateway.api import cohere, fields, flag_embedding, jina, openai, perplexity, tei_bodies, vllm
 from bouquet.gateway.app import create_app
 from bouquet.gateway.http.decode import BodyDecoder, field_names
 from bouquet.gateway.openapi import document, openapi_spec, requests
@@ -46,7 +46,8 @@ RERANKER = "tiny-reranker"
 RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict", "/v2/rerank"}
 SPARSE = "tiny-splade"
 COLBERT = "tiny-colbert"
-MODEL_OF_ROUTE = {"/embed_sparse": SPARSE, "/v1/multi-vector": COLBERT}
+BGE_M3 = "tiny-bge-m3"
+MODEL_OF_ROUTE = {"/embed_sparse": SPARSE, "/v1/multi-vector": COLBERT, "/encode": BGE_M3}
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -88,7 +89,7 @@ def test_every_request_struct_is_documented() -> None:
     """Each route decodes its body into a struct (http/decode.py) whose schema the document generates (openapi/
     structs.py): every decoder the routers hold is among the documented ones, and its component is the struct's,
     the fields of its schema the struct's fields as a client spells them."""
-    modules = (cohere, jina, openai, perplexity, tei_bodies, vllm)
+    modules = (cohere, flag_embedding, jina, openai, perplexity, tei_bodies, vllm)
     decoders = [value for module in modules for value in vars(module).values() if isinstance(value, BodyDecoder)]
     assert {decoder.kind for decoder in decoders} == set(requests.REQUESTS)
     schemas = openapi_spec()["components"]["schemas"]
@@ -158,14 +159,21 @@ def colbert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> 
 
 
 @pytest.fixture(scope="module")
+def bge_m3_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) -> Path:
+    from flag_m3 import build_m3
+
+    return build_m3(tmp_path_factory.mktemp("openapi-bge-m3"), minilm_path, BGE_M3)
+
+
+@pytest.fixture(scope="module")
 def server(
-    reranker_dir: Path, splade_dir: Path, colbert_dir: Path, minilm_path: Path, minilm_fp32: Engine
+    reranker_dir: Path, splade_dir: Path, colbert_dir: Path, bge_m3_dir: Path, minilm_path: Path, minilm_fp32: Engine
 ) -> Iterator[str]:
     """In process (tests/in_process.py): a replica per model and the gateway app with the API key, on a loopback
     port of the gateway's own HTTP server: schemathesis sends its cases over a socket, headers as it spoiled them."""
-    models = (minilm_path, reranker_dir, splade_dir, colbert_dir)
+    models = (minilm_path, reranker_dir, splade_dir, colbert_dir, bge_m3_dir)
     with (
-        engines(reranker_dir, splade_dir, colbert_dir) as others,
+        engines(reranker_dir, splade_dir, colbert_dir, bge_m3_dir) as others,
         served([minilm_fp32, *others], model_dirs=models, api_key=API_KEY, listen=True) as running,
     ):
         yield running.url

@@ -29,6 +29,7 @@ from bouquet.gateway.openapi.requests import (
     DETOKENIZE_REQUEST,
     EMBED_ALL_REQUEST,
     EMBED_SPARSE_REQUEST,
+    ENCODE_REQUEST,
     IMAGE_EMBEDDINGS_REQUEST,
     MULTI_VECTOR_REQUEST,
     OPENAI_EMBEDDINGS_REQUEST,
@@ -47,6 +48,7 @@ from bouquet.gateway.openapi.responses import (
     CONTEXTUAL,
     DECODED,
     DETOKENIZED,
+    ENCODED,
     HEALTH,
     INFO,
     MODEL_CARD,
@@ -228,6 +230,9 @@ OPERATIONS: tuple[Operation, ...] = (
     # Jina's multi-vector: ColBERT's per-token vectors
     Operation("/v1/multi-vector", "post", "Jina: a ColBERT model's per-token vectors, as a query or a document",
               "Jina", _json(MULTI_VECTOR_RESPONSE), MULTI_VECTOR_REQUEST, COMPUTE),
+    # FlagEmbedding's BGEM3FlagModel.encode: bge-m3's three outputs
+    Operation("/encode", "post", "FlagEmbedding: bge-m3's dense, sparse and ColBERT outputs from one forward",
+              "FlagEmbedding", _json(ENCODED), ENCODE_REQUEST, COMPUTE),
     # KServe's Open Inference Protocol (v2), with its error body
     Operation("/v2/health/live", "get", "KServe v2: the server is live", "KServe", _json(KSERVE_LIVE), public=True,
               errors="kserve"),
@@ -319,7 +324,7 @@ def _operation(operation: Operation) -> Schema:
     return described
 
 
-_TAGS = ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Jina", "Perplexity", "KServe", "Operations")
+_TAGS = ("OpenAI", "TEI", "Rerank", "vLLM", "Cohere", "Jina", "FlagEmbedding", "Perplexity", "KServe", "Operations")
 
 
 @cache

@@ -4,6 +4,7 @@ a route takes in one of two shapes."""
 from __future__ import annotations
 
 from bouquet.gateway.api.cohere import CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest
+from bouquet.gateway.api.flag_embedding import EncodeRequest
 from bouquet.gateway.api.jina import MultiVectorRequest
 from bouquet.gateway.api.multimodal import ChatEmbeddingsRequest, ImageEmbeddingsRequest
 from bouquet.gateway.api.openai import EmbeddingsRequest
@@ -26,7 +27,7 @@ REQUESTS = (
     EmbeddingsRequest, TEIEmbedRequest, SimilarityRequest, EmbedSparseRequest, EmbedAllRequest,
     ContextualizedEmbeddingsRequest, TEITokenizeRequest, VLLMTokenizeRequest, DecodeRequest, PredictRequest,
     DetokenizeRequest, TEIRerankRequest, CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest,
-    ScoreRequest, MultiVectorRequest, ChatEmbeddingsRequest, ImageEmbeddingsRequest,
+    ScoreRequest, MultiVectorRequest, EncodeRequest, ChatEmbeddingsRequest, ImageEmbeddingsRequest,
 )  # fmt: skip
 REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS)[1].items()}
 
@@ -62,3 +63,4 @@ RERANK_REQUEST: Schema = {
 }
 SCORE_REQUEST = REFS["ScoreRequest"]
 MULTI_VECTOR_REQUEST = REFS["MultiVectorRequest"]
+ENCODE_REQUEST = REFS["EncodeRequest"]

@@ -62,7 +62,7 @@ class ServedModel:
     def routes(self) -> str:
         """The routes that serve this model, for errors that send a client elsewhere."""
         served = [*_TASK_ROUTES[self.task]] + (
-            ["/embed_sparse"] if self.sparse_dimension and self.task != "sparse" else []
+            ["/embed_sparse", "/encode"] if self.sparse_dimension and self.task != "sparse" else []
         )
         return ", ".join(served)
 
