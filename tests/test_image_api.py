@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from PIL import Image
 from test_clip import _clip, _save
 from test_siglip import save_siglip
 
-from bouquet.gateway.image_processing import parse_processor_config
+from bouquet.gateway.image_processing import model_images, parse_processor_config
 
 BOUND = 0.99999
 SIZES = [(50, 80), (300, 120), (32, 32), (17, 9)]  # (width, height); the processors' size is 32
@@ -47,9 +49,10 @@ def models(tmp_path_factory, minilm_path: Path) -> dict[str, tuple[Path, torch.n
         "clip": (clip_path, _save(_clip(eos_token_id=102), clip_path, minilm_path)),
         "siglip": (siglip_path, save_siglip(siglip_path, minilm_path, projection_size=64)),  # one space
     }
+    shutil.copytree(clip_path, root / "tiny-clip-bare")  # no preprocessor_config.json
     for family, (path, _) in built.items():
         _processor(family).save_pretrained(path)
-    return built
+    return {**built, "bare": (root / "tiny-clip-bare", built["clip"][1])}
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +231,13 @@ def test_bodies_that_are_not_one_text_or_image_are_refused(server: httpx.Client,
     assert (answer.json()["error"]["code"], answer.json()["error"]["param"]) == (code, param)
 
 
+def test_a_model_without_its_processor_config_refuses_images_saying_why(server: httpx.Client) -> None:
+    answer = server.post("/embeddings_image", json={"model": "tiny-clip-bare", "input": _GOOD})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "no_image_input", answer.text
+    assert "no preprocessor_config.json" in answer.json()["error"]["message"]
+    assert server.post("/v1/embeddings", json={"model": "tiny-clip-bare", "input": "a cat"}).status_code == 200
+
+
 def test_a_text_model_refuses_images(minilm_fp32) -> None:
     with served([minilm_fp32], listen=True) as running, httpx.Client(base_url=running.url) as client:
         answer = client.post("/embeddings_image", json={"input": _GOOD})
@@ -247,3 +257,39 @@ def test_preprocessing_is_transformers_bit_for_bit(tmp_path: Path, family: str) 
             image = image if mode in ("RGB", "RGBA") else image.convert(mode)
             expected = reference(images=image, return_tensors="np")["pixel_values"][0]
             np.testing.assert_array_equal(ours(image), expected, err_msg=f"{width} x {height} {mode}")
+
+
+def test_an_old_clip_feature_extractor_config_is_followed_as_transformers_reads_it(tmp_path: Path) -> None:
+    """openai/clip-vit-base-patch32's layout: `size` and `crop_size` as ints, no rescale keys (1/255)."""
+    from transformers import CLIPImageProcessor
+
+    config = {"crop_size": 32, "do_center_crop": True, "do_normalize": True, "do_resize": True, "resample": 3,
+              "feature_extractor_type": "CLIPFeatureExtractor", "size": 32, "image_mean": [0.48145466, 0.4578275,
+              0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    reference = CLIPImageProcessor.from_pretrained(tmp_path)
+    ours = parse_processor_config(json.dumps(config))
+    for width, height in SIZES:
+        image = _image(width, height, 11)
+        np.testing.assert_array_equal(ours(image), reference(images=image, return_tensors="np")["pixel_values"][0])
+
+
+_NO_NORMALIZE = {"do_normalize": False}
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ("", "no preprocessor_config.json"),
+        (json.dumps({"size": {"shortest_edge": 32}, "do_center_crop": False, **_NO_NORMALIZE}), "varying sizes"),
+        (json.dumps({"size": {"height": 64, "width": 64}, **_NO_NORMALIZE}), "shape [3, 64, 64], not [3, 32, 32]"),
+        (json.dumps({"size": {"longest_edge": 32}, **_NO_NORMALIZE}), "only {'shortest_edge'} or {'height', 'width'}"),
+        (json.dumps({"size": {"height": 32, "width": 32}, "resample": 9}), "not one of Pillow's filters"),
+        (json.dumps({"size": {"height": 32, "width": 32}}), "do_normalize without 'image_mean'"),
+        ("{not json", "cannot be followed"),
+    ],
+)
+def test_a_config_the_gateway_cannot_follow_leaves_images_unusable_saying_why(config: str, why: str) -> None:
+    images = model_images((3, 32, 32), 17, config)
+    assert images is not None and images.processing is None and why in images.unusable, images
+    assert model_images((), 0, config) is None  # a text model takes none
