@@ -34,12 +34,15 @@ class ImageProcessing:
     mean: tuple[float, ...] | None  # per channel; None: no normalisation
     std: tuple[float, ...] | None
 
+    def __post_init__(self) -> None:
+        if self.crop is None and self.size is None:  # a resize of the shortest edge alone leaves sizes varying
+            raise ValueError("images of varying sizes: the config resizes no image to a fixed size and crops none")
+
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of every processed image; a resize of the shortest edge alone leaves sizes varying."""
+        """(C, H, W) of every processed image."""
         height_width = self.crop or self.size
-        if height_width is None:
-            raise ValueError("images of varying sizes: the config resizes no image to a fixed size and crops none")
+        assert height_width is not None  # __post_init__
         return (3, *height_width)
 
     def __call__(self, image: Image.Image) -> np.ndarray:  # [3, H, W] float32
@@ -106,9 +109,7 @@ def parse_processor_config(text: str) -> ImageProcessing:
     mean = std = None
     if config.get("do_normalize", True):
         mean, std = _per_channel(config, "image_mean"), _per_channel(config, "image_std")
-    processing = ImageProcessing(shortest_edge, size, resample, crop, rescale, mean, std)
-    processing.shape  # noqa: B018  (a config that leaves image sizes varying is refused here)
-    return processing
+    return ImageProcessing(shortest_edge, size, resample, crop, rescale, mean, std)
 
 
 def _size(config: dict[str, Any], clip_like: bool) -> tuple[int | None, tuple[int, int] | None]:
