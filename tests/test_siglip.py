@@ -22,9 +22,10 @@ IMAGE_SIZE, PATCH = 32, 8
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2
 
 
-def save_siglip(path: Path, tokenizer_dir: Path, projection_size: int = 48):
+def save_siglip(path: Path, tokenizer_dir: Path, projection_size: int = 64):
     """A tiny random-weight SiglipModel saved at `path` beside the MiniLM tokenizer; the model, in eval mode. Its
-    image rows are as wide as the vision tower (64); text rows as `projection_size` (a real SigLIP's are equal)."""
+    image rows are as wide as the vision tower (64); text rows as `projection_size` (a real SigLIP's are equal, and
+    bouquet refuses one whose are not)."""
     from transformers import SiglipConfig, SiglipModel
 
     tower = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -70,7 +71,7 @@ def test_text_and_image_features_match_transformers(siglip, dtype: str) -> None:
     texts, images = _texts(), _images(3)
     engine = Engine(EngineConfig(model_path=path, device="cpu", dtype=dtype, cpu_warmup_tokens=0))
     try:
-        assert engine.dimension == 48 and engine.max_seq_length == 64
+        assert engine.dimension == 64 and engine.max_seq_length == 64
         text_rows = engine.embed(Batch.pack(texts))
         image_rows = engine.embed(Batch.pack_images(images, IMAGE_TOKENS))
     finally:
@@ -82,3 +83,13 @@ def test_text_and_image_features_match_transformers(siglip, dtype: str) -> None:
         expected_images = model.get_image_features(pixel_values=torch.from_numpy(images)).pooler_output.numpy()
     _assert_close(text_rows, expected_texts, dtype)
     _assert_close(image_rows, expected_images, dtype)
+
+
+def test_text_and_image_rows_of_different_widths_are_refused_at_load(tmp_path: Path, minilm_path: Path) -> None:
+    """Text rows 48 wide and image rows 64 wide share no space (transformers' own logits fail on them): refused when
+    the model loads, never served with one side's rows cut to the other's width."""
+    model = save_siglip(tmp_path, minilm_path, projection_size=48)
+    with torch.no_grad(), pytest.raises(RuntimeError):  # transformers cannot compare them either
+        model(input_ids=torch.tensor([[5, 6]]), pixel_values=torch.from_numpy(_images(1)))
+    with pytest.raises(ValueError, match=r"projection_size 48.*hidden_size 64.*differ in width"):
+        Engine(EngineConfig(model_path=tmp_path, device="cpu", dtype="float32", cpu_warmup_tokens=0))

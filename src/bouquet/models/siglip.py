@@ -65,12 +65,19 @@ class SiglipConfig:
             raise ValueError(
                 "a SigLIP vision tower without its pooling head (vision_use_head false) gives no embedding"
             )
+        projection_size = text.get("projection_size") or text["hidden_size"]
+        if projection_size != vision["hidden_size"]:
+            raise ValueError(
+                f"a SigLIP whose text rows (text_config.projection_size {projection_size}) and image rows "
+                f"(vision_config.hidden_size {vision['hidden_size']}) differ in width: its texts and images share "
+                "no space to compare them in (transformers' SiglipModel cannot score them either)"
+            )
         return cls(
             text=TowerConfig.from_hf(text),
             vision=TowerConfig.from_hf(vision),
             vocab_size=text["vocab_size"],
             max_positions=text["max_position_embeddings"],
-            projection_size=text.get("projection_size") or text["hidden_size"],
+            projection_size=projection_size,
             image_size=vision["image_size"],
             patch_size=vision["patch_size"],
             num_channels=vision["num_channels"],
