@@ -1,5 +1,6 @@
 """vLLM's own routes beside the OpenAI ones: `POST /score` and `/v1/score` (a cross-encoder's score per pair,
-`text_1` against `text_2` or vLLM's newer names for them), `/tokenize`'s vLLM body (`prompt`; TEI's /tokenize
+`text_1` against `text_2` or vLLM's newer names for them; a CLIP's or SigLIP's texts against images, a side given
+as vLLM's `{"content": [parts]}`, zero_shot.py), `/tokenize`'s vLLM body (`prompt`; TEI's /tokenize
 route hands it here), `POST /detokenize`, and SageMaker's probe `/ping`. Errors have OpenAI's body, as vLLM's."""
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
 import numpy as np
 from msgspec import Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bouquet.gateway import scoring, text_tools
+from bouquet.gateway import scoring, text_tools, zero_shot
 from bouquet.gateway.api.fields import (
     Count,
     Instruction,
@@ -26,6 +28,7 @@ from bouquet.gateway.api.fields import (
     described,
     mode_weights,
 )
+from bouquet.gateway.api.multimodal import ImagePart, TextPart
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
@@ -37,7 +40,15 @@ from bouquet.gateway.service import Service
 
 # vLLM's `activation` (older) or `use_activation`: false for the logits (TEI's raw_scores); given both, they agree
 Activation = Annotated[bool, described("vLLM's: false for the logits, no activation", default=True)] | None
-Side = Text | Texts
+
+
+class Content(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's multimodal side of /score: each part one item, an image or a text (zero_shot.py)."""
+
+    content: Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
+
+
+Side = Text | Texts | Content
 # vLLM's newer names for /score's two sides: each side is given by exactly one of its names (else 400)
 SCORE_SIDES: dict[str, tuple[str, ...]] = {
     "text_1": ("text_1", "queries", "data_1"),
@@ -97,8 +108,12 @@ def routes(health: Handler) -> list[Route]:
 
 
 async def _score(service: Service, request: Request) -> Response:
-    job = score_job(await read_request(service, request, SCORE))
-    model, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
+    body = await read_request(service, request, SCORE)
+    if any(isinstance(getattr(body, name), Content) for names in SCORE_SIDES.values() for name in names):
+        work = zero_shot.zero_shot_scores(service, zero_shot_job(body))
+    else:
+        work = scoring.score(service, score_job(body))
+    model, scores, tokens = await unless_disconnected(request, work)
     return json_response(score_response(scores, model, tokens))
 
 
@@ -138,15 +153,44 @@ def score_job(body: ScoreRequest) -> RerankJob:
     )
 
 
+def zero_shot_job(body: ScoreRequest) -> zero_shot.ZeroShotJob:
+    """/score with a side in vLLM's multimodal form: one item against every item of the other side, or as many."""
+    queries, documents = (_items(body, names) for names in SCORE_SIDES.values())
+    if len(queries) == 1:
+        queries = queries * len(documents)
+    if len(queries) != len(documents):
+        message = f"'text_1' has {len(queries)} items and 'text_2' {len(documents)}: give one text_1, or as many"
+        raise InvalidRequest(message, "invalid_value", "text_1")
+    return zero_shot.ZeroShotJob(body.model, list(zip(queries, documents, strict=True)))
+
+
+def _items(body: ScoreRequest, names: tuple[str, ...]) -> list[zero_shot.Item]:
+    name, value = _given(body, names)
+    if not isinstance(value, Content):
+        return [zero_shot.Item(text=text) for text in ([value] if isinstance(value, str) else value)]
+    return [
+        zero_shot.Item(text=part.text)
+        if isinstance(part, TextPart)
+        else zero_shot.Item(image=part.image_url.url, name=f"{name}.content[{index}].image_url.url")
+        for index, part in enumerate(value.content)
+    ]
+
+
 def _side(body: ScoreRequest, names: tuple[str, ...]) -> list[str]:
     """One side's texts, given by exactly one of its names."""
+    name, value = _given(body, names)
+    assert not isinstance(value, Content), f"{name}: content parts are zero_shot_job's to read"
+    return [value] if isinstance(value, str) else value
+
+
+def _given(body: ScoreRequest, names: tuple[str, ...]) -> tuple[str, Side]:
+    """The name one side is given by (exactly one of `names`) and its value."""
     given = [name for name in names if getattr(body, name) is not None]
     if not given:
         raise InvalidRequest(f"'{names[0]}' is required", "missing_required_parameter", names[0])
     if len(given) > 1:
         raise InvalidRequest(f"'{given[1]}' and '{given[0]}' both give {names[0]}; send one", "invalid_value", given[1])
-    value: str | list[str] = getattr(body, given[0])
-    return [value] if isinstance(value, str) else value
+    return given[0], getattr(body, given[0])
 
 
 def raw_scores(activation: bool | None, use_activation: bool | None) -> bool:

@@ -1,0 +1,75 @@
+"""Zero-shot scores over real HTTP (vLLM's /score with a side in its multimodal `{"content": [...]}` form) on the tiny
+CLIP and SigLIP of test_image_api, against transformers' own CLIPModel / SiglipModel forward: the score is the cosine
+of a text's and an image's features, which is transformers' logits_per_image with the model's scale (and SigLIP's
+bias) taken off."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import numpy as np
+import pytest
+import test_image_api
+import torch
+from PIL import Image
+from test_image_api import _data_uri, _file, _image, _processor
+
+models = test_image_api.models  # its module-scoped fixtures: the tiny models, and a server of them
+server = test_image_api.server
+LABELS = ["a photo of a small cat", "a diagram", "two dogs on a beach at noon"]
+
+
+def _cosines(family: str, models, texts: list[list[int]], files: list[bytes]) -> np.ndarray:  # [texts, images]
+    """transformers' logits_per_text, one text a forward (no padding), with the logit scale and bias undone."""
+    path, model = models[family]
+    images = [Image.open(io.BytesIO(data)) for data in files]
+    pixels = _processor(family).from_pretrained(path)(images=images, return_tensors="pt")["pixel_values"]
+    rows = []
+    with torch.no_grad():
+        for ids in texts:
+            logits = model(input_ids=torch.tensor([ids]), pixel_values=pixels).logits_per_text[0]
+            bias = model.logit_bias if family == "siglip" else 0.0
+            rows.append(((logits - bias) / model.logit_scale.exp()).numpy())
+    return np.stack(rows)
+
+
+def _ids(server: httpx.Client, model: str, text: str) -> list[int]:
+    return [token["id"] for token in server.post("/tokenize", json={"model": model, "inputs": text}).json()[0]]
+
+
+def _scores(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.array([item["score"] for item in response.json()["data"]])
+
+
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_texts_against_images_score_as_transformers_forward(server: httpx.Client, models, family: str) -> None:
+    name = f"tiny-{family}"
+    files = [_file(_image(w, h, seed)) for seed, (w, h) in enumerate([(70, 40), (32, 50), (90, 90)])]
+    content = {"content": [{"type": "image_url", "image_url": {"url": _data_uri(data)}} for data in files]}
+    expected = _cosines(family, models, [_ids(server, name, text) for text in LABELS], files)
+    one_text = _scores(server.post("/score", json={"model": name, "text_1": LABELS[1], "text_2": content}))
+    np.testing.assert_allclose(one_text, expected[1], atol=2e-5)
+    pairwise = _scores(server.post("/v1/score", json={"model": name, "queries": LABELS, "documents": content}))
+    np.testing.assert_allclose(pairwise, np.diag(expected), atol=2e-5)
+    images_first = _scores(server.post("/score", json={"model": name, "data_1": content, "data_2": LABELS}))
+    np.testing.assert_allclose(images_first, np.diag(expected), atol=2e-5)
+
+
+def test_content_parts_mix_texts_and_images_and_refusals_name_the_part(server: httpx.Client, models) -> None:
+    image = _file(_image(40, 60, 5))
+    parts = [{"type": "text", "text": LABELS[0]}, {"type": "image_url", "image_url": {"url": _data_uri(image)}}]
+    body = {"model": "tiny-clip", "text_1": LABELS[0], "text_2": {"content": parts}}
+    scores = _scores(server.post("/score", json=body))
+    assert scores[0] == pytest.approx(1.0, abs=1e-5)  # a text against itself
+    np.testing.assert_allclose(
+        scores[1], _cosines("clip", models, [_ids(server, "tiny-clip", LABELS[0])], [image])[0, 0], atol=2e-5
+    )
+    bad = {**body, "text_2": {"content": [parts[0], {"type": "image_url", "image_url": {"url": "aGVsbG8="}}]}}
+    response = server.post("/score", json=bad)
+    assert response.status_code == 400 and "text_2.content[1].image_url.url" in response.text, response.text
+    uneven = {"model": "tiny-clip", "text_1": LABELS[:2], "text_2": {"content": parts + parts}}
+    assert server.post("/score", json=uneven).status_code == 400
+    text_model = server.post("/score", json={"model": "tiny-clip-bare", "text_1": "x", "text_2": {"content": parts}})
+    assert text_model.status_code == 400 and "no_image_input" in text_model.text, text_model.text
