@@ -217,7 +217,7 @@ def test_a_type_error_names_the_field_at_its_path():
 def test_request_defaults():
     job = _openai({"input": "a", "model": "m", "user": "u"})
     # normalize None: the model's Normalize module decides (the gateway learns it from Info)
-    assert (job.model, job.normalize, job.truncate, job.response_format, job.dimensions) == (
+    assert (job.model, job.options.normalize, job.truncate, job.response_format, job.options.dimensions) == (
         "m",
         None,
         True,
@@ -225,7 +225,7 @@ def test_request_defaults():
         None,
     )
     tei = _tei({"inputs": ["a"], "normalize": False, "truncate": False, "truncation_direction": "Left"})
-    assert (tei.normalize, tei.truncate, tei.truncation_direction) == (False, False, "left")
+    assert (tei.options.normalize, tei.truncate, tei.truncation_direction) == (False, False, "left")
     with pytest.raises(InvalidRequest):
         _tei({"inputs": "a", "truncation_direction": "up"})
     with pytest.raises(Unprocessable):

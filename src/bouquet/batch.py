@@ -15,10 +15,12 @@ from bouquet.encodings import Encoding
 
 @dataclass(frozen=True)
 class RowOptions:
-    """How a request's rows are finished, the same for all its sequences (what the wire sends as scalars)."""
+    """How a request's rows are finished, the same for all its sequences: the one form of these facts from the parsed
+    request (an API router builds it) to the wire (`replica/client.embed_request` sends it as scalars) and back out
+    of it (`replica/request.decode_request`). A batch's per-sequence arrays are filled from it when it is packed."""
 
-    dimensions: int = 0  # 0 keeps the full width
-    normalize: bool = True
+    dimensions: int | None = None  # None keeps the full width (0 on the wire and in a batch's arrays)
+    normalize: bool | None = True  # None: as the model's Normalize module says (the gateway resolves it before packing)
     prompt_tokens: int = 0  # leading tokens of each sequence that are the prompt's
     raw_spans: bool = False  # span rows are token states as the model outputs them: no Dense modules
     encoding: Encoding = Encoding.FLOAT32  # how the finished rows travel back (bouquet/encodings.py)
@@ -71,6 +73,9 @@ class Batch:
     key_lens: np.ndarray | None = None  # [B] int32, 1 <= key_lens[i] <= its length; None: every token is a key
     pixel_values: np.ndarray | None = None  # [B, C, H, W] float32; None: the sequences are token ids
     all_outputs: np.ndarray | None = None  # [B] bool; None: no sequence asks for them
+    # the options every sequence shares, as packed (the arrays above are filled from them); None: a step mixing
+    # requests, whose sequences each keep their own
+    row_options: RowOptions | None = None
 
     @classmethod
     def pack(
@@ -115,7 +120,10 @@ class Batch:
             span_bounds=np.asarray(span_bounds, dtype=np.int32).reshape(-1, 2),
             raw_spans=np.full(self.num_seqs, raw, dtype=bool),
             token_vectors=np.full(self.num_seqs, token_vectors, dtype=bool),
-        )
+            row_options=None if self.row_options is None else replace(
+                self.row_options, raw_spans=raw, token_vectors=token_vectors
+            ),
+        )  # fmt: skip
 
     @classmethod
     def from_packed(
@@ -126,17 +134,19 @@ class Batch:
         token_type_ids: np.ndarray | None = None,  # [T] int32
     ) -> Batch:
         """Arrays already packed, every sequence finished by `options`."""
+        assert options.normalize is not None, "the model's default normalisation is resolved before packing"
         num_seqs = len(cu_seqlens) - 1
         return cls(
             input_ids=np.asarray(input_ids, dtype=np.int32),
             cu_seqlens=np.asarray(cu_seqlens, dtype=np.int32),
-            dimensions=np.full(num_seqs, options.dimensions, dtype=np.int32),
+            dimensions=np.full(num_seqs, options.dimensions or 0, dtype=np.int32),
             normalize=np.full(num_seqs, options.normalize, dtype=bool),
             prompt_lens=np.full(num_seqs, options.prompt_tokens, dtype=np.int32),
             encodings=np.full(num_seqs, options.encoding, dtype=np.uint8),
             token_type_ids=None if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int32),
             sparse=np.ones(num_seqs, dtype=bool) if options.sparse else None,
             all_outputs=np.ones(num_seqs, dtype=bool) if options.all_outputs else None,
+            row_options=options,
         )
 
     @property
@@ -166,32 +176,24 @@ class Batch:
         return self.num_seqs if self.cu_spans is None else int(self.cu_rows[-1])
 
     def options(self) -> RowOptions:
-        """The options all its sequences share; a batch mixing several has none to send as one request."""
-        raw = self.raw_spans is not None and bool(self.raw_spans[0])
-        sparse = self.sparse is not None and bool(self.sparse[0])
-        vectors = self.token_vectors is not None and bool(self.token_vectors[0])
-        every = self.any_all_outputs
-        first = (int(self.dimensions[0]), bool(self.normalize[0]), int(self.prompt_lens[0]))
-        options = RowOptions(
-            *first,
-            raw_spans=raw,
-            encoding=Encoding(self.encodings[0]),
-            sparse=sparse,
-            token_vectors=vectors,
-            all_outputs=every,
-        )
-        mixed = (self.dimensions != options.dimensions).any() or (self.normalize != options.normalize).any()
-        mixed = mixed or (self.raw_spans is not None and (self.raw_spans != raw).any())
-        mixed = mixed or (self.token_vectors is not None and (self.token_vectors != vectors).any())
-        mixed = mixed or (self.encodings != options.encoding).any()
-        mixed = mixed or (self.sparse is not None and (self.sparse != sparse).any())
-        mixed = mixed or (self.all_outputs is not None and (self.all_outputs != every).any())
-        if mixed or (self.prompt_lens != options.prompt_tokens).any():
+        """The options all its sequences share: those it was packed with, kept through slices and through a concat of
+        batches that share them. A step's (a concat of requests' sequences) are read from its arrays: a step mixing
+        several has none to send as one request (ValueError)."""
+        if self.row_options is not None:
+            return self.row_options
+        flags = {"raw_spans": self.raw_spans, "sparse": self.sparse, "token_vectors": self.token_vectors,
+                 "all_outputs": self.all_outputs}  # fmt: skip
+        arrays = [self.dimensions, self.normalize, self.prompt_lens, self.encodings, *flags.values()]
+        if any(values is not None and len(values) and (values != values[0]).any() for values in arrays):
             raise ValueError(
                 "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, token_vectors, encodings, "
                 "sparse or all_outputs"
             )
-        return options
+        return RowOptions(
+            int(self.dimensions[0]) or None, bool(self.normalize[0]), int(self.prompt_lens[0]),
+            encoding=Encoding(self.encodings[0]),
+            **{name: values is not None and bool(values[0]) for name, values in flags.items()},
+        )  # fmt: skip
 
     @property
     def any_sparse(self) -> bool:
@@ -222,6 +224,7 @@ class Batch:
             key_lens=None if self.key_lens is None else self.key_lens[start:stop],
             pixel_values=None if self.pixel_values is None else self.pixel_values[start:stop],
             all_outputs=None if self.all_outputs is None else self.all_outputs[start:stop],
+            row_options=self.row_options,
             **self._span_slice(start, stop),
         )
 
@@ -258,6 +261,7 @@ class Batch:
             key_lens=_concat_key_lens(batches),
             pixel_values=_concat_images(batches),
             all_outputs=_concat_all_outputs(batches),
+            row_options=_shared_options(batches),
             **_concat_spans(batches),
         )
 
@@ -268,6 +272,12 @@ def _flatten(sequences: Sequence[Sequence[int]], count: int) -> np.ndarray:  # [
 
 def _token_types(batch: Batch) -> np.ndarray:  # [T] int32
     return np.zeros(batch.num_tokens, np.int32) if batch.token_type_ids is None else batch.token_type_ids
+
+
+def _shared_options(batches: Sequence[Batch]) -> RowOptions | None:
+    """The options of batches that all share them; None when any differs (a step mixing requests)."""
+    first = batches[0].row_options
+    return first if all(batch.row_options == first for batch in batches) else None
 
 
 def _concat_sparse(batches: Sequence[Batch]) -> np.ndarray | None:

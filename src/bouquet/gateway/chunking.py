@@ -12,7 +12,8 @@ import numpy as np
 
 from bouquet import all_outputs, sparse_rows
 from bouquet.batch import Batch, token_budget_runs
-from bouquet.gateway.replicas.pool import ReplicaPool, Reply
+from bouquet.gateway.replicas.pool import ReplicaPool
+from bouquet.replica.client import Reply
 
 
 def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) -> list[tuple[int, int]]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bouquet.batch import RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
+
+AS_THE_MODEL = RowOptions(normalize=None)  # float32 rows at the model's full width, normalised as it says
 
 
 @dataclass(frozen=True)
@@ -17,8 +20,10 @@ class EmbedJob:
     model: str | None
     texts: list[str] | None
     token_ids: list[list[int]] | None
-    dimensions: int | None = None
-    normalize: bool | None = None  # None: as the model's Normalize module says
+    # the rows' options as the wire will carry them (the router builds them; the service checks `dimensions` against
+    # the model's width, resolves `normalize` None to the model's Normalize module and adds the prompt's tokens);
+    # `sparse`: each input's sparse row (TEI's /embed_sparse), not its embedding; `encoding` is response_format's
+    options: RowOptions = AS_THE_MODEL
     truncate: bool = True
     truncation_direction: str = "right"
     prompt_name: str | None = None
@@ -27,7 +32,6 @@ class EmbedJob:
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
     text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input
-    sparse: bool = False  # each input's sparse row (TEI's /embed_sparse), not its embedding
 
     @property
     def num_inputs(self) -> int:

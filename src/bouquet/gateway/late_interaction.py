@@ -159,9 +159,9 @@ def check_vectors(vectors: int, limit: int) -> None:
         raise TooLarge(message, "too_many_token_vectors", "input")
 
 
-def _dimensions(dimensions: int | None, info: embedding_pb2.MultiVector) -> int:
+def _dimensions(dimensions: int | None, info: embedding_pb2.MultiVector) -> int | None:
     if dimensions is None:
-        return 0
+        return None
     if not 1 <= dimensions <= info.dimension:
         message = f"dimensions must be between 1 and {info.dimension} for this model's token vectors, got {dimensions}"
         raise InvalidRequest(message, "invalid_value", "dimensions")

@@ -36,7 +36,7 @@ def cut(contents: list[list[int]], prefix: list[int], suffix: list[int], limit: 
     return Windows(sequences, np.asarray(owners), np.asarray(weights, np.float32))
 
 
-def combine(rows: np.ndarray, windows: Windows, inputs: int, dimensions: int, normalize: bool) -> np.ndarray:
+def combine(rows: np.ndarray, windows: Windows, inputs: int, dimensions: int | None, normalize: bool) -> np.ndarray:
     """[W, width] window rows (not normalised, full width) -> [inputs, dimensions or width] input rows."""
     sums = np.zeros((inputs, rows.shape[1]), np.float64)
     np.add.at(sums, windows.owners, rows.astype(np.float64) * windows.weights[:, None])

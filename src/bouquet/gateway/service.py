@@ -25,7 +25,8 @@ from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.memory_trim import trim_when_idle
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
-from bouquet.gateway.replicas.pool import ReplicaPool, Reply
+from bouquet.gateway.replicas.pool import ReplicaPool
+from bouquet.replica.client import Reply
 from bouquet.sparse_rows import max_sparse_rows
 from bouquet.tls import channel_credentials
 
@@ -91,14 +92,15 @@ class Service:
         if job.text_positions is not None:
             return await self._embed_mixed(job)
         model = self.catalog.get(job.model)
-        if job.sparse and not model.sparse_dimension:
+        sparse = job.options.sparse
+        if sparse and not model.sparse_dimension:
             raise model.wrong_task("sparse rows")
-        if not job.sparse and model.task != "embed":
+        if not sparse and model.task != "embed":
             raise model.wrong_task("embeddings")
         _check_truncate_tokens(job, model)
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
-        if not job.sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged
+        if not sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged
             return model, *await self._embed_windows(job, model, options)
 
         async def batch() -> Batch:
@@ -138,13 +140,13 @@ class Service:
                 contents, prefix, suffix = job.token_ids, [], []  # ids as sent, their own special tokens
             cut.append(long_inputs.cut(contents, prefix, suffix, model.max_seq_length))
             # the windows' rows come back as float32, averaged, then finished and encoded here
-            window_options = replace(options, dimensions=0, normalize=False, encoding=Encoding.FLOAT32)
+            window_options = replace(options, dimensions=None, normalize=False, encoding=Encoding.FLOAT32)
             return Batch.pack(cut[0].sequences, window_options)
 
         sizes = [len(text.encode()) for text in job.texts] if job.texts is not None else map(len, job.token_ids or ())
         estimate = sum(size + SPECIAL_TOKENS * (1 + size // model.max_seq_length) for size in sizes)
         rows, tokens = await self.compute(model, estimate, batch, exact=job.token_ids is not None)
-        combined = long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize)
+        combined = long_inputs.combine(rows, cut[0], job.num_inputs, options.dimensions, options.normalize is True)
         return encode_rows(combined, options.encoding), tokens
 
     async def compute(
@@ -206,16 +208,16 @@ class Service:
             )
 
     def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
+        """The job's options completed where the model is known: `dimensions` within its width, `normalize` as its
+        Normalize module says unless the request said, and its prompt's tokens."""
         prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
         prompt_tokens = model.require_tokenizer().prompt_tokens(prompt) if prompt else 0
-        if job.sparse:  # a sparse row comes whole and as it is: no dimensions, normalisation or encoding
-            return RowOptions(normalize=False, prompt_tokens=prompt_tokens, sparse=True)
-        return RowOptions(
-            dimensions=check_dimensions(job.dimensions, model),
-            normalize=model.normalize if job.normalize is None else job.normalize,
-            prompt_tokens=prompt_tokens,
-            encoding=job.response_format.encoding,
-        )
+        options = job.options
+        if options.sparse:  # a sparse row comes whole and as it is: no dimensions, normalisation or encoding
+            return replace(options, prompt_tokens=prompt_tokens)
+        normalize = model.normalize if options.normalize is None else options.normalize
+        dimensions = check_dimensions(options.dimensions, model)
+        return replace(options, dimensions=dimensions, normalize=normalize, prompt_tokens=prompt_tokens)
 
     async def sequences(self, job: EmbedJob, model: ServedModel) -> list[list[int]]:
         """The job's token ids: its texts tokenized with the model's prompt, or its ids checked and cut."""
@@ -261,10 +263,10 @@ class Service:
         return [ids[:limit] for ids in token_ids]
 
 
-def check_dimensions(dimensions: int | None, model: ServedModel) -> int:
-    """A request's `dimensions` (None: the model's whole width, 0 on the wire) within the model's width."""
+def check_dimensions(dimensions: int | None, model: ServedModel) -> int | None:
+    """A request's `dimensions` (None: the model's whole width) within the model's width."""
     if dimensions is None:
-        return 0
+        return None
     if not 1 <= dimensions <= model.dimension:
         raise InvalidRequest(
             f"dimensions must be between 1 and {model.dimension} for {model.id!r}, got {dimensions}",

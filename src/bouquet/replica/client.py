@@ -3,44 +3,55 @@ No torch."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
 from bouquet.all_outputs import AllOutputs, from_response
-from bouquet.batch import Batch
+from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import Encoding, encode_rows, rows_from_bytes
 from bouquet.proto import embedding_pb2
 from bouquet.sparse_rows import SparseRows
 
+Reply = np.ndarray | SparseRows | AllOutputs  # rows in the encoding asked for, sparse rows, or all outputs
+
 
 def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequest:
-    """The batch's arrays as little-endian int32 bytes; its options, which all its sequences share, as scalars;
-    `maxsim`: MaxSim scores of its first sequence (a query) against each later one instead of rows."""
-    options = batch.options()
+    """The batch's arrays as little-endian int32 bytes (or its images as float32), its options as the scalars
+    `wire_options` writes; `maxsim`: MaxSim scores of its first sequence (a query) against each later one instead of
+    rows."""
+    options = wire_options(batch.options(), maxsim)
     if batch.pixel_values is not None:  # the replica lays images out at its model's tokens per image
         return embedding_pb2.EmbedRequest(
             pixel_values=batch.pixel_values.astype("<f4", copy=False).tobytes(),
-            image_shape=batch.pixel_values.shape[1:], dimensions=options.dimensions, normalize=options.normalize,
-            encoding=wire_encoding(options.encoding),
+            image_shape=batch.pixel_values.shape[1:], **options,
         )  # fmt: skip
     return embedding_pb2.EmbedRequest(
         input_ids=_int32_bytes(batch.input_ids),
         cu_seqlens=_int32_bytes(batch.cu_seqlens),
         token_type_ids=b"" if batch.token_type_ids is None else _int32_bytes(batch.token_type_ids),
-        dimensions=options.dimensions,
-        normalize=options.normalize,  # proto3 bool: always set, its default (False) is not ours
-        prompt_tokens=options.prompt_tokens,
-        encoding=wire_encoding(options.encoding),
-        sparse=options.sparse,
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
-        raw_spans=options.raw_spans,
-        token_vectors=options.token_vectors,
         key_lens=b"" if batch.key_lens is None else _int32_bytes(batch.key_lens),
-        maxsim=maxsim,
-        all_outputs=options.all_outputs,
+        **options,
     )
+
+
+def wire_options(options: RowOptions, maxsim: bool = False) -> dict[str, Any]:
+    """The row options as the EmbedRequest's scalars: the one place they are written (replica/request.py's
+    `row_options` the one place they are read)."""
+    assert options.normalize is not None, "the model's default normalisation is resolved before the wire"
+    return {
+        "dimensions": options.dimensions or 0,
+        "normalize": options.normalize,  # proto3 bool: always set, its default (False) is not ours
+        "prompt_tokens": options.prompt_tokens,
+        "encoding": wire_encoding(options.encoding),
+        "sparse": options.sparse,
+        "raw_spans": options.raw_spans,
+        "token_vectors": options.token_vectors,
+        "all_outputs": options.all_outputs,
+        "maxsim": maxsim,
+    }
 
 
 def wire_encoding(encoding: Encoding) -> embedding_pb2.Encoding:
@@ -79,16 +90,11 @@ def response_sparse_rows(response: embedding_pb2.EmbedResponse) -> SparseRows:
     return SparseRows(offsets, indices, values)
 
 
-def response_outputs(response: embedding_pb2.EmbedResponse, request: embedding_pb2.EmbedRequest) -> AllOutputs:
-    """An all_outputs request's dense rows, sparse rows and token vectors (without maxsim)."""
-    cu_spans = np.frombuffer(request.cu_spans, "<i4").astype(np.int32, copy=False)
-    return from_response(response, cu_spans, response_sparse_rows(response))
-
-
-def read_reply(
-    response: embedding_pb2.EmbedResponse, request: embedding_pb2.EmbedRequest
-) -> np.ndarray | SparseRows | AllOutputs:
-    """What a reply holds, by what its request asked: rows in its encoding, sparse rows, or all outputs."""
-    if request.all_outputs and not request.maxsim:
-        return response_outputs(response, request)
-    return response_sparse_rows(response) if request.sparse else response_rows(response, Encoding(request.encoding))
+def read_reply(response: embedding_pb2.EmbedResponse, batch: Batch, maxsim: bool = False) -> Reply:
+    """What a reply to `batch` holds, by what its options asked: rows in their encoding (MaxSim scores with `maxsim`),
+    sparse rows, or all outputs."""
+    options = batch.options()
+    if options.all_outputs and not maxsim:
+        assert batch.cu_spans is not None, "all outputs come over spans"
+        return from_response(response, batch.cu_spans, response_sparse_rows(response))
+    return response_sparse_rows(response) if options.sparse else response_rows(response, options.encoding)

@@ -90,13 +90,36 @@ class Limits:
 
 def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
     """The message's batch, its arrays read in place from the bytes; InvalidInput names the first problem."""
+    options = row_options(message, limits)
     if message.pixel_values or message.image_shape:
-        return _decode_images(message, limits)
+        return _decode_images(message, limits, options)
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
+    _validate_sparse(limits, options, message.cu_spans, len(cu_seqlens) - 1)
+    _validate(limits, input_ids, cu_seqlens, token_type_ids)
+    batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
+    if message.key_lens:
+        batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
+    if not message.cu_spans:
+        if message.span_bounds or options.raw_spans or options.token_vectors or message.maxsim or options.all_outputs:
+            raise InvalidInput("span_bounds, raw_spans, token_vectors, maxsim and all_outputs need cu_spans")
+        return batch
+    cu_spans = _int32s("cu_spans", message.cu_spans)
+    span_bounds = _int32s("span_bounds", message.span_bounds)
+    _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans, options.token_vectors)
+    if options.all_outputs:
+        _validate_all_outputs(limits, options, span_bounds.reshape(-1, 2), message.maxsim)
+    if message.maxsim:
+        _validate_maxsim(options, cu_spans)
+    return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans, options.token_vectors)
+
+
+def row_options(message: embedding_pb2.EmbedRequest, limits: Limits) -> RowOptions:
+    """The message's row options (replica/client.py's `wire_options` writes them), the encoding known and
+    `dimensions` within the width of the rows asked for: the one place they are read off the wire."""
     options = RowOptions(
-        message.dimensions,
+        message.dimensions or None,
         message.normalize,
         message.prompt_tokens,
         raw_spans=message.raw_spans,
@@ -105,24 +128,10 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
         token_vectors=message.token_vectors,
         all_outputs=message.all_outputs,
     )
-    _validate_sparse(limits, message)
-    _validate(limits, input_ids, cu_seqlens, token_type_ids, options.dimensions, options.raw_spans,
-              options.token_vectors)  # fmt: skip
-    batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
-    if message.key_lens:
-        batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
-    if not message.cu_spans:
-        if message.span_bounds or message.raw_spans or message.token_vectors or message.maxsim or message.all_outputs:
-            raise InvalidInput("span_bounds, raw_spans, token_vectors, maxsim and all_outputs need cu_spans")
-        return batch
-    cu_spans = _int32s("cu_spans", message.cu_spans)
-    span_bounds = _int32s("span_bounds", message.span_bounds)
-    _validate_spans(limits, batch.seq_lens, cu_spans, span_bounds, options.raw_spans, options.token_vectors)
-    if message.all_outputs:
-        _validate_all_outputs(limits, options, span_bounds.reshape(-1, 2), message.maxsim)
-    if message.maxsim:
-        _validate_maxsim(options, cu_spans)
-    return batch.with_spans(cu_spans, span_bounds.reshape(-1, 2), options.raw_spans, options.token_vectors)
+    width = limits.full_width(options.raw_spans, token_vectors=options.token_vectors)
+    if (options.dimensions or 0) > width:
+        raise InvalidInput(f"dimensions must be in [0, {width}] (0 keeps all), got {options.dimensions}")
+    return options
 
 
 def _validate_maxsim(options: RowOptions, cu_spans: np.ndarray) -> None:
@@ -163,20 +172,20 @@ def _key_lens(data: bytes, seq_lens: np.ndarray) -> np.ndarray:  # [B] int32
     return key_lens
 
 
-def _validate_sparse(limits: Limits, message: embedding_pb2.EmbedRequest) -> None:
+def _validate_sparse(limits: Limits, options: RowOptions, cu_spans: bytes, num_seqs: int) -> None:
     """A sparse request goes to a model with a sparse head, takes its rows whole as float32 pairs and has no spans;
     a SPLADE model gives nothing else."""
-    if not message.sparse:
+    if not options.sparse:
         if limits.sparse_only:
             raise InvalidInput("this model (SPLADE) gives sparse rows only: ask with sparse=true")
         return
     if not limits.sparse_dimension:
         raise InvalidInput("this model has no sparse head (SPLADE, or bge-m3's sparse_linear.pt): no sparse rows")
-    if message.dimensions or message.encoding != embedding_pb2.FLOAT32 or message.cu_spans or message.normalize:
+    if options.dimensions or options.encoding is not Encoding.FLOAT32 or cu_spans or options.normalize:
         raise InvalidInput(
             "sparse rows come whole as float32 pairs, one a sequence: no dimensions, normalize, encoding or spans"
         )
-    num_seqs, most = len(message.cu_seqlens) // 4 - 1, max_sparse_rows(limits.sparse_dimension)
+    most = max_sparse_rows(limits.sparse_dimension)
     if num_seqs > most:
         raise InvalidInput(f"{num_seqs} sparse rows in one request; at most {most} of this vocabulary's width")
 
@@ -195,12 +204,12 @@ def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, re
     return np.frombuffer(data, dtype="<i4").astype(np.int32, copy=False)  # a copy only on big-endian hosts
 
 
-def _decode_images(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
+def _decode_images(message: embedding_pb2.EmbedRequest, limits: Limits, options: RowOptions) -> Batch:
     """An image request's batch: its images, each laid out as the model's `image_tokens` tokens."""
     if not limits.image_tokens:
         raise InvalidInput("this model takes no images")
     texts = [message.input_ids, message.cu_seqlens, message.token_type_ids, message.cu_spans, message.span_bounds]
-    if any(texts) or message.key_lens or message.sparse or message.maxsim or message.raw_spans or message.token_vectors:
+    if any(texts) or message.key_lens or message.maxsim or options.sparse or options.raw_spans or options.token_vectors:
         raise InvalidInput("an image request sends pixel_values and image_shape: no token ids, spans, key_lens, "
                            "sparse, token_vectors or maxsim")  # fmt: skip
     shape = tuple(message.image_shape)
@@ -212,10 +221,7 @@ def _decode_images(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
             f"pixel_values has {len(message.pixel_values)} bytes, not a whole number of float32 images of shape "
             f"{list(shape)} ({image_bytes} bytes each)"
         )
-    if not 0 <= message.dimensions <= limits.dimension:
-        raise InvalidInput(f"dimensions must be in [0, {limits.dimension}] (0 keeps all), got {message.dimensions}")
     pixels = np.frombuffer(message.pixel_values, "<f4").reshape(-1, *shape)
-    options = RowOptions(message.dimensions, message.normalize, encoding=_encoding(message.encoding))
     return Batch.pack_images(pixels, limits.image_tokens, options)
 
 
@@ -224,9 +230,6 @@ def _validate(
     input_ids: np.ndarray,
     cu_seqlens: np.ndarray,
     token_type_ids: np.ndarray | None,
-    dimensions: int,
-    raw_spans: bool = False,
-    token_vectors: bool = False,
 ) -> None:
     """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
     if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != len(input_ids):
@@ -246,9 +249,6 @@ def _validate(
         if len(token_type_ids) != len(input_ids):
             raise InvalidInput(f"token_type_ids has {len(token_type_ids)} values for {len(input_ids)} input_ids")
         _check_range("token_type_ids", token_type_ids, limits.type_vocab_size)
-    width = limits.full_width(raw_spans, token_vectors=token_vectors)
-    if not 0 <= dimensions <= width:
-        raise InvalidInput(f"dimensions must be in [0, {width}] (0 keeps all), got {dimensions}")
 
 
 def _validate_spans(

@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from bouquet import all_outputs
 from bouquet.batch import Batch
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
-from bouquet.encodings import Encoding, encode_rows
+from bouquet.encodings import encode_rows
 from bouquet.model_dir import MultiVectorSpec
 from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
@@ -141,16 +141,16 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         rows = await scheduler.embed(batch, deadline)  # [B, D] float32
-        if request.all_outputs:  # sparse rows (and scores): off the event loop
+        options = batch.options()  # as decode_request read and checked them
+        if options.all_outputs:  # sparse rows (and scores): off the event loop
             return await asyncio.to_thread(all_outputs_response, rows, batch, scheduler.limits, request.maxsim)
         if request.maxsim:  # a large rerank's products: off the event loop, as sparse rows are
             return await asyncio.to_thread(maxsim_response, rows, batch.cu_rows)
-        if request.sparse:  # np.nonzero over vocabulary-wide rows: off the event loop, which serves health too
+        if options.sparse:  # np.nonzero over vocabulary-wide rows: off the event loop, which serves health too
             return await asyncio.to_thread(sparse_response, rows)
-        encoding = Encoding(request.encoding)  # a known one: decode_request has checked it
         return embedding_pb2.EmbedResponse(
-            embeddings=encode_rows(rows, encoding).tobytes(), num_seqs=rows.shape[0], dimension=rows.shape[1],
-            encoding=wire_encoding(encoding),
+            embeddings=encode_rows(rows, options.encoding).tobytes(), num_seqs=rows.shape[0],
+            dimension=rows.shape[1], encoding=wire_encoding(options.encoding),
         )  # fmt: skip
 
     @_mapped

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bouquet.batch import RowOptions
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import scoring
 from bouquet.gateway.api.fields import (
@@ -288,7 +289,7 @@ def embed_request(body: CohereV2EmbedRequest) -> CohereEmbed:
         model=body.model,
         texts=texts,
         token_ids=None,
-        dimensions=body.output_dimension,
+        options=RowOptions(body.output_dimension, None),
         truncate=truncate != "NONE",
         truncation_direction="left" if truncate == "START" else "right",
         truncate_tokens=body.max_tokens,

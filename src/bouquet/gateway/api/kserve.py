@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bouquet.batch import RowOptions
 from bouquet.gateway.api.fields import optional_field
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable, Unprocessable
 from bouquet.gateway.http.body import parse_json_object, read_body
@@ -111,8 +112,9 @@ async def _infer(service: Service, request: Request) -> Response:
         model=request.path_params["model"],
         texts=parsed.texts,
         token_ids=None,
-        dimensions=optional_field(parsed.parameters, "dimensions", int),
-        normalize=optional_field(parsed.parameters, "normalize", bool),
+        options=RowOptions(
+            optional_field(parsed.parameters, "dimensions", int), optional_field(parsed.parameters, "normalize", bool)
+        ),
         prompt_name=optional_field(parsed.parameters, "prompt_name", str),
     )
     _, rows, _ = await unless_disconnected(request, service.embed(job))

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from bouquet.batch import RowOptions
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
     Dimensions,
@@ -106,7 +107,8 @@ def chat_job(body: ChatEmbeddingsRequest) -> EmbedJob | ImageEmbedJob:
     if images:
         (image, name), = images  # fmt: skip
         return ImageEmbedJob(body.model, [image], [name], body.dimensions, body.normalize, formats)
-    return EmbedJob(body.model, texts, None, body.dimensions, body.normalize, response_format=formats)
+    options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
+    return EmbedJob(body.model, texts, None, options, response_format=formats)
 
 
 def image_job(body: ImageEmbeddingsRequest) -> ImageEmbedJob:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bouquet.batch import RowOptions
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
     Count,
@@ -134,8 +135,7 @@ def embed_job(body: EmbeddingsRequest) -> EmbedJob:
         model=body.model,
         texts=texts,
         token_ids=token_ids,
-        dimensions=body.dimensions,
-        normalize=_normalize(body.normalize, body.use_activation),
+        options=RowOptions(body.dimensions, _normalize(body.normalize, body.use_activation), encoding=formats.encoding),
         response_format=formats,
         truncate_tokens=_truncate_prompt_tokens(body.truncate_prompt_tokens),
         text_positions=text_positions(body.input, texts, token_ids),

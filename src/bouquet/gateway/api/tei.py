@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bouquet.batch import RowOptions
 from bouquet.gateway import text_tools
 from bouquet.gateway.api import vllm
 from bouquet.gateway.api.fields import (
@@ -195,16 +196,16 @@ def parse_tei(body: bytes | bytearray, strict: bool = True) -> EmbedJob:
 
 def embed_job(body: TEIEmbedRequest) -> EmbedJob:
     texts, token_ids = parse_inputs(body.inputs, "inputs")
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
     return EmbedJob(
         model=body.model,
         texts=texts,
         token_ids=token_ids,
-        dimensions=body.dimensions,
-        normalize=body.normalize,
+        options=RowOptions(body.dimensions, body.normalize, encoding=formats.encoding),
         truncate=body.truncate is not False,
         truncation_direction=truncation_direction(body.truncation_direction),
         prompt_name=body.prompt_name,
-        response_format=response_format(body.encoding_format, body.embed_dtype, body.endianness),
+        response_format=formats,
         text_positions=text_positions(body.inputs, texts, token_ids),
         # truncate=false stays an error for an over-long input, as on TEI, unless the request asks to chunk it
         long_input=long_input(body.long_input) or ("truncate" if body.truncate is False else None),
@@ -216,7 +217,8 @@ def embed_sparse_job(body: EmbedSparseRequest) -> EmbedJob:
     if job.text_positions is not None:
         message = "a batch mixing texts and token ids is not taken on /embed_sparse: send one kind a request"
         raise InvalidRequest(message, "unsupported_parameter", "inputs")
-    return replace(job, sparse=True, long_input="truncate" if body.truncate is False else None)
+    sparse = RowOptions(normalize=False, sparse=True)  # a sparse row comes whole: no dimensions or encoding
+    return replace(job, options=sparse, long_input="truncate" if body.truncate is False else None)
 
 
 def similarity_job(body: SimilarityRequest) -> EmbedJob:
@@ -227,7 +229,7 @@ def similarity_job(body: SimilarityRequest) -> EmbedJob:
         model=body.model,
         texts=[body.inputs.source_sentence, *body.inputs.sentences],
         token_ids=None,
-        normalize=False,
+        options=RowOptions(normalize=False),
         truncate=parameters.truncate is not False,
         truncation_direction=truncation_direction(parameters.truncation_direction),
         prompt_name=parameters.prompt_name,

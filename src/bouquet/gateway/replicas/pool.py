@@ -29,20 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2
 
-from bouquet.all_outputs import AllOutputs
 from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.gateway.replicas.replica import Replica, unusable_cause
 from bouquet.proto import embedding_pb2
-from bouquet.replica.client import embed_request, read_reply
-from bouquet.sparse_rows import SparseRows
-
-Reply = np.ndarray | SparseRows | AllOutputs
+from bouquet.replica.client import Reply, embed_request, read_reply
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +184,8 @@ class ReplicaPool:
                 self._metrics.retries.inc()
             tried.add(replica)
             try:
-                return await self._call(replica, request, tokens, self._attempt_timeout(replica, tokens, deadline))
+                reply = await self._call(replica, request, tokens, self._attempt_timeout(replica, tokens, deadline))
+                return read_reply(reply, batch, maxsim)
             except grpc.aio.AioRpcError as error:
                 last_code = error.code()
                 self._after_failure(replica, error, deadline)
@@ -226,13 +222,17 @@ class ReplicaPool:
         assert replica.model is not None
         return any(other is not replica and other.serves(replica.model.name) for other in self.replicas)
 
-    async def _call(self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float) -> Reply:
+    async def _call(
+        self, replica: Replica, request: embedding_pb2.EmbedRequest, tokens: int, timeout: float
+    ) -> embedding_pb2.EmbedResponse:
         """One attempt; `tokens` were added to the replica's outstanding count when it was chosen."""
         started = time.perf_counter()
         replica.rate.started(time.monotonic())
         answered = False
         try:
-            reply = await replica.stub.Embed(request, timeout=timeout, metadata=self._metadata)
+            reply: embedding_pb2.EmbedResponse = await replica.stub.Embed(
+                request, timeout=timeout, metadata=self._metadata
+            )
             answered = True
         finally:
             replica.outstanding_tokens -= tokens
@@ -246,7 +246,7 @@ class ReplicaPool:
         replica.succeeded()
         self._metrics.queue_seconds.observe(time.perf_counter() - started)
         self._metrics.replica_tokens.labels(replica.address).inc(tokens)
-        return read_reply(reply, request)
+        return reply
 
     async def _acquire(
         self, model: str, tokens: int, place: tuple[int, int], tried: set[Replica], deadline: float
