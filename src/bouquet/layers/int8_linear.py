@@ -27,6 +27,7 @@ import ctypes
 import dataclasses
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,13 @@ class Int8Weight:
     packed_from_rows: int = 0
     rotation: InputRotation | None = None  # the weight holds W R: activation rows must be rotated by R too
 
+    @functools.cached_property
+    def pointers(self) -> tuple[int, int, int, int | None, int]:
+        """What the kernels read of this weight on every call: its scales', sums' and bias's addresses, and its
+        rotation's signs and block (None, 0 without one), looked up once (a query makes 24 calls)."""
+        signs, block = (None, 0) if self.rotation is None else (self.rotation.signs.data_ptr(), self.rotation.block)
+        return self.scales.data_ptr(), self.sums.data_ptr(), self.bias.data_ptr(), signs, block
+
 
 def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int, rotate: bool = True) -> Int8Weight:
     """Per-output-channel symmetric quantization of a [out, in] weight, its input space rotated first unless
@@ -174,20 +182,58 @@ class Int8Rows:
     zeros: torch.Tensor  # [T] int32
 
 
-def quantize_rows(x: torch.Tensor, rotation: InputRotation | None = None) -> Int8Rows:
+def quantize_rows(x: torch.Tensor, rotation: InputRotation | None = None, out: Int8Rows | None = None) -> Int8Rows:
     """[T, K] float32 (rows may be strided) -> int8 rows of x (or of x @ R, given the rotation), each row with its
-    own scale and zero point."""
+    own scale and zero point; into `out` where given."""
     assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1, "rows of contiguous float32"
     num_rows, cols = x.shape
     assert rotation is None or rotation.signs.numel() == cols, "a rotation of another width"
-    rows = Int8Rows(
-        torch.empty(num_rows, cols, dtype=torch.int8), torch.empty(num_rows), torch.empty(num_rows, dtype=torch.int32)
-    )
+    rows = _new_rows(num_rows, cols) if out is None else out
+    assert rows.values.shape == (num_rows, cols), "rows of another shape"
     signs, block = (None, 0) if rotation is None else (rotation.signs.data_ptr(), rotation.block)
+    _quantize_into(x, rows, signs, block)
+    return rows
+
+
+def _quantize_into(x: torch.Tensor, rows: Int8Rows, signs: int | None, block: int) -> None:
+    num_rows, cols = x.shape
     _library().bouquet_quantize_rows(
         x.data_ptr(), num_rows, cols, x.stride(0), rows.values.data_ptr(), rows.scales.data_ptr(),
         rows.zeros.data_ptr(), signs, block,
     )  # fmt: skip
+
+
+def _new_rows(num_rows: int, cols: int) -> Int8Rows:
+    return Int8Rows(
+        torch.empty(num_rows, cols, dtype=torch.int8), torch.empty(num_rows), torch.empty(num_rows, dtype=torch.int32)
+    )
+
+
+# Calls of up to this many rows (a query's, a short step's) quantize into buffers each thread keeps per shape, which
+# never leave the linear that fills them: three allocations fewer a call. Bounded: at most one per bucketed row
+# count up to here and input width, 100 KB each at 1,536 wide.
+_KEPT_ROWS = 64
+_kept = threading.local()
+
+
+def _scratch_rows(num_rows: int, cols: int) -> Int8Rows:
+    if num_rows > _KEPT_ROWS:
+        return _new_rows(num_rows, cols)
+    kept: dict[tuple[int, int], Int8Rows] = _kept.__dict__.setdefault("rows", {})
+    rows = kept.get((num_rows, cols))
+    if rows is None:
+        rows = kept[(num_rows, cols)] = _new_rows(num_rows, cols)
+    return rows
+
+
+def _quantized_input(x: torch.Tensor, weight: Int8Weight) -> Int8Rows:
+    """x [..., K] as int8 rows for this weight (rotated as it is), in this thread's scratch where small."""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.dtype != torch.float32 or flat.stride(-1) != 1:
+        flat = flat.float().contiguous()
+    rows = _scratch_rows(flat.shape[0], flat.shape[1])
+    _, _, _, signs, block = weight.pointers
+    _quantize_into(flat, rows, signs, block)
     return rows
 
 
@@ -196,23 +242,19 @@ def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activ
     w_scale[n] * (product - zero[t] * w_sum[n]) + bias[n])."""
     assert products.dtype in (torch.int32, torch.float32) and products.is_contiguous()
     num_rows, cols = products.shape
+    scales, sums, bias, _, _ = weight.pointers
     _library().bouquet_dequantize(
-        products.data_ptr(), num_rows, cols, rows.scales.data_ptr(), rows.zeros.data_ptr(),
-        weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(), ACTIVATIONS[activation],
-        products.dtype == torch.float32,
+        products.data_ptr(), num_rows, cols, rows.scales.data_ptr(), rows.zeros.data_ptr(), scales, sums, bias,
+        ACTIVATIONS[activation], products.dtype == torch.float32,
     )  # fmt: skip
     return products.view(torch.float32)
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -> torch.Tensor:
     """act(x @ W.T + b) with int8 products: x [..., K] float32 -> [..., N] float32."""
-    shape = x.shape
-    flat = x.reshape(-1, shape[-1])
-    if flat.dtype != torch.float32 or flat.stride(-1) != 1:
-        flat = flat.float().contiguous()
-    rows = quantize_rows(flat, weight.rotation)
+    rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
-    return dequantize(products, rows, weight, activation).view(*shape[:-1], -1)
+    return dequantize(products, rows, weight, activation).view(*x.shape[:-1], -1)
 
 
 def int8_linear_add_norm(
@@ -221,20 +263,17 @@ def int8_linear_add_norm(
     """norm(residual + x @ W.T + b) with int8 products, the add and the LayerNorm done in the dequantizing pass:
     x [..., K], residual [..., N] float32 -> [..., N] float32."""
     shape = residual.shape
-    flat = x.reshape(-1, x.shape[-1])
-    if flat.dtype != torch.float32 or flat.stride(-1) != 1:
-        flat = flat.float().contiguous()
     residual_rows = residual.reshape(-1, shape[-1])
     if residual_rows.dtype != torch.float32 or residual_rows.stride(-1) != 1:
         residual_rows = residual_rows.float().contiguous()
-    rows = quantize_rows(flat, weight.rotation)
+    rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
     assert products.is_contiguous() and products.shape == residual_rows.shape
-    gamma, beta = norm.weight.detach(), norm.bias.detach()
+    scales, sums, bias, _, _ = weight.pointers
     _library().bouquet_dequantize_add_norm(
         products.data_ptr(), products.shape[0], products.shape[1], rows.scales.data_ptr(), rows.zeros.data_ptr(),
-        weight.scales.data_ptr(), weight.sums.data_ptr(), weight.bias.data_ptr(), products.dtype == torch.float32,
-        residual_rows.data_ptr(), residual_rows.stride(0), gamma.data_ptr(), beta.data_ptr(), norm.eps,
+        scales, sums, bias, products.dtype == torch.float32, residual_rows.data_ptr(), residual_rows.stride(0),
+        norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps,
     )  # fmt: skip
     return products.view(torch.float32).view(shape)
 
