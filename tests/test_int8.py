@@ -283,3 +283,32 @@ def test_a_served_int8_model_says_so_and_embeds(minilm_path: Path) -> None:
         assert row_cosines(rows, float_rows).min() >= 0.99
     finally:
         assert process.stop() == 0
+
+
+def test_small_calls_reuse_their_threads_buffers_without_mixing_results() -> None:
+    """Calls of up to 64 rows quantize into buffers kept per thread and shape: two threads running the same shapes
+    at once, and one thread alternating shapes, each get exactly what a fresh call gives."""
+    import threading
+
+    generator = torch.Generator().manual_seed(11)
+    limit = weight_limit()
+    weights = [quantize_weight(torch.randn(96, width, generator=generator), None, limit) for width in (64, 128)]
+    inputs = [[torch.randn(rows, weight.in_features, generator=generator) for rows in (3, 16, 64, 65)]
+              for weight in weights]  # fmt: skip
+    expected = [[int8_linear(x, weight).clone() for x in xs] for weight, xs in zip(weights, inputs, strict=True)]
+    wrong: list[str] = []
+
+    def run(order: int) -> None:
+        for turn in range(100):
+            for w in range(2):
+                index = (w + order + turn) % 2
+                for x, want in zip(inputs[index], expected[index], strict=True):
+                    if not torch.equal(int8_linear(x, weights[index]), want):
+                        wrong.append(f"thread {order}, weight {index}, {x.shape[0]} rows")
+
+    threads = [threading.Thread(target=run, args=(order,)) for order in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong, wrong[:5]
