@@ -312,3 +312,12 @@ def test_small_calls_reuse_their_threads_buffers_without_mixing_results() -> Non
     for thread in threads:
         thread.join()
     assert not wrong, wrong[:5]
+    from bouquet.layers import int8_linear as module
+
+    kept: list[object] = []
+    for _ in range(2):  # each thread its own buffers, the same ones on every call of that shape
+        thread = threading.Thread(target=lambda: kept.extend(module._scratch_rows(16, 64) for _ in range(2)))
+        thread.start()
+        thread.join()
+    assert kept[0] is kept[1] and kept[2] is kept[3] and kept[0] is not kept[2]
+    assert module._scratch_rows(65, 64) is not module._scratch_rows(65, 64)  # past 64 rows: fresh every call
