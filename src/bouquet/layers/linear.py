@@ -50,6 +50,8 @@ class Linear(nn.Linear):
     packed_weight: torch.Tensor | None = None
     # The weight in int8 (`--dtype int8`); the float weight is then an empty placeholder.
     int8: Int8Weight | None = None
+    # The norm `add_norm` last saw and whether the int8 kernel can apply it.
+    _fused_norm: tuple[nn.Module, bool] | None = None
 
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -68,8 +70,11 @@ class Linear(nn.Linear):
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         """norm(residual + self(x)): a post-norm block's end, fused into the dequantizing pass in int8."""
-        if self.int8 is not None and fuses_add_norm(norm):
-            return int8_linear_add_norm(x, self.int8, residual, norm)
+        if self.int8 is not None:
+            if self._fused_norm is None or self._fused_norm[0] is not norm:  # checked once, not on every call
+                self._fused_norm = (norm, fuses_add_norm(norm))
+            if self._fused_norm[1]:
+                return int8_linear_add_norm(x, self.int8, residual, norm)
         return norm(residual + self(x))
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
