@@ -34,6 +34,7 @@ import base64
 import http.client
 import io
 import json
+import os
 import statistics
 import threading
 import time
@@ -176,7 +177,8 @@ def report_serving(
     servers: list[Server], reference: dict[str, list[float]], agreed: list[tuple[str, float]], args: argparse.Namespace
 ) -> None:
     print(f"CLIP ViT-B/32 (random weights, 50 tokens an image), float32, {torch.get_num_threads()} threads, "
-          f"{args.rounds} rounds (medians)")  # fmt: skip
+          f"{args.rounds} rounds (medians); load average {args.load[0]:.1f} before, {args.load[1]:.1f} after "
+          "(above the cores' count, other processes shared them)")  # fmt: skip
     for name, cosine in agreed:
         print(f"  {name} image embeddings against bouquet's: min cosine {cosine:.7f}")
     if not args.infinity:
@@ -274,7 +276,9 @@ def main() -> None:
     try:
         servers = start_servers(args, processes)
         agreed = agreement(servers, model, files, args.per_request)
+        args.load = [os.getloadavg()[0]]
         reference = measure(servers, model, files, args)
+        args.load.append(os.getloadavg()[0])
     finally:
         for process in processes:
             process.stop()
