@@ -21,8 +21,12 @@ says so and measures the other two.
 Where the time goes, measured after the servers have stopped, in this process on the gateway's and the engine's
 own functions: base64 and JPEG decode (gateway/images.py), resize, crop and normalise (gateway/image_processing.py)
 per image on one thread (the gateway runs images in parallel on its executor's threads), and the engine's forward
-(all cores) per image at batches of --per-request and of one; transformers' CLIPImageProcessor on the same images
-for comparison.
+(all cores, in a process of its own as in a replica) per image at batches of --per-request and of one;
+transformers' CLIPImageProcessor on the same images for comparison.
+
+This 2-core VM is shared: another process on one core slows a two-thread forward of a few images several times
+over (OpenMP's helpers sleep, and each of a forward's hundreds of parallel regions waits for the busy core), so the
+load average before and after the rounds is printed beside the figures.
 
     .venv/bin/python bench/images.py [--images 96] [--per-request 8] [--concurrency 4] [--latency 40] [--rounds 3]
 """
@@ -36,6 +40,9 @@ import io
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -206,9 +213,6 @@ def breakdown(args: argparse.Namespace, files: list[bytes]) -> None:
     """Per image, in this process: decode and preprocess as the gateway runs them, encode as the replica does."""
     from transformers import CLIPImageProcessor
 
-    from bouquet.batch import Batch
-    from bouquet.config import EngineConfig
-    from bouquet.engine.engine import Engine
     from bouquet.gateway.image_processing import parse_processor_config
     from bouquet.gateway.images import ImageLimits, image_file, open_image
 
@@ -225,25 +229,44 @@ def breakdown(args: argparse.Namespace, files: list[bytes]) -> None:
         preprocess.append(time.perf_counter() - start)
     reference = CLIPImageProcessor.from_pretrained(args.model_dir)
     transformers_ms = [_timed(lambda im=im: reference(images=[im], return_tensors="np")) for im in images]
-    engine = Engine(EngineConfig(model_path=args.model_dir, device="cpu", dtype="float32"))
-    tokens = 1 + (224 // 32) ** 2
-    stacked = np.stack(pixels)
-    encode = {}
-    for size in (args.per_request, 1):
-        batches = [stacked[i : i + size] for i in range(0, min(len(stacked), 8 * size), size)]
-        engine.embed(Batch.pack_images(batches[0], tokens))  # warm-up
-        seconds = [_timed(lambda b=b: engine.embed(Batch.pack_images(b, tokens))) / len(b) for b in batches]
-        encode[size] = statistics.median(seconds)
+    with tempfile.TemporaryDirectory() as folder:  # the engine in a process of its own, as a replica runs it
+        np.save(Path(folder) / "pixels.npy", np.stack(pixels))
+        command = [sys.executable, __file__, "--encode-only", folder, "--per-request", str(args.per_request),
+                   "--model-dir", str(args.model_dir)]  # fmt: skip
+        subprocess.run(command, check=True)
+        encode = {
+            int(size): seconds for size, seconds in json.loads((Path(folder) / "encode.json").read_text()).items()
+        }
     parts = {"decode (base64 + JPEG)": statistics.median(decode), "preprocess": statistics.median(preprocess),
              f"encode (batch {args.per_request})": encode[args.per_request]}  # fmt: skip
     total = sum(parts.values())
-    print(f"where bouquet's time goes, per image (median of {len(files)} images; decode and preprocess on one thread, "
-          f"encode on {torch.get_num_threads()}):")  # fmt: skip
+    print(f"where bouquet's time goes, per image (median of {len(files)} images; decode and preprocess on one thread; "
+          "encode one step at a time: a step of 8 images (400 tokens) on one engine worker's thread, where serve runs "
+          "two workers' steps at once; a lone image's 50 tokens on every thread):")  # fmt: skip
     for name, seconds in parts.items():
         print(f"  {name:28} {seconds * 1e3:7.2f} ms   {seconds / total:5.1%}")
     print(f"  {'encode (batch 1)':28} {encode[1] * 1e3:7.2f} ms")
     print(f"  {'transformers preprocess':28} {statistics.median(transformers_ms) * 1e3:7.2f} ms   "
           f"(CLIPImageProcessor{'Pil' if 'Pil' in type(reference).__name__ else ''}, the same images)")  # fmt: skip
+
+
+def encode_only(folder: Path, model_dir: Path, per_request: int) -> None:
+    """The engine's forward per image at batches of `per_request` and of one, on the pixels in `folder`; in a fresh
+    process, because OpenMP teams that sentence-transformers' forward left in the bench's process slow the engine's
+    (bouquet.engine.cpu_threads)."""
+    from bouquet.batch import Batch
+    from bouquet.config import EngineConfig
+    from bouquet.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype="float32"))
+    stacked, tokens, encode = np.load(folder / "pixels.npy"), 1 + (224 // 32) ** 2, {}
+    for size in (per_request, 1):
+        batches = [stacked[i : i + size] for i in range(0, min(len(stacked), 8 * size), size)]
+        engine.embed(Batch.pack_images(batches[0], tokens))  # warm-up
+        seconds = [_timed(lambda b=b: engine.embed(Batch.pack_images(b, tokens))) / len(b) for b in batches]
+        encode[size] = statistics.median(seconds)
+    engine.close()
+    (folder / "encode.json").write_text(json.dumps(encode))
 
 
 def main() -> None:
@@ -256,7 +279,10 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "bouquet-bench" / NAME)
     parser.add_argument("--infinity", type=Path, default=peers.PEERS_PYTHON, metavar="PYTHON")
     parser.add_argument("--no-infinity", action="store_true")
+    parser.add_argument("--encode-only", type=Path, help=argparse.SUPPRESS)  # breakdown()'s child process
     args = parser.parse_args()
+    if args.encode_only:
+        return encode_only(args.encode_only, args.model_dir, args.per_request)
     args.infinity_skipped = "--no-infinity" if args.no_infinity else ""
     if not args.no_infinity:
         try:
