@@ -241,8 +241,8 @@ def breakdown(args: argparse.Namespace, files: list[bytes]) -> None:
              f"encode (batch {args.per_request})": encode[args.per_request]}  # fmt: skip
     total = sum(parts.values())
     print(f"where bouquet's time goes, per image (median of {len(files)} images; decode and preprocess on one thread; "
-          f"encode one step at a time: {args.per_request} images ({50 * args.per_request} tokens) a step, over "
-          "--cpu-lone-step-tokens, on one engine worker's thread, where serve runs "
+          f"encode one step at a time: {args.per_request} images ({50 * args.per_request} tokens) a step, on one "
+          "engine worker's thread when over --cpu-lone-step-tokens (256), where serve runs "
           "two workers' steps at once; a lone image's 50 tokens on every thread):")  # fmt: skip
     for name, seconds in parts.items():
         print(f"  {name:28} {seconds * 1e3:7.2f} ms   {seconds / total:5.1%}")
