@@ -73,8 +73,8 @@ def _report_hang(pid: int, timeout: float, lines: list[str]) -> None:
         sys.stderr.write(f"py-spy dump of {each}:\n{dump.stdout}{dump.stderr}")
 
 
-def descendants(pid: int) -> list[int]:
-    """The process ids below `pid`, children first."""
+def child_pids(pid: int) -> list[int]:
+    """The ids of the processes whose parent is `pid`."""
     found: list[int] = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -82,18 +82,22 @@ def descendants(pid: int) -> list[int]:
                 found.append(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
             continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """The process ids below `pid`, children first."""
+    found = child_pids(pid)
     return [*found, *(below for child in found for below in descendants(child))]
 
 
 def children(pid: int) -> list[str]:
     """Command lines of the processes whose parent is `pid`."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in child_pids(pid):
         try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid:
-                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, ValueError, IndexError):
+            found.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # it exited meanwhile
             continue
     return found
 

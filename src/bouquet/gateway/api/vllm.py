@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -92,6 +92,8 @@ class DetokenizeRequest(RequestBody):
     model: Model = None
 
 
+T = TypeVar("T")  # a side's items: texts, or text and image parts
+U = TypeVar("U")
 SCORE = BodyDecoder(ScoreRequest)
 TOKENIZE = BodyDecoder(VLLMTokenizeRequest)
 DETOKENIZE = BodyDecoder(DetokenizeRequest)
@@ -138,14 +140,9 @@ async def _detokenize(service: Service, request: Request) -> Response:
 def score_job(body: ScoreRequest) -> RerankJob:
     """vLLM's /score: `text_1` one query against every `text_2`, or two lists of the same length, pair by pair."""
     queries, documents = (_side(body, names) for names in SCORE_SIDES.values())
-    if len(queries) == 1:
-        queries = queries * len(documents)
-    if len(queries) != len(documents):
-        message = f"'text_1' has {len(queries)} texts and 'text_2' {len(documents)}: give one text_1, or as many"
-        raise InvalidRequest(message, "invalid_value", "text_1")
     return RerankJob(
         body.model,
-        list(zip(queries, documents, strict=True)),
+        _paired(queries, documents, "texts"),
         body.truncate is not False,
         raw_scores=raw_scores(body.activation, body.use_activation),
         instruction=body.instruction,
@@ -156,12 +153,17 @@ def score_job(body: ScoreRequest) -> RerankJob:
 def zero_shot_job(body: ScoreRequest) -> zero_shot.ZeroShotJob:
     """/score with a side in vLLM's multimodal form: one item against every item of the other side, or as many."""
     queries, documents = (_items(body, names) for names in SCORE_SIDES.values())
+    return zero_shot.ZeroShotJob(body.model, _paired(queries, documents, "items"))
+
+
+def _paired(queries: list[T], documents: list[U], what: str) -> list[tuple[T, U]]:
+    """vLLM's pairing of /score's sides: one `text_1` against every `text_2`, or two lists of the same length."""
     if len(queries) == 1:
         queries = queries * len(documents)
     if len(queries) != len(documents):
-        message = f"'text_1' has {len(queries)} items and 'text_2' {len(documents)}: give one text_1, or as many"
+        message = f"'text_1' has {len(queries)} {what} and 'text_2' {len(documents)}: give one text_1, or as many"
         raise InvalidRequest(message, "invalid_value", "text_1")
-    return zero_shot.ZeroShotJob(body.model, list(zip(queries, documents, strict=True)))
+    return list(zip(queries, documents, strict=True))
 
 
 def _items(body: ScoreRequest, names: tuple[str, ...]) -> list[zero_shot.Item]:
