@@ -126,19 +126,63 @@ def build_hf_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     return out
 
 
+# jina-colbert-v2's marker tokens, which its tokenizer adds after the vocabulary (250002 and 250003 there).
+JINA_MARKERS = ("[QueryMarker]", "[DocumentMarker]")
+JINA_DIMENSION = 32
+
+
+def build_jina_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> tuple[Path, torch.nn.Module]:
+    """jina-colbert-v2's layout around a tiny JinaEmbeddingsV3Model (transformers' class for Jina's rotary XLM-R),
+    saved by `save_pretrained` (which writes Jina's own tensor names: emb_ln, encoder.layers.N.mixer.Wqkv, ...):
+    the tensors under `roberta.` with HF_ColBERT's `linear.weight` (64 -> 32, no bias) in the one checkpoint, the
+    config as Jina's remote code has it (HF_ColBERT, model_type xlm-roberta, position_embedding_type rotary,
+    rotary_emb_base), artifact.metadata, and the marker tokens added to the tokenizer. Returns the directory and
+    transformers' encoder (the reference forward)."""
+    import transformers
+    from safetensors.torch import load_file
+    from tokenizers import AddedToken, Tokenizer
+
+    config = transformers.JinaEmbeddingsV3Config(
+        **{**_SHAPE, "vocab_size": VOCAB_SIZE + len(JINA_MARKERS)}, max_position_embeddings=LIMIT, type_vocab_size=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+    )  # fmt: skip
+    encoder = save_tiny(transformers.JinaEmbeddingsV3Model(config, add_pooling_layer=False), out, tokenizer_dir, seed,
+                        WEIGHT_SCALE)  # fmt: skip
+    state = {f"roberta.{name}": tensor for name, tensor in load_file(str(out / "model.safetensors")).items()}
+    state["linear.weight"] = _projection(64, JINA_DIMENSION, seed).weight.detach().contiguous()
+    save_file(state, str(out / "model.safetensors"))
+    saved = json.loads((out / "config.json").read_text())
+    saved.pop("rope_parameters")
+    remote = "jinaai/xlm-roberta-flash-implementation--"
+    jina = {"architectures": ["HF_ColBERT"], "model_type": "xlm-roberta", "position_embedding_type": "rotary",
+            "rotary_emb_base": 20000.0, "use_flash_attn": True, "lora_adaptations": None,
+            "auto_map": {"AutoConfig": f"{remote}configuration_xlm_roberta.XLMRobertaFlashConfig",
+                         "AutoModel": f"{remote}modeling_xlm_roberta.XLMRobertaModel"}}  # fmt: skip
+    (out / "config.json").write_text(json.dumps({**saved, **jina}))
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(marker, special=True) for marker in JINA_MARKERS])
+    tokenizer.save(str(out / "tokenizer.json"))
+    metadata = {"query_token_id": JINA_MARKERS[0], "doc_token_id": JINA_MARKERS[1], "query_maxlen": QUERY_LENGTH,
+                "doc_maxlen": DOCUMENT_LENGTH, "attend_to_mask_tokens": False, "mask_punctuation": True,
+                "dim": JINA_DIMENSION, "similarity": "cosine"}  # fmt: skip
+    (out / "artifact.metadata").write_text(json.dumps(metadata))
+    return out, encoder
+
+
 def pylate_encode(
     model_dir: Path, projection: torch.nn.Linear, texts: list[str], is_query: bool, attend_to_expansion: bool = False,
-    prefixes: tuple[str, str] = PREFIXES,
+    prefixes: tuple[str, str] = PREFIXES, encoder: torch.nn.Module | None = None,
 ) -> list[torch.Tensor]:  # fmt: skip
     """PyLate's ColBERT.encode (1.6.0), one text at a time on transformers' encoder: tokenized to length - 1
     (queries padded with [MASK] to it, the padding's attention mask 0 unless attend_to_expansion_tokens), the
     prefix id inserted after [CLS] with mask 1, the Dense projection on every token's state, a query's every token
-    kept, a document's skiplist (string.punctuation's ids) and padding left out, each vector L2-normalised."""
+    kept, a document's skiplist (string.punctuation's ids) and padding left out, each vector L2-normalised.
+    `encoder`: the transformers model to run (else AutoModel's of the directory)."""
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tokenizer.pad_token_id = tokenizer.mask_token_id
-    model = AutoModel.from_pretrained(str(model_dir)).eval()
+    model = (encoder or AutoModel.from_pretrained(str(model_dir))).eval()
     length = QUERY_LENGTH if is_query else DOCUMENT_LENGTH
     prefix_id = tokenizer.convert_tokens_to_ids(prefixes[0] if is_query else prefixes[1])
     skiplist = torch.tensor(tokenizer.convert_tokens_to_ids(list(string.punctuation)))

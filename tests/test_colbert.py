@@ -13,16 +13,19 @@ import pytest
 import torch
 from colbert_models import (
     DOCUMENT_LENGTH,
+    JINA_DIMENSION,
+    JINA_MARKERS,
     PREFIXES,
     QUERY_LENGTH,
     WEIGHT_SCALE,
     XLM_R_PREFIXES,
     build_hf_colbert,
+    build_jina_colbert,
     build_pylate,
     pylate_encode,
 )
 from corpus import documents
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from sparse_models import build_bge_m3
 
 from bouquet.batch import Batch, RowOptions
@@ -217,3 +220,49 @@ def test_token_vectors_survive_the_wire_slicing_and_concatenation() -> None:
         decode_request(embed_request(bad), limits)
     with pytest.raises(ValueError, match="multi-vector"):
         decode_request(embed_request(batch), Limits(30522, 2, 64, 384))
+
+
+@pytest.fixture(scope="module")
+def jina_colbert(tmp_path_factory, minilm_path: Path) -> tuple[Path, torch.nn.Module]:
+    return build_jina_colbert(tmp_path_factory.mktemp("jina-colbert-v2"), minilm_path)
+
+
+def test_jina_colbert_reads_its_layout(jina_colbert) -> None:
+    """HF_ColBERT over Jina's rotary XLM-R: the markers added after the vocabulary, queries attending to their
+    expansion as jina-colbert-v2's card has PyLate load it (whatever artifact.metadata says), its projection."""
+    spec = read_model_dir(jina_colbert[0])
+    assert spec.task == "multi_vector" and spec.architecture == "XLMRobertaModel" and spec.multi_vector is not None
+    layout = spec.multi_vector
+    assert (layout.query_prefix, layout.document_prefix, layout.source) == ((30522,), (30523,), "model")
+    assert layout.attend_to_expansion and layout.expand_queries and layout.dimension == JINA_DIMENSION
+    assert (layout.query_length, layout.document_length) == (QUERY_LENGTH, DOCUMENT_LENGTH)
+
+
+@pytest.mark.parametrize(("dtype", "is_query"), [("float32", True), ("float32", False), ("bfloat16", True),
+                                                 ("bfloat16", False)])  # fmt: skip
+def test_jina_colbert_vectors_match(jina_colbert, dtype: str, is_query: bool) -> None:
+    """Against transformers' JinaEmbeddingsV3Model forward and the projection, laid out as PyLate does."""
+    model_dir, encoder = jina_colbert
+    projection = _projection(load_file(str(model_dir / "model.safetensors"))["linear.weight"])
+    engine = _engine(model_dir, dtype)
+    try:
+        assert (engine.task, engine.token_dimension) == ("multi_vector", JINA_DIMENSION)
+        ours = engine_vectors(engine, TEXTS, is_query)
+    finally:
+        engine.close()
+    theirs = pylate_encode(model_dir, projection, TEXTS, is_query, True, JINA_MARKERS, encoder)
+    assert_vectors_match(ours, theirs, dtype)
+    if is_query:
+        assert all(len(vectors) == QUERY_LENGTH for vectors in ours)
+
+
+def test_jina_lora_adapters_are_refused(tmp_path, jina_colbert) -> None:
+    """jina-embeddings-v3's LoRA parametrizations are not served as if the base weights were the model."""
+    import shutil
+
+    model_dir = Path(shutil.copytree(jina_colbert[0], tmp_path / "lora"))
+    state = load_file(str(model_dir / "model.safetensors"))
+    state["roberta.encoder.layers.0.mixer.Wqkv.parametrizations.weight.0.lora_A"] = torch.zeros(4, 4, 64)
+    save_file(state, str(model_dir / "model.safetensors"))
+    with pytest.raises(ValueError, match="LoRA task adapters"):
+        _engine(model_dir)

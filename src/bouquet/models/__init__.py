@@ -24,6 +24,7 @@ _ARCHITECTURES: dict[str, str] = {
     "XLMRobertaModel": "xlm_roberta:XLMRobertaModel",
     "XLMRobertaForMaskedLM": "xlm_roberta:XLMRobertaModel",
     "RobertaModel": "xlm_roberta:XLMRobertaModel",
+    "JinaEmbeddingsV3Model": "jina_xlm_roberta:JinaXLMRobertaModel",
     "RobertaForMaskedLM": "xlm_roberta:XLMRobertaModel",
     "BertForSequenceClassification": "bert:BertForSequenceClassification",
     "XLMRobertaForSequenceClassification": "xlm_roberta:XLMRobertaForSequenceClassification",
@@ -71,6 +72,8 @@ def create_model(architecture: str, hf_config: dict[str, Any], task: str | None 
                 + ", ".join(sorted(_MASKED_LMS))
             )
         return _model_class(_MASKED_LMS[architecture]).from_hf_config(hf_config)
+    if architecture == "XLMRobertaModel" and hf_config.get("position_embedding_type") == "rotary":
+        architecture = "JinaEmbeddingsV3Model"  # Jina's remote-code XLM-RoBERTa (jina-colbert-v2's encoder)
     if architecture not in _ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; supported: {', '.join(supported_architectures())}")
     return _model_class(_ARCHITECTURES[architecture]).from_hf_config(hf_config)
