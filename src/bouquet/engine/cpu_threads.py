@@ -13,7 +13,10 @@ to 9-10 ms once a second thread's two-thread team existed (docs/benchmarks.md, "
   tokens that runs alone takes all the threads (a lone query runs on both cores instead of one: 4.6 against
   6.5 ms above), and at each layer checks again, going back to one thread as soon as another step has
   started, so the cores are oversubscribed for at most one short layer. Longer steps never borrow: one of
-  their layers would hold the extra core for tens of milliseconds.
+  their layers would hold the extra core for tens of milliseconds;
+- and only while borrowing is measured faster: another process holding a core makes a borrowing step wait
+  at every barrier for a thread the kernel rarely runs, so the lead times its lone steps both ways and
+  stops borrowing where it loses (engine/borrow_choice.py).
 
 Borrowing therefore needs one thread per worker (2 workers on 2 or 3 cores; not 2 × 2 on 4). It widens
 OpenMP only, not MKL's per-thread count: the CPU forward's matrix products and attention go through oneDNN
@@ -25,10 +28,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+
+from bouquet.engine.borrow_choice import BorrowChoice
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +49,16 @@ class StepThreads:
         max_tokens: int,
         set_threads: Callable[[int], None],
         get_threads: Callable[[], int] = torch.get_num_threads,
+        choice: BorrowChoice | None = None,
     ) -> None:
         self.own_threads = own_threads
         self.all_threads = all_threads
         self.max_tokens = max_tokens
         self._set_threads = set_threads
         self._get_threads = get_threads
+        self.choice = choice or BorrowChoice()
         self._running = 0
+        self._started = 0  # steps started so far: a step that saw it unchanged at its end ran alone throughout
         self._lock = threading.Lock()
         self._local = threading.local()  # is_lead, may_borrow, threads
 
@@ -69,20 +78,37 @@ class StepThreads:
             logger.warning("omp_set_num_threads did not change torch's thread count: a lone step keeps its share")
 
     @contextmanager
-    def step(self, num_tokens: int) -> Iterator[None]:
-        """Around one step, on the worker thread that computes it."""
+    def step(self, num_tokens: int, timed: bool = True) -> Iterator[None]:
+        """Around one step, on the worker thread that computes it. A lone short step on the lead borrows as
+        `choice` says and its time goes back to `choice`; `timed=False` (start-up work) borrows without asking."""
         with self._lock:
             self._running += 1
-        self._local.may_borrow = getattr(self._local, "is_lead", False) and num_tokens <= self.max_tokens
+            self._started += 1
+            started, lone = self._started, self._running == 1
+        short_on_lead = getattr(self._local, "is_lead", False) and num_tokens <= self.max_tokens
+        timed = timed and short_on_lead and lone
+        if timed:
+            self._local.may_borrow = self.choice.should_borrow(num_tokens)
+        else:  # it may still widen at a later layer, once the steps it met have finished
+            self._local.may_borrow = short_on_lead and (not lone or self.choice.borrowing(num_tokens))
+        borrowed = self._local.may_borrow
+        begin = time.perf_counter()
         try:
             self.rebalance()
             yield
+        except BaseException:
+            timed = False  # a failed step's time says nothing
+            raise
         finally:
+            seconds = time.perf_counter() - begin
             with self._lock:
                 self._running -= 1
+                alone_throughout = self._started == started
             if self._local.may_borrow:
                 self._local.may_borrow = False
                 self._apply(self.own_threads)
+            if timed and alone_throughout:
+                self.choice.record(num_tokens, borrowed, seconds)
 
     def rebalance(self) -> None:
         """At the step's start and at each layer: every thread while the step is alone, else its share."""
