@@ -164,7 +164,8 @@ class Engine:
             "engine ready: %s (%s, %s pooling) on %s in %s, attention %s, %d worker(s) x %d thread(s)%s",
             self.spec.name, self.spec.architecture, self.pooler.name,
             config.device, config.dtype, self.attn_backend.name, self.workers, self.threads_per_worker,
-            "" if self._step_threads is None else f", a lone step of <= {config.cpu_lone_step_tokens} tokens on all while measured faster",
+            "" if self._step_threads is None
+            else f", a lone step of <= {config.cpu_lone_step_tokens} tokens on all threads while measured faster",
         )  # fmt: skip
 
     @property
