@@ -56,6 +56,12 @@ class Batch:
     `pixel_values` (optional): the batch is images, one a sequence, as the model's processor left them; sequence i
     is image i's tokens (its patches and whatever the model adds), which `input_ids` only count (zeros). A batch is
     all texts or all images: the engine runs the towers of a text-and-image model (CLIP) in separate steps.
+
+    `image_grid_thw` (optional, with `pixel_values` and `cu_images`): images of any size inside token sequences
+    (Qwen3-VL). `pixel_values` is then every image's patches end to end ([P, patch_dim], image j's are
+    prod(image_grid_thw[j]) rows), sequence i's images are image_grid_thw[cu_images[i]:cu_images[i + 1]], and
+    `input_ids` are real tokens with each image's placeholder tokens, so its tokens count in the budget as text's
+    do; text-only sequences (no images) share such a batch.
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -73,6 +79,8 @@ class Batch:
     key_lens: np.ndarray | None = None  # [B] int32, 1 <= key_lens[i] <= its length; None: every token is a key
     pixel_values: np.ndarray | None = None  # [B, C, H, W] float32; None: the sequences are token ids
     all_outputs: np.ndarray | None = None  # [B] bool; None: no sequence asks for them
+    image_grid_thw: np.ndarray | None = None  # [N, 3] int32 (frames, rows, columns) in patches; set with cu_images
+    cu_images: np.ndarray | None = None  # [B + 1] int32; set with image_grid_thw
     # the options every sequence shares, as packed (the arrays above are filled from them); None: a step mixing
     # requests, whose sequences each keep their own
     row_options: RowOptions | None = None
@@ -108,6 +116,27 @@ class Batch:
         cu_seqlens = np.arange(len(pixel_values) + 1, dtype=np.int32) * tokens_per_image
         batch = cls.from_packed(np.zeros(int(cu_seqlens[-1]), np.int32), cu_seqlens, options)
         return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32))
+
+    def with_patch_images(self, pixel_values: np.ndarray, grids: np.ndarray, images_per_seq: Sequence[int]) -> Batch:
+        """These token sequences with their images as patches (the class describes the fields): `grids` [N, 3] in
+        token order, `images_per_seq[i]` of them in sequence i."""
+        cu_images = np.concatenate([np.zeros(1, np.int32), np.cumsum(images_per_seq, dtype=np.int32)])
+        grids = np.asarray(grids, dtype=np.int32).reshape(-1, 3)
+        assert len(cu_images) == self.num_seqs + 1 and cu_images[-1] == len(grids), "images do not fit the batch"
+        assert len(pixel_values) == int(grids.prod(1).sum()), "patches do not fit the grids"
+        return replace(
+            self, pixel_values=np.asarray(pixel_values, dtype=np.float32), image_grid_thw=grids, cu_images=cu_images
+        )
+
+    @property
+    def patch_images(self) -> bool:
+        """Whether its images (if any) are patches inside token sequences, not one fixed-size image a sequence."""
+        return self.image_grid_thw is not None
+
+    @property
+    def fixed_images(self) -> bool:
+        """Whether it is all fixed-size images, one a sequence (CLIP's), which never share a step with texts."""
+        return self.pixel_values is not None and self.image_grid_thw is None
 
     def with_spans(
         self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False, token_vectors: bool = False
@@ -222,11 +251,22 @@ class Batch:
             token_type_ids=None if self.token_type_ids is None else self.token_type_ids[first:last],
             sparse=None if self.sparse is None else self.sparse[start:stop],
             key_lens=None if self.key_lens is None else self.key_lens[start:stop],
-            pixel_values=None if self.pixel_values is None else self.pixel_values[start:stop],
+            **self._image_slice(start, stop),
             all_outputs=None if self.all_outputs is None else self.all_outputs[start:stop],
             row_options=self.row_options,
             **self._span_slice(start, stop),
         )
+
+    def _image_slice(self, start: int, stop: int) -> dict[str, np.ndarray | None]:
+        if self.pixel_values is None or self.image_grid_thw is None or self.cu_images is None:
+            return {"pixel_values": None if self.pixel_values is None else self.pixel_values[start:stop]}
+        first, last = int(self.cu_images[start]), int(self.cu_images[stop])
+        cu_patches = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.image_grid_thw.prod(1, dtype=np.int64))])
+        return {
+            "pixel_values": self.pixel_values[int(cu_patches[first]) : int(cu_patches[last])],
+            "image_grid_thw": self.image_grid_thw[first:last],
+            "cu_images": self.cu_images[start : stop + 1] - first,
+        }
 
     def _span_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
         if self.cu_spans is None or self.span_bounds is None or self.raw_spans is None:
@@ -259,7 +299,7 @@ class Batch:
             token_type_ids=token_type_ids,
             sparse=_concat_sparse(batches),
             key_lens=_concat_key_lens(batches),
-            pixel_values=_concat_images(batches),
+            **_concat_images(batches),
             all_outputs=_concat_all_outputs(batches),
             row_options=_shared_options(batches),
             **_concat_spans(batches),
@@ -318,14 +358,29 @@ def _concat_key_lens(batches: Sequence[Batch]) -> np.ndarray | None:
     return np.concatenate([b.seq_lens if b.key_lens is None else b.key_lens for b in batches], dtype=np.int32)
 
 
-def _concat_images(batches: Sequence[Batch]) -> np.ndarray | None:
-    """The batches' images end to end; texts and images never share a batch (the class says why)."""
+def _concat_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
+    """The batches' images end to end. Fixed-size images never share a batch with texts (the class says why);
+    patch images do, a batch without images adding sequences without any."""
+    if any(batch.patch_images for batch in batches):
+        return _concat_patch_images(batches)
     images = [batch.pixel_values for batch in batches if batch.pixel_values is not None]
     if not images:
-        return None
+        return {"pixel_values": None}
     if len(images) < len(batches):
         raise ValueError("a batch is all texts or all images; these batches mix them")
-    return np.concatenate(images)
+    return {"pixel_values": np.concatenate(images)}
+
+
+def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
+    if any(batch.fixed_images for batch in batches):
+        raise ValueError("fixed-size images and patch images never share a batch")
+    with_images = [batch for batch in batches if batch.patch_images]
+    counts = [np.zeros(b.num_seqs, np.int32) if b.cu_images is None else np.diff(b.cu_images) for b in batches]
+    return {
+        "pixel_values": np.concatenate([b.pixel_values for b in with_images if b.pixel_values is not None]),
+        "image_grid_thw": np.concatenate([b.image_grid_thw for b in with_images if b.image_grid_thw is not None]),
+        "cu_images": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
+    }
 
 
 def count_within_budget(cu_seqlens: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:

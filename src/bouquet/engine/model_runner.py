@@ -41,6 +41,9 @@ class ModelRunner:
     def execute(self, batch: Batch) -> torch.Tensor:  # [rows, dim] float32 on the device: one per sequence or span
         if batch.pixel_values is not None and not getattr(self.model, "takes_images", False):
             raise ValueError(f"this model ({type(self.model).__name__}) takes no images")
+        if batch.patch_images != getattr(self.model, "variable_images", False) and batch.pixel_values is not None:
+            kind = "images of any size inside token sequences" if batch.patch_images else "fixed-size images"
+            raise ValueError(f"this model ({type(self.model).__name__}) takes no {kind}")
         if self.graphs is not None and batch.key_lens is None and (rows := self.graphs.run(batch)) is not None:
             return rows
         padded = pad_to_bucket(batch, self.token_buckets)
@@ -73,6 +76,9 @@ class ModelRunner:
             prepare = ctx.backend.prepare
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
+            if inputs.image_grid_thw is not None:  # patch images inside token sequences (Batch)
+                images = {"pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw}
+                return self.model(inputs.input_ids, inputs.positions, **images)
             if inputs.pixel_values is not None:  # only models that declare `takes_images` get here
                 return self.model(inputs.input_ids, inputs.positions, pixel_values=inputs.pixel_values)
             return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)

@@ -42,6 +42,8 @@ _ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3:Gemma3Model",
     "CLIPModel": "clip:ClipModel",
     "SiglipModel": "siglip:SiglipModel",
+    "Qwen3VLModel": "qwen3_vl:Qwen3VLModel",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl:Qwen3VLModel",
 }
 
 

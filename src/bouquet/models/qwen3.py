@@ -63,7 +63,8 @@ class Qwen3Config:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: Qwen3Config, rotary: RotaryEmbedding):
+    # rotary: (positions, q, k) -> (q, k); a RotaryEmbedding, or Qwen3-VL's multimodal one (positions [3, T])
+    def __init__(self, config: Qwen3Config, rotary: nn.Module):
         super().__init__()
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
@@ -87,7 +88,7 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: Qwen3Config, rotary: RotaryEmbedding):
+    def __init__(self, config: Qwen3Config, rotary: nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Qwen3Attention(config, rotary)
