@@ -205,24 +205,12 @@ class Batch:
         return self.num_seqs if self.cu_spans is None else int(self.cu_rows[-1])
 
     def options(self) -> RowOptions:
-        """The options all its sequences share: those it was packed with, kept through slices and through a concat of
-        batches that share them. A step's (a concat of requests' sequences) are read from its arrays: a step mixing
-        several has none to send as one request (ValueError)."""
-        if self.row_options is not None:
-            return self.row_options
-        flags = {"raw_spans": self.raw_spans, "sparse": self.sparse, "token_vectors": self.token_vectors,
-                 "all_outputs": self.all_outputs}  # fmt: skip
-        arrays = [self.dimensions, self.normalize, self.prompt_lens, self.encodings, *flags.values()]
-        if any(values is not None and len(values) and (values != values[0]).any() for values in arrays):
-            raise ValueError(
-                "the sequences differ in dimensions, normalize, prompt_lens, raw_spans, token_vectors, encodings, "
-                "sparse or all_outputs"
-            )
-        return RowOptions(
-            int(self.dimensions[0]) or None, bool(self.normalize[0]), int(self.prompt_lens[0]),
-            encoding=Encoding(self.encodings[0]),
-            **{name: values is not None and bool(values[0]) for name, values in flags.items()},
-        )  # fmt: skip
+        """The options all its sequences share: those it was packed with (or read off the wire with), kept through
+        slices and through a concat of batches that share them. A step concatenating several requests' sequences has
+        no one set of options (each sequence keeps its own in the arrays): ValueError, as it is no request to send."""
+        if self.row_options is None:
+            raise ValueError("the batch's sequences come from requests with different row options")
+        return self.row_options
 
     @property
     def any_sparse(self) -> bool:
