@@ -17,6 +17,7 @@ from conftest import row_cosines
 from in_process import served
 from test_gateway_api import API_KEY, post
 
+from bouquet.encodings import FORMATS, encode_rows
 from bouquet.engine.engine import Engine
 from bouquet.gateway.contextual import assign_windows, windows
 
@@ -161,6 +162,23 @@ def test_dimensions_and_base64(server: str) -> None:
         assert rows.shape == (len(reference_rows), 32)
         truncated = reference_rows[:, :32] / np.linalg.norm(reference_rows[:, :32], axis=1, keepdims=True)
         np.testing.assert_allclose(rows, truncated, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["int8", "binary", "base64_int8", "base64_binary"])
+def test_encodings_are_the_float_rows_encoded(server: str, name: str) -> None:
+    """Perplexity's int8 and binary chunks: the float rows (of the same documents, as another request gives them)
+    encoded as bouquet/encodings.py encodes any row, by the replica, then put back in each document's order."""
+    _, full = contextual(server, SHORT_DOCUMENTS)
+    status, encoded = contextual(server, SHORT_DOCUMENTS, encoding_format=name)
+    assert status == 200, encoded
+    form = FORMATS[name]
+    for document, reference_rows in zip(encoded["data"], vectors(full), strict=True):
+        expected = form.answer(encode_rows(reference_rows.astype(np.float32), form.encoding))
+        got = [chunk["embedding"] for chunk in document["data"]]
+        if name.startswith("base64"):
+            assert got == list(expected)
+        else:  # a sign bit or an int8 step may flip where two runs' floats differ in their last bits
+            assert np.abs(np.array(got, np.int64) - np.array(expected, np.int64)).max() <= 1
 
 
 def test_embed_all_is_the_last_hidden_state_of_every_token(server: str, reference) -> None:

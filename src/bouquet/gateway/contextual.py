@@ -19,7 +19,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.jobs import ContextualJob, EmbedJob
-from bouquet.gateway.service import check_dimensions, embedding_model
+from bouquet.gateway.service import complete_options, embedding_model
 
 if TYPE_CHECKING:
     from bouquet.gateway.replicas.catalog import ServedModel
@@ -86,10 +86,10 @@ def _empty_chunk(chunk_ids: list[list[list[int]]]) -> tuple[int, int] | None:
 
 
 async def contextual_embeddings(service: Service, job: ContextualJob) -> tuple[ServedModel, list[np.ndarray], int]:
-    """Each document's chunk vectors ([chunks, width] float32), and the tokens computed."""
+    """Each document's chunk vectors ([chunks, elements] in the job's encoding), and the tokens computed."""
     model = embedding_model(service, job.model)
     service.check_inputs(job.num_chunks)
-    dimensions = check_dimensions(job.dimensions, model)
+    options = complete_options(job.options, model)
     plan = Plan()
 
     async def batch() -> Batch:
@@ -106,7 +106,7 @@ async def contextual_embeddings(service: Service, job: ContextualJob) -> tuple[S
             raise InvalidRequest(message, "input_too_long", "input")
         for ids in chunk_ids:
             plan.add_document(ids, before, after, model.max_seq_length)
-        return Batch.pack(plan.sequences, RowOptions(dimensions, model.normalize), spans=plan.spans)
+        return Batch.pack(plan.sequences, options, spans=plan.spans)
 
     rows, tokens = await service.compute(model, _estimate(job, model), batch)
     ordered = rows[plan.rows]

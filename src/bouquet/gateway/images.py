@@ -22,7 +22,8 @@ from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.image_processing import ImageProcessing, ModelImages
-from bouquet.gateway.service import check_dimensions, embedding_model
+from bouquet.gateway.jobs import AS_THE_MODEL
+from bouquet.gateway.service import complete_options, embedding_model
 
 if TYPE_CHECKING:
     from bouquet.gateway.replicas.catalog import ServedModel
@@ -41,8 +42,7 @@ class ImageEmbedJob:
     model: str | None
     images: list[str]
     names: list[str]
-    dimensions: int | None = None
-    normalize: bool | None = None  # None: as the model's Normalize module says
+    options: RowOptions = AS_THE_MODEL  # as EmbedJob's; `encoding` is response_format's
     response_format: ResponseFormat = FORMATS["float"]
 
 
@@ -135,11 +135,7 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
     images, processing = require_images(model)
     service.check_inputs(len(job.images))
     _check_pixel_bytes(len(job.images), images)
-    options = RowOptions(
-        dimensions=check_dimensions(job.dimensions, model),
-        normalize=model.normalize if job.normalize is None else job.normalize,
-        encoding=job.response_format.encoding,
-    )
+    options = complete_options(job.options, model)
     limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels)
     loop = asyncio.get_running_loop()
 

@@ -10,6 +10,7 @@ from bouquet.batch import RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
 
 AS_THE_MODEL = RowOptions(normalize=None)  # float32 rows at the model's full width, normalised as it says
+TOKEN_VECTORS = RowOptions(token_vectors=True)  # float32 token vectors at the projection's width, normalised
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class ContextualJob:
 
     model: str | None
     documents: list[list[str]]  # each document's chunks, in order
-    dimensions: int | None = None
+    options: RowOptions = AS_THE_MODEL  # as EmbedJob's; `encoding` is response_format's
     response_format: ResponseFormat = FORMATS["float"]
 
     @property
@@ -90,7 +91,9 @@ class MultiVectorJob:
     model: str | None
     texts: list[str]
     input_type: str = "document"  # "query" or "document"
-    dimensions: int | None = None  # each token vector truncated (then normalised); None: the projection's width
+    # token_vectors set, normalised; `dimensions` cuts each token vector (then normalised; None: the projection's
+    # width); `encoding` is response_format's
+    options: RowOptions = TOKEN_VECTORS
     truncate: bool = True
     response_format: ResponseFormat = FORMATS["float"]
 

@@ -22,6 +22,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.jobs import MultiVectorJob, RerankJob
+from bouquet.gateway.service import complete_options
 from bouquet.proto import embedding_pb2
 
 if TYPE_CHECKING:
@@ -76,14 +77,13 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
     service.check_inputs(len(job.texts))
     is_query = job.input_type == "query"
     limit = token_limit(info, is_query)
+    options = complete_options(job.options, model)
     layouts: list[Layout] = []
 
     async def batch() -> Batch:
         ids = await _token_ids(model, job.texts, job.truncate, limit, "input")
         layouts.append(lay_out(ids, info, is_query))
         check_vectors(sum(map(len, layouts[0].spans)), service.config.max_token_vectors)
-        options = RowOptions(dimensions=_dimensions(job.dimensions, info), normalize=True,
-                             encoding=job.response_format.encoding, token_vectors=True)  # fmt: skip
         return pack(layouts[0], options)
 
     rows, tokens = await service.compute(model, _estimate(job.texts, info, is_query), batch)
@@ -157,12 +157,3 @@ def check_vectors(vectors: int, limit: int) -> None:
             "request (--max-token-vectors)"
         )
         raise TooLarge(message, "too_many_token_vectors", "input")
-
-
-def _dimensions(dimensions: int | None, info: embedding_pb2.MultiVector) -> int | None:
-    if dimensions is None:
-        return None
-    if not 1 <= dimensions <= info.dimension:
-        message = f"dimensions must be between 1 and {info.dimension} for this model's token vectors, got {dimensions}"
-        raise InvalidRequest(message, "invalid_value", "dimensions")
-    return dimensions

@@ -208,16 +208,9 @@ class Service:
             )
 
     def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
-        """The job's options completed where the model is known: `dimensions` within its width, `normalize` as its
-        Normalize module says unless the request said, and its prompt's tokens."""
         prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
         prompt_tokens = model.require_tokenizer().prompt_tokens(prompt) if prompt else 0
-        options = job.options
-        if options.sparse:  # a sparse row comes whole and as it is: no dimensions, normalisation or encoding
-            return replace(options, prompt_tokens=prompt_tokens)
-        normalize = model.normalize if options.normalize is None else options.normalize
-        dimensions = check_dimensions(options.dimensions, model)
-        return replace(options, dimensions=dimensions, normalize=normalize, prompt_tokens=prompt_tokens)
+        return complete_options(job.options, model, prompt_tokens)
 
     async def sequences(self, job: EmbedJob, model: ServedModel) -> list[list[int]]:
         """The job's token ids: its texts tokenized with the model's prompt, or its ids checked and cut."""
@@ -263,17 +256,25 @@ class Service:
         return [ids[:limit] for ids in token_ids]
 
 
-def check_dimensions(dimensions: int | None, model: ServedModel) -> int | None:
-    """A request's `dimensions` (None: the model's whole width) within the model's width."""
-    if dimensions is None:
-        return None
-    if not 1 <= dimensions <= model.dimension:
+def complete_options(options: RowOptions, model: ServedModel, prompt_tokens: int = 0) -> RowOptions:
+    """A router's options completed where the model is known, every job's one check of them on the gateway:
+    `dimensions` within the width of the rows asked for (a token vector's for token vectors), `normalize` as the
+    model's Normalize module says unless the request said, and the prompt's tokens. A sparse row comes whole and as
+    it is: no dimensions, normalisation or encoding."""
+    if options.sparse:
+        return replace(options, prompt_tokens=prompt_tokens)
+    if options.token_vectors:
+        assert model.multi_vector is not None, "token vectors are asked of a multi-vector model only"
+        width, rows = model.multi_vector.dimension, "this model's token vectors"
+    else:
+        width, rows = model.dimension, repr(model.id)
+    if options.dimensions is not None and not 1 <= options.dimensions <= width:
         raise InvalidRequest(
-            f"dimensions must be between 1 and {model.dimension} for {model.id!r}, got {dimensions}",
-            "invalid_value",
+            f"dimensions must be between 1 and {width} for {rows}, got {options.dimensions}", "invalid_value",
             "dimensions",
-        )
-    return dimensions
+        )  # fmt: skip
+    normalize = model.normalize if options.normalize is None else options.normalize
+    return replace(options, normalize=normalize, prompt_tokens=prompt_tokens)
 
 
 def embedding_model(service: Service, name: str | None) -> ServedModel:

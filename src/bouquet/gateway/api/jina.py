@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bouquet.batch import RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.api.fields import Count, Model, Text, choice, described
 from bouquet.gateway.http.body import read_request
@@ -65,13 +66,14 @@ async def _multi_vector(service: Service, request: Request) -> Response:
 
 def multi_vector_job(body: MultiVectorRequest) -> MultiVectorJob:
     items = [body.input] if isinstance(body.input, str) else body.input
+    formats = FORMATS[choice(body.embedding_type, "embedding_type", EMBEDDING_TYPES, "float")]
     return MultiVectorJob(
         model=body.model,
         texts=[item if isinstance(item, str) else item.text for item in items],
         input_type=choice(body.input_type, "input_type", INPUT_TYPES, "document"),
-        dimensions=body.dimensions,
+        options=RowOptions(body.dimensions, encoding=formats.encoding, token_vectors=True),
         truncate=body.truncate is not False,
-        response_format=FORMATS[choice(body.embedding_type, "embedding_type", EMBEDDING_TYPES, "float")],
+        response_format=formats,
     )
 
 

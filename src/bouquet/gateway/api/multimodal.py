@@ -104,25 +104,22 @@ def chat_job(body: ChatEmbeddingsRequest) -> EmbedJob | ImageEmbedJob:
             "messages",
         )
     formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
     if images:
         (image, name), = images  # fmt: skip
-        return ImageEmbedJob(body.model, [image], [name], body.dimensions, body.normalize, formats)
-    options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
+        return ImageEmbedJob(body.model, [image], [name], options, formats)
     return EmbedJob(body.model, texts, None, options, response_format=formats)
 
 
 def image_job(body: ImageEmbeddingsRequest) -> ImageEmbedJob:
     """Infinity's `/embeddings_image` body as its images."""
     refuse_unless(body.modality, "modality", "image", "this route embeds images")
-    return images_job(body.model, body.input, body.dimensions, response_format(body.encoding_format, None, None))
+    formats = response_format(body.encoding_format, None, None)
+    return images_job(body.model, body.input, RowOptions(body.dimensions, None, encoding=formats.encoding), formats)
 
 
 def images_job(
-    model: str | None,
-    value: str | list[Any],
-    dimensions: int | None,
-    formats: ResponseFormat,
-    normalize: bool | None = None,
+    model: str | None, value: str | list[Any], options: RowOptions, formats: ResponseFormat
 ) -> ImageEmbedJob:
     """`input` as images (Infinity's `/embeddings_image`, or `/embeddings` with `"modality": "image"`): a string or
     a list of strings, each named `input[i]` in a refusal."""
@@ -135,4 +132,4 @@ def images_job(
                 f"input[{index}]",
             )
     names = ["input"] if isinstance(value, str) else [f"input[{index}]" for index in range(len(images))]
-    return ImageEmbedJob(model, images, names, dimensions, normalize, formats)
+    return ImageEmbedJob(model, images, names, options, formats)

@@ -120,7 +120,7 @@ async def _answer(service: Service, request: Request, job: EmbedJob | ImageEmbed
 
 def _image_input(body: EmbeddingsRequest) -> ImageEmbedJob:
     formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
-    return images_job(body.model, body.input, body.dimensions, formats, _normalize(body.normalize, body.use_activation))
+    return images_job(body.model, body.input, _row_options(body, formats), formats)
 
 
 def embed_job(body: EmbeddingsRequest) -> EmbedJob:
@@ -135,12 +135,16 @@ def embed_job(body: EmbeddingsRequest) -> EmbedJob:
         model=body.model,
         texts=texts,
         token_ids=token_ids,
-        options=RowOptions(body.dimensions, _normalize(body.normalize, body.use_activation), encoding=formats.encoding),
+        options=_row_options(body, formats),
         response_format=formats,
         truncate_tokens=_truncate_prompt_tokens(body.truncate_prompt_tokens),
         text_positions=text_positions(body.input, texts, token_ids),
         long_input=long_input(body.long_input),
     )
+
+
+def _row_options(body: EmbeddingsRequest, formats: ResponseFormat) -> RowOptions:
+    return RowOptions(body.dimensions, _normalize(body.normalize, body.use_activation), encoding=formats.encoding)
 
 
 def parse_openai(body: bytes, strict: bool = True) -> EmbedJob:

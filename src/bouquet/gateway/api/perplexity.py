@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bouquet.encodings import ResponseFormat, encode_rows
+from bouquet.batch import RowOptions
+from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
     Count,
     Dimensions,
@@ -63,13 +64,9 @@ async def _contextual_embeddings(service: Service, request: Request) -> Response
 
 
 def contextual_job(body: ContextualizedEmbeddingsRequest) -> ContextualJob:
-    return ContextualJob(
-        body.model,
-        body.input,
-        body.dimensions,
-        # Perplexity's base64_int8 and base64_binary too; encoded here, on the host
-        response_format(body.encoding_format, body.embed_dtype, body.endianness),
-    )
+    # Perplexity's base64_int8 and base64_binary too, encoded by the replica as every route's rows are
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    return ContextualJob(body.model, body.input, RowOptions(body.dimensions, None, encoding=formats.encoding), formats)
 
 
 class ContextualDocument(ResponseBody):
@@ -88,11 +85,11 @@ class ContextualizedEmbeddingList(ResponseBody):
 def contextual_response(
     documents: list[np.ndarray], model: str, tokens: int, response_format: ResponseFormat
 ) -> ContextualizedEmbeddingList:
-    """Perplexity's answer: per document, its chunks' embeddings in order, in the asked encoding."""
+    """Perplexity's answer: per document, its chunks' embeddings in order ([chunks, elements] in the asked
+    encoding)."""
 
     def embeddings(rows: np.ndarray) -> list[Embedding]:
-        encoded = response_format.answer(encode_rows(rows, response_format.encoding))
-        return [Embedding(i, row) for i, row in enumerate(encoded)]
+        return [Embedding(i, row) for i, row in enumerate(response_format.answer(rows))]
 
     data = [ContextualDocument(index, embeddings(rows)) for index, rows in enumerate(documents)]
     return ContextualizedEmbeddingList(data, model, Usage(tokens, tokens))
