@@ -53,14 +53,7 @@ class ImageProcessing:
         pixels = np.asarray(image).transpose(2, 0, 1)  # [3, H, W] uint8
         if self.crop is not None:
             pixels = center_crop(pixels, self.crop)
-        values = pixels.astype(np.float32)
-        if self.rescale is not None:
-            values = (pixels.astype(np.float64) * self.rescale).astype(np.float32)
-        if self.mean is not None and self.std is not None:
-            mean = np.array(self.mean, np.float32)[:, None, None]
-            std = np.array(self.std, np.float32)[:, None, None]
-            values = (values - mean) / std
-        return np.ascontiguousarray(values, np.float32)
+        return rescale_normalize(pixels, self.rescale, self.mean, self.std)
 
     def _resized_size(self, width: int, height: int) -> tuple[int, int] | None:
         """(height, width) after the resize, or None when the config does not resize."""
@@ -69,6 +62,19 @@ class ImageProcessing:
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.shortest_edge * long / short)
         return (new_long, self.shortest_edge) if width <= height else (self.shortest_edge, new_long)
+
+
+def rescale_normalize(
+    pixels: np.ndarray, rescale: float | None, mean: tuple[float, ...] | None, std: tuple[float, ...] | None
+) -> np.ndarray:  # [3, H, W] float32
+    """uint8 pixels [3, H, W] rescaled in float64 then float32, then normalised in float32 ((x - mean) / std), as
+    transformers' Pillow backend does."""
+    values = pixels.astype(np.float32)
+    if rescale is not None:
+        values = (pixels.astype(np.float64) * rescale).astype(np.float32)
+    if mean is not None and std is not None:
+        values = (values - np.array(mean, np.float32)[:, None, None]) / np.array(std, np.float32)[:, None, None]
+    return np.ascontiguousarray(values, np.float32)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
