@@ -102,21 +102,25 @@ class FlagM3:
         return vector
 
     def compute_score(
-        self, pairs: list[tuple[str, str]], weights: list[float] | None = None, max_length: int = LIMIT
-    ) -> dict[str, list[float]]:
-        """`compute_score(pairs, weights_for_different_modes=weights)`, each pair alone."""
+        self, pairs: list[tuple[str, str]], weights: list[float] | None = None, max_length: int = LIMIT,
+        max_passage_length: int | None = None,
+    ) -> dict[str, list[float]]:  # fmt: skip
+        """`compute_score(pairs, weights_for_different_modes=weights, max_query_length=max_length,
+        max_passage_length=max_passage_length or max_length)`, each pair alone."""
         w = weights or [1.0, 1.0, 1.0]
         scores: dict[str, list[float]] = defaultdict(list)
         for query, passage in pairs:
             q_ids, q_dense, q_weights, q_colbert = self._outputs(query, max_length)
-            p_ids, p_dense, p_weights, p_colbert = self._outputs(passage, max_length)
+            p_ids, p_dense, p_weights, p_colbert = self._outputs(passage, max_passage_length or max_length)
             dense = float(q_dense @ p_dense)
             sparse = float(self._sparse_vector(q_ids, q_weights) @ self._sparse_vector(p_ids, p_weights))
             colbert = float((q_colbert @ p_colbert.T).max(-1).values.sum() / len(q_colbert))
             scores["colbert"].append(colbert)
             scores["sparse"].append(sparse)
             scores["dense"].append(dense)
-            scores["sparse+dense"].append((sparse * w[1] + dense * w[0]) / (w[1] + w[0]))
+            # on tensors, as FlagEmbedding's: weights (0, 0, w) give a NaN, not a ZeroDivisionError
+            pair = (torch.tensor(sparse) * w[1] + torch.tensor(dense) * w[0]) / (w[1] + w[0])
+            scores["sparse+dense"].append(float(pair))
             scores["colbert+sparse+dense"].append((colbert * w[2] + sparse * w[1] + dense * w[0]) / sum(w))
         return dict(scores)
 

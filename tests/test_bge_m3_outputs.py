@@ -121,6 +121,58 @@ def test_each_mode_alone_is_compute_scores(client: httpx.Client, flag: FlagM3) -
         np.testing.assert_allclose([item["score"] for item in data], expected[mode], atol=BOUND, rtol=0)
 
 
+MODES = ("colbert", "sparse", "dense", "sparse+dense", "colbert+sparse+dense")  # compute_score's keys
+
+
+@pytest.mark.parametrize("weights", [None, [0.4, 0.2, 0.4]])
+def test_compute_score_gives_flag_embeddings_five_scores(
+    client: httpx.Client, flag: FlagM3, weights: list[float] | None
+) -> None:
+    """/compute_score answers compute_score's dict: lists for a list of pairs (several queries), each key within
+    the bound of FlagEmbedding's formula, the query and passage limits applied to each side."""
+    pairs = [(QUERY, text) for text in TEXTS] + [("packed sequences", TEXTS[0])]
+    extra = {} if weights is None else {"weights_for_different_modes": weights}
+    body = {"model": M3, "sentence_pairs": [list(pair) for pair in pairs], "max_query_length": 5,
+            "max_passage_length": 12, **extra}  # fmt: skip
+    reply = client.post("/compute_score", json=body)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    expected = flag.compute_score(pairs, weights, max_length=5, max_passage_length=12)
+    assert set(answer) == {*MODES, "model", "usage"} and answer["model"] == M3 and answer["usage"]["total_tokens"]
+    for mode in MODES:
+        np.testing.assert_allclose(answer[mode], expected[mode], atol=BOUND, rtol=0, err_msg=mode)
+
+
+def test_compute_score_of_one_pair_answers_numbers(client: httpx.Client, flag: FlagM3) -> None:
+    """One pair, as FlagEmbedding takes it, answers one number a key; a 'sparse+dense' of weights (0, 0, w) is not a
+    number in FlagEmbedding, null here."""
+    body = {"model": M3, "sentence_pairs": [QUERY, TEXTS[0]], "weights_for_different_modes": [0, 0, 1]}
+    answer = client.post("/compute_score", json=body).json()
+    expected = flag.compute_score([(QUERY, TEXTS[0])], [0, 0, 1])
+    assert answer["sparse+dense"] is None and np.isnan(expected["sparse+dense"][0])
+    for mode in ("colbert", "sparse", "dense", "colbert+sparse+dense"):
+        assert isinstance(answer[mode], float) and answer[mode] == pytest.approx(expected[mode][0], abs=BOUND)
+    assert answer["colbert+sparse+dense"] == pytest.approx(answer["colbert"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "pairs", "param"),
+    [
+        (M3, ["just one text"], "sentence_pairs"),
+        (M3, [["a", "b"], "c"], "sentence_pairs"),
+        (M3, [["a", "b", "c"]], "sentence_pairs"),
+        (M3, [], "sentence_pairs"),
+        (SPARSE_ONLY, [["a", "b"]], "model"),
+        ("all-MiniLM-L6-v2", [["a", "b"]], "model"),
+    ],
+)
+def test_bad_compute_score_bodies_are_refused(client: httpx.Client, model: str, pairs: list, param: str) -> None:
+    reply = client.post("/compute_score", json={"model": model, "sentence_pairs": pairs})
+    assert 400 <= reply.status_code < 500, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param or param in error["message"], error
+
+
 def test_one_step_mixes_all_outputs_with_other_sequences(m3_engines: list[Engine], model_dirs: dict[str, Path]):
     """All-outputs sequences beside plain and token-vector ones in one step: each kind's rows as it gets them alone."""
     engine = m3_engines[0]

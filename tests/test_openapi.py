@@ -47,7 +47,7 @@ RERANK_ROUTES = {"/rerank", "/v1/rerank", "/score", "/v1/score", "/predict", "/v
 SPARSE = "tiny-splade"
 COLBERT = "tiny-colbert"
 BGE_M3 = "tiny-bge-m3"
-MODEL_OF_ROUTE = {"/embed_sparse": SPARSE, "/v1/multi-vector": COLBERT, "/encode": BGE_M3}
+MODEL_OF_ROUTE = {"/embed_sparse": SPARSE, "/v1/multi-vector": COLBERT, "/encode": BGE_M3, "/compute_score": BGE_M3}
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -92,12 +92,14 @@ async def token_vectors(service: Service, job: MultiVectorJob) -> tuple[ServedMo
 
 
 async def maxsim_scores(
-    service: Service, model: ServedModel, job: RerankJob, all_outputs: bool = False
-) -> tuple[np.ndarray, int]:
+    service: Service, model: ServedModel, job: RerankJob, all_outputs: bool = False,
+    max_lengths: tuple[int | None, int | None] = (None, None),
+) -> tuple[np.ndarray, int]:  # fmt: skip
     """Each (query, document) pair's MaxSim score ([N, 1] float32, PyLate's `colbert_scores`), or with
     `all_outputs` its dense, sparse and ColBERT scores ([N, 3], bge-m3's: bouquet/all_outputs.py), computed on the
     replicas over token vectors that never cross the wire, one request to them per distinct query; and the tokens
-    computed."""
+    computed. `max_lengths`: the tokens a query and a document keep (FlagEmbedding's max_query_length and
+    max_passage_length), within the model's layout; None: the layout's."""
     info = model.multi_vector
     assert info is not None, "a multi-vector model's replica describes its layout"
     if job.instruction is not None:
@@ -106,9 +108,13 @@ async def maxsim_scores(
     by_query: dict[str, list[int]] = {}
     for index, (query, _) in enumerate(job.pairs):
         by_query.setdefault(query, []).append(index)
+    limits = tuple(
+        token_limit(info, is_query) if length is None else min(length, token_limit(info, is_query))
+        for length, is_query in zip(max_lengths, (True, False), strict=True)
+    )
     results = await asyncio.gather(
-        *(_score_query(service, model, info, query, [job.pairs[i][1] for i in indices], job.truncate, all_outputs)
-          for query, indices in by_query.items())
+        *(_score_query(service, model, info, query, [job.pairs[i][1] for i in indices], job.truncate, all_outputs,
+                       limits) for query, indices in by_query.items())
     )  # fmt: skip
     scores = np.empty((len(job.pairs), 3 if all_outputs else 1), np.float32)
     for indices, (query_scores, _) in zip(by_query.values(), results, strict=True):
@@ -118,11 +124,11 @@ async def maxsim_scores(
 
 async def _score_query(
     service: Service, model: ServedModel, info: embedding_pb2.MultiVector, query: str, documents: list[str],
-    truncate: bool, all_outputs: bool,
+    truncate: bool, all_outputs: bool, limits: tuple[int, ...],
 ) -> tuple[np.ndarray, int]:  # fmt: skip
     async def batch() -> Batch:
-        query_ids = await _token_ids(model, [query], truncate, token_limit(info, True), "query")
-        document_ids = await _token_ids(model, documents, truncate, token_limit(info, False), "documents")
+        query_ids = await _token_ids(model, [query], truncate, limits[0], "query")
+        document_ids = await _token_ids(model, documents, truncate, limits[1], "documents")
         options = RowOptions(normalize=True, token_vectors=True, all_outputs=all_outputs)
         return Batch.concat(
             [pack(lay_out(query_ids, info, True), options), pack(lay_out(document_ids, info, False), options)]

@@ -48,6 +48,18 @@ async def score(service: Service, job: RerankJob) -> tuple[ServedModel, np.ndarr
     return model, scores[:, 0].astype(np.float32), tokens
 
 
+async def mode_scores(
+    service: Service, job: RerankJob, max_lengths: tuple[int | None, int | None]
+) -> tuple[ServedModel, dict[str, np.ndarray], int]:
+    """bge-m3's five scores of each pair, FlagEmbedding's `compute_score` (all_outputs.weighted), and the tokens
+    computed; a model without bge-m3's three heads is refused."""
+    model = service.catalog.get(job.model)
+    if not three_heads(model):
+        raise model.wrong_task("bge-m3's scores (a dense model with sparse_linear.pt and colbert_linear.pt beside it)")
+    scores, tokens = await maxsim_scores(service, model, job, all_outputs=True, max_lengths=max_lengths)
+    return model, all_outputs.weighted(scores, job.mode_weights), tokens
+
+
 async def predict(service: Service, job: PredictJob) -> tuple[ServedModel, np.ndarray, int]:
     """Scores [N, labels] float32 (activated unless raw: a softmax over several labels, a sigmoid of one, as TEI
     does), and the tokens computed."""

@@ -24,6 +24,7 @@ from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
     COHERE_V2_EMBED_REQUEST,
     COHERE_V2_RERANK_REQUEST,
+    COMPUTE_SCORE_REQUEST,
     CONTEXTUAL_REQUEST,
     DECODE_REQUEST,
     DETOKENIZE_REQUEST,
@@ -51,6 +52,7 @@ from bouquet.gateway.openapi.responses import (
     ENCODED,
     HEALTH,
     INFO,
+    MODE_SCORES,
     MODEL_CARD,
     MODELS,
     MULTI_VECTOR_RESPONSE,
@@ -233,6 +235,8 @@ OPERATIONS: tuple[Operation, ...] = (
     # FlagEmbedding's BGEM3FlagModel.encode: bge-m3's three outputs
     Operation("/encode", "post", "FlagEmbedding: bge-m3's dense, sparse and ColBERT outputs from one forward",
               "FlagEmbedding", _json(ENCODED), ENCODE_REQUEST, COMPUTE),
+    Operation("/compute_score", "post", "FlagEmbedding: bge-m3's five scores of pairs (compute_score)",
+              "FlagEmbedding", _json(MODE_SCORES), COMPUTE_SCORE_REQUEST, COMPUTE),
     # KServe's Open Inference Protocol (v2), with its error body
     Operation("/v2/health/live", "get", "KServe v2: the server is live", "KServe", _json(KSERVE_LIVE), public=True,
               errors="kserve"),

@@ -4,7 +4,7 @@ a route takes in one of two shapes."""
 from __future__ import annotations
 
 from bouquet.gateway.api.cohere import CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest
-from bouquet.gateway.api.flag_embedding import EncodeRequest
+from bouquet.gateway.api.flag_embedding import ComputeScoreRequest, EncodeRequest
 from bouquet.gateway.api.jina import MultiVectorRequest
 from bouquet.gateway.api.multimodal import ChatEmbeddingsRequest, ImageEmbeddingsRequest
 from bouquet.gateway.api.openai import EmbeddingsRequest
@@ -28,6 +28,7 @@ REQUESTS = (
     ContextualizedEmbeddingsRequest, TEITokenizeRequest, VLLMTokenizeRequest, DecodeRequest, PredictRequest,
     DetokenizeRequest, TEIRerankRequest, CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest,
     ScoreRequest, MultiVectorRequest, EncodeRequest, ChatEmbeddingsRequest, ImageEmbeddingsRequest,
+    ComputeScoreRequest,
 )  # fmt: skip
 REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS)[1].items()}
 
@@ -64,3 +65,4 @@ RERANK_REQUEST: Schema = {
 SCORE_REQUEST = REFS["ScoreRequest"]
 MULTI_VECTOR_REQUEST = REFS["MultiVectorRequest"]
 ENCODE_REQUEST = REFS["EncodeRequest"]
+COMPUTE_SCORE_REQUEST = REFS["ComputeScoreRequest"]

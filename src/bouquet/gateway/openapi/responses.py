@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from bouquet.gateway.api.cohere import CohereRanking, CohereV2Embeddings, CohereV2Ranking
-from bouquet.gateway.api.flag_embedding import Encoded
+from bouquet.gateway.api.flag_embedding import Encoded, ModeScores
 from bouquet.gateway.api.jina import MultiVectorList
 from bouquet.gateway.api.openai import EmbeddingList, ModelCard, ModelList
 from bouquet.gateway.api.perplexity import ContextualizedEmbeddingList
@@ -34,7 +34,7 @@ _LISTS = {
 _STRUCTS = (
     EmbeddingList, ContextualizedEmbeddingList, ModelCard, ModelList, MultiVectorList, Scores, VLLMTokens,
     Detokenized, CohereRanking, CohereV2Embeddings, CohereV2Ranking, Info, Health, Pooling, Classifier, Prediction,
-    Encoded,
+    Encoded, ModeScores,
 )  # fmt: skip
 _schemas, _components = struct_schemas((*_LISTS.values(), *_STRUCTS))
 REFS = {name: named(name, schema) for name, schema in _components.items()}
@@ -62,3 +62,4 @@ INFO = REFS["Info"]
 HEALTH = REFS["Health"]
 MULTI_VECTOR_RESPONSE = REFS["MultiVectorList"]
 ENCODED = REFS["Encoded"]
+MODE_SCORES = REFS["ModeScores"]

@@ -64,6 +64,8 @@ class ServedModel:
         served = [*_TASK_ROUTES[self.task]] + (
             ["/embed_sparse", "/encode"] if self.sparse_dimension and self.task != "sparse" else []
         )
+        if self.task == "embed" and self.sparse_dimension and self.multi_vector is not None:  # bge-m3's heads
+            served.append("/compute_score")
         return ", ".join(served)
 
     def wrong_task(self, wanted: str) -> InvalidRequest:
