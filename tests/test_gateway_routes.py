@@ -106,6 +106,27 @@ def test_vllm_truncate_prompt_tokens_and_normalize(server, sentence_transformer)
     assert row_cosines(row[None], expected[None]).min() >= 0.99999
 
 
+@pytest.mark.parametrize(("cap", "status", "tokens"), [(-1, 200, 256), (256, 200, 256), (0, 400, 0), (-2, 400, 0),
+                                                       (257, 400, 0)])  # fmt: skip
+def test_truncate_prompt_tokens_within_the_model_limit(server, cap: int, status: int, tokens: int):
+    """-1 is the model's limit (256), as is 256 itself; 0, below -1 and over the limit are refused naming the field,
+    as vLLM refuses them."""
+    body = {"model": MODEL, "input": "word " * 400, "truncate_prompt_tokens": cap}
+    got, _, reply = call(f"{server}/v1/embeddings", body)
+    assert got == status, reply
+    if status == 200:
+        assert reply["usage"]["prompt_tokens"] == tokens
+    else:
+        assert (reply["error"]["code"], reply["error"]["param"]) == ("invalid_value", "truncate_prompt_tokens")
+        assert str(cap) in reply["error"]["message"]
+
+
+def test_cohere_max_tokens_over_the_limit_is_refused_by_its_name(server):
+    got, _, reply = call(f"{server}/v2/embed", {"model": MODEL, "texts": ["a"], "input_type": "search_query",
+                                                "embedding_types": ["float"], "max_tokens": 257})  # fmt: skip
+    assert got == 400 and reply["message"].startswith("'max_tokens' must be"), reply
+
+
 def test_every_answer_has_a_request_id(server):
     _, headers, _ = call(f"{server}/embed", {"inputs": "a"}, {"x-request-id": "client-id-42"})
     assert headers["x-request-id"] == "client-id-42"

@@ -19,8 +19,6 @@ REFUSED = [
     (openai.EMBEDDINGS, {"input": ["a", True]}, Unprocessable, "invalid_type", "input[1]"),
     (openai.EMBEDDINGS, {"input": ["a", ""]}, InvalidRequest, "empty_input", "input[1]"),
     (openai.EMBEDDINGS, {"input": [[1], []]}, InvalidRequest, "empty_input", "input[1]"),
-    (openai.EMBEDDINGS, {"input": "a", "truncate_prompt_tokens": -2}, InvalidRequest, "invalid_value",
-     "truncate_prompt_tokens"),
     (openai.EMBEDDINGS, {"input": "a", "dimensions": 1.5}, Unprocessable, "invalid_type", "dimensions"),
     (tei_bodies.SIMILARITY, {"inputs": {"source_sentence": "a"}}, InvalidRequest, "missing_required_parameter",
      "inputs.sentences"),

@@ -29,7 +29,11 @@ class EmbedJob:
     truncation_direction: str = "right"
     prompt_name: str | None = None
     response_format: ResponseFormat = FORMATS["float"]  # encoding_format, embed_dtype and endianness
-    truncate_tokens: int | None = None  # vLLM's truncate_prompt_tokens: keep the first this many tokens
+    # the request's own cap on an input's tokens, as the client sent it (vLLM's truncate_prompt_tokens, -1 for the
+    # model's limit; Cohere's max_tokens), checked by the service against the model's limit; `truncate_field` names
+    # it in a refusal
+    truncate_tokens: int | None = None
+    truncate_field: str = "truncate_prompt_tokens"
     long_input: str | None = None  # "truncate" or "chunk" (long_inputs.py); None: the server's --long-input
 
     text_positions: tuple[int, ...] | None = None  # texts and token ids mixed: where each text is in the input

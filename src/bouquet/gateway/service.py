@@ -97,7 +97,7 @@ class Service:
             raise model.wrong_task("sparse rows")
         if not sparse and model.task != "embed":
             raise model.wrong_task("embeddings")
-        _check_truncate_tokens(job, model)
+        job = replace(job, truncate_tokens=token_cap(job, model))
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
         if not sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged
@@ -245,7 +245,7 @@ class Service:
 
     def _check_token_ids(self, token_ids: list[list[int]], job: EmbedJob, model: ServedModel) -> list[list[int]]:
         self._check_vocabulary(token_ids, model)
-        limit = min(model.max_seq_length, job.truncate_tokens or model.max_seq_length)
+        limit = job.truncate_tokens or model.max_seq_length
         for index, ids in enumerate(token_ids):
             if len(ids) > limit and not job.truncate:
                 raise TooLarge(
@@ -285,15 +285,21 @@ def embedding_model(service: Service, name: str | None) -> ServedModel:
     return model
 
 
-def _check_truncate_tokens(job: EmbedJob, model: ServedModel) -> None:
-    """vLLM's truncate_prompt_tokens keeps the first k tokens; k over the model's limit is refused, as vLLM does."""
-    if job.truncate_tokens is not None and job.truncate_tokens > model.max_seq_length:
+def token_cap(job: EmbedJob, model: ServedModel) -> int | None:
+    """The request's own cap on an input's tokens (None: the model's limit), the one check of it: vLLM's
+    truncate_prompt_tokens keeps the first k tokens, -1 meaning the model's limit, and refuses 0 and k over the
+    limit, as vLLM does; Cohere's max_tokens (at least 1 by its type) alike."""
+    cap, limit = job.truncate_tokens, model.max_seq_length
+    if cap is None or cap == -1 or cap == limit:
+        return None
+    if not 1 <= cap <= limit:
         raise InvalidRequest(
-            f"truncate_prompt_tokens ({job.truncate_tokens}) is greater than the model's limit "
-            f"(max_model_len {model.max_seq_length}); request a smaller truncation size",
+            f"'{job.truncate_field}' must be -1 (the model's limit) or between 1 and the model's limit "
+            f"(max_model_len {limit}), got {cap}",
             "invalid_value",
-            "truncate_prompt_tokens",
+            job.truncate_field,
         )
+    return cap
 
 
 def _utf8_size(text: str) -> int:

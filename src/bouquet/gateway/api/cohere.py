@@ -293,6 +293,7 @@ def embed_request(body: CohereV2EmbedRequest) -> CohereEmbed:
         truncate=truncate != "NONE",
         truncation_direction="left" if truncate == "START" else "right",
         truncate_tokens=body.max_tokens,
+        truncate_field="max_tokens",
         long_input="truncate" if truncate == "NONE" else None,  # over the limit stays an error, never chunked
     )
     return CohereEmbed(job, input_type, _embedding_types(body.embedding_types))

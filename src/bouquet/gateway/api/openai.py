@@ -56,9 +56,10 @@ class EmbeddingsRequest(RequestBody):
     user: str | None = None
     # vLLM's extensions: honoured as vLLM does, or refused when a value asks for what is not done here
     normalize: Annotated[bool, described("vLLM's; default: as the model's Normalize module says")] | None = None
+    # its value is checked where the model's limit is known (service.token_cap), the bounds below only documented
     truncate_prompt_tokens: Annotated[int, Meta(
-        ge=-1, description="vLLM's: the first k tokens, specials kept; -1: the model's limit; over the limit: 400",
-        extra_json_schema={"not": {"enum": [0]}},
+        description="vLLM's: the first k tokens, specials kept; -1: the model's limit; over the limit: 400",
+        extra_json_schema={"minimum": -1, "not": {"enum": [0]}},
     )] | None = None  # fmt: skip
     # Any: a value other than true, of any type, is refused by name (1 == True, yet not a boolean)
     add_special_tokens: Annotated[
@@ -137,7 +138,7 @@ def embed_job(body: EmbeddingsRequest) -> EmbedJob:
         token_ids=token_ids,
         options=_row_options(body, formats),
         response_format=formats,
-        truncate_tokens=_truncate_prompt_tokens(body.truncate_prompt_tokens),
+        truncate_tokens=body.truncate_prompt_tokens,
         text_positions=text_positions(body.input, texts, token_ids),
         long_input=long_input(body.long_input),
     )
@@ -161,18 +162,6 @@ def _normalize(normalize: bool | None, use_activation: bool | None) -> bool | No
             "use_activation",
         )
     return normalize if normalize is not None else use_activation
-
-
-def _truncate_prompt_tokens(value: int | None) -> int | None:
-    """vLLM's: each input cut to k tokens as its tokenizer truncates (vLLM 0.32: the first k, special tokens kept,
-    for these models' tokenizers, whose truncation side is the right); -1: the model's limit."""
-    if value is None or value == -1:
-        return None
-    if value < 1:
-        raise InvalidRequest(
-            f"'truncate_prompt_tokens' must be -1 or at least 1, got {value}", "invalid_value", "truncate_prompt_tokens"
-        )
-    return value
 
 
 class Embedding(ResponseBody):
