@@ -30,7 +30,7 @@ from bouquet.kernels.openmp import find_thread_setter, on_passing_thread
 from bouquet.layers.attention import Attention, attention_shape
 from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
 from bouquet.layers.attention_backends.selection import create_auto_backend
-from bouquet.layers.linear import Linear, prepack_cpu_linears, quantize_cpu_linears
+from bouquet.layers.linear import Linear, drop_plain_weights, prepack_cpu_linears, quantize_cpu_linears
 from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
 from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, TokenWeightSpec, read_model_dir
@@ -229,6 +229,8 @@ class Engine:
                 quantized, plan.describe(),
                 f", {kept} QKV projections kept in float32 (7-bit weights on this CPU)" if kept else "",
             )  # fmt: skip
+        if self.device.type == "cpu":
+            logger.info("%.0f MB of plain weights freed: their packed copies run", drop_plain_weights(model) / 2**20)
         backend = self._create_backend(model)
         runner = ModelRunner(model, pooler, backend, self.device)
         runner.token_buckets = self.config.cpu_token_buckets if self.device.type == "cpu" else 0

@@ -1,6 +1,7 @@
 """Linear layers that compute in their weight's dtype and accept activations of any dtype.
 
-On the CPU each weight is reordered once, at load, into oneDNN's blocked layout (`prepack_cpu_linears`).
+On the CPU each weight is reordered once, at load, into oneDNN's blocked layout (`prepack_cpu_linears`), and the
+engine then frees the plain copy (`drop_plain_weights`).
 Without that, every call reorders the weight again: a small batch (one query) pays mostly for the reorder,
 and a large float32 batch runs through MKL's sgemm, about 25% slower here than oneDNN on the packed weight
 (docs/benchmarks.md has the measurements). oneDNN runs bfloat16 only on CPUs with AVX-512 BW/VL/DQ or
@@ -124,6 +125,18 @@ def prepack_cpu_linears(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Linear) and onednn_runs(module.weight):
             module.prepack()
+
+
+def drop_plain_weights(model: nn.Module) -> int:
+    """Frees the plain copy of every prepacked weight, as the CPU forward reads only the packed one: keeping both
+    doubled the linears' memory. The empty placeholder keeps the dtype, which the forward reads. Returns the
+    bytes freed."""
+    freed = 0
+    for module in model.modules():
+        if isinstance(module, Linear) and module.packed_weight is not None and module.weight.numel():
+            freed += module.weight.numel() * module.weight.element_size()
+            module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+    return freed
 
 
 def quantize_cpu_linears(model: nn.Module, heads: nn.Module, threads: int = 1) -> tuple[int, int, Int8Plan]:
