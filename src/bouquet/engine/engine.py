@@ -219,6 +219,14 @@ class Engine:
         """The tokens one image is laid out as; 0 when the model takes no images."""
         return int(getattr(self.model, "image_tokens", 0))
 
+    @property
+    def image_patches(self) -> tuple[int, int, int] | tuple[()]:
+        """(patch values, merge size, placeholder token id) of a model that takes images of any size inside token
+        sequences (Batch.image_grid_thw); () when it takes none."""
+        if not getattr(self.model, "variable_images", False):
+            return ()
+        return (self.model.image_patch_dim, self.model.config.vision.merge_size, self.model.config.image_token_id)
+
     def _load(self) -> ModelRunner:
         model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)
         pooler = load_pooler(self.spec, model, self.device)

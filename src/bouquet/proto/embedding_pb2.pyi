@@ -33,7 +33,7 @@ FP8_E4M3: Encoding
 FP8_E5M2: Encoding
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim", "pixel_values", "image_shape", "all_outputs")
+    __slots__ = ("input_ids", "cu_seqlens", "token_type_ids", "dimensions", "normalize", "prompt_tokens", "encoding", "sparse", "cu_spans", "span_bounds", "raw_spans", "token_vectors", "key_lens", "maxsim", "pixel_values", "image_shape", "all_outputs", "image_grid_thw", "cu_images")
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
     CU_SEQLENS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,8 @@ class EmbedRequest(_message.Message):
     PIXEL_VALUES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     ALL_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    CU_IMAGES_FIELD_NUMBER: _ClassVar[int]
     input_ids: bytes
     cu_seqlens: bytes
     token_type_ids: bytes
@@ -68,7 +70,9 @@ class EmbedRequest(_message.Message):
     pixel_values: bytes
     image_shape: _containers.RepeatedScalarFieldContainer[int]
     all_outputs: bool
-    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ..., pixel_values: _Optional[bytes] = ..., image_shape: _Optional[_Iterable[int]] = ..., all_outputs: _Optional[bool] = ...) -> None: ...
+    image_grid_thw: bytes
+    cu_images: bytes
+    def __init__(self, input_ids: _Optional[bytes] = ..., cu_seqlens: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., sparse: _Optional[bool] = ..., cu_spans: _Optional[bytes] = ..., span_bounds: _Optional[bytes] = ..., raw_spans: _Optional[bool] = ..., token_vectors: _Optional[bool] = ..., key_lens: _Optional[bytes] = ..., maxsim: _Optional[bool] = ..., pixel_values: _Optional[bytes] = ..., image_shape: _Optional[_Iterable[int]] = ..., all_outputs: _Optional[bool] = ..., image_grid_thw: _Optional[bytes] = ..., cu_images: _Optional[bytes] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "num_seqs", "dimension", "encoding", "sparse_offsets", "sparse_indices", "sparse_values", "token_rows", "token_dimension")
@@ -99,7 +103,7 @@ class InfoRequest(_message.Message):
     def __init__(self, include_tokenizer: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names", "multi_vector", "image_shape", "image_tokens", "image_processor_json")
+    __slots__ = ("model_name", "architecture", "dimension", "max_seq_length", "pooling", "dtype", "device", "vocab_size", "prompts", "default_prompt_name", "max_batch_tokens", "tokenizer_json", "normalize", "family", "task", "score_activation", "sparse_dimension", "served_names", "multi_vector", "image_shape", "image_tokens", "image_processor_json", "image_patch_dim")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +133,7 @@ class InfoResponse(_message.Message):
     IMAGE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PROCESSOR_JSON_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PATCH_DIM_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     dimension: int
@@ -151,7 +156,8 @@ class InfoResponse(_message.Message):
     image_shape: _containers.RepeatedScalarFieldContainer[int]
     image_tokens: int
     image_processor_json: str
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ..., image_shape: _Optional[_Iterable[int]] = ..., image_tokens: _Optional[int] = ..., image_processor_json: _Optional[str] = ...) -> None: ...
+    image_patch_dim: int
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ..., image_shape: _Optional[_Iterable[int]] = ..., image_tokens: _Optional[int] = ..., image_processor_json: _Optional[str] = ..., image_patch_dim: _Optional[int] = ...) -> None: ...
 
 class MultiVector(_message.Message):
     __slots__ = ("dimension", "query_prefix", "document_prefix", "query_length", "document_length", "expand_queries", "expansion_id", "attend_to_expansion", "skiplist", "skip_leading")

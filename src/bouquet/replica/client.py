@@ -21,7 +21,7 @@ def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequ
     `wire_options` writes; `maxsim`: MaxSim scores of its first sequence (a query) against each later one instead of
     rows."""
     options = wire_options(batch.options(), maxsim)
-    if batch.pixel_values is not None:  # the replica lays images out at its model's tokens per image
+    if batch.fixed_images and batch.pixel_values is not None:  # laid out at the model's tokens per image
         return embedding_pb2.EmbedRequest(
             pixel_values=batch.pixel_values.astype("<f4", copy=False).tobytes(),
             image_shape=batch.pixel_values.shape[1:], **options,
@@ -33,8 +33,20 @@ def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequ
         cu_spans=b"" if batch.cu_spans is None else _int32_bytes(batch.cu_spans),
         span_bounds=b"" if batch.span_bounds is None else _int32_bytes(batch.span_bounds.reshape(-1)),
         key_lens=b"" if batch.key_lens is None else _int32_bytes(batch.key_lens),
+        **_patch_images(batch),
         **options,
     )
+
+
+def _patch_images(batch: Batch) -> dict[str, Any]:
+    """Images inside token sequences (Batch.image_grid_thw) as the request's bytes; none for a text batch."""
+    if batch.image_grid_thw is None or batch.cu_images is None or batch.pixel_values is None:
+        return {}
+    return {
+        "pixel_values": batch.pixel_values.astype("<f4", copy=False).tobytes(),
+        "image_grid_thw": _int32_bytes(batch.image_grid_thw.reshape(-1)),
+        "cu_images": _int32_bytes(batch.cu_images),
+    }
 
 
 def wire_options(options: RowOptions, maxsim: bool = False) -> dict[str, Any]:

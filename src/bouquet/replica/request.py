@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import Encoding
 from bouquet.proto import embedding_pb2
+from bouquet.replica.patch_images import InvalidImages, PatchImageLimits, attach_patch_images
 from bouquet.sparse_rows import max_sparse_rows
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ class Limits:
     token_dimension: int = 0  # a multi-vector (ColBERT) token row's width; 0: the model gives none
     image_shape: tuple[int, ...] = ()  # (C, H, W) of the images the model takes; (): it takes none
     image_tokens: int = 0  # the tokens of one image; 0: the model takes no images
+    patch_images: PatchImageLimits = field(
+        default_factory=PatchImageLimits
+    )  # images of any size inside token sequences (Qwen3-VL)
     # bge-m3's token-weight sparse head (sparse_linear.pt): the ids it never weights; None: the model has no such head
     unweighted_ids: tuple[int, ...] | None = None
 
@@ -70,6 +74,7 @@ class Limits:
             token_dimension=getattr(engine, "token_dimension", 0),  # tests' stand-in engines may not say
             image_shape=tuple(getattr(engine, "image_shape", ())),
             image_tokens=getattr(engine, "image_tokens", 0),
+            patch_images=PatchImageLimits(*getattr(engine, "image_patches", ())),
             unweighted_ids=getattr(engine, "unweighted_ids", None),
         )
 
@@ -91,6 +96,8 @@ class Limits:
 def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch:
     """The message's batch, its arrays read in place from the bytes; InvalidInput names the first problem."""
     options = row_options(message, limits)
+    if message.image_grid_thw or message.cu_images:
+        return _decode_patch_images(message, limits, options)
     if message.pixel_values or message.image_shape:
         return _decode_images(message, limits, options)
     input_ids = _int32s("input_ids", message.input_ids)
@@ -98,6 +105,8 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
     _validate_sparse(limits, options, message.cu_spans, len(cu_seqlens) - 1)
     _validate(limits, input_ids, cu_seqlens, token_type_ids)
+    if limits.patch_images.patch_dim and (input_ids == limits.patch_images.image_token_id).any():
+        raise InvalidInput("the image placeholder token comes only with images (image_grid_thw)")
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
     if message.key_lens:
         batch = replace(batch, key_lens=_key_lens(message.key_lens, batch.seq_lens))
@@ -202,6 +211,21 @@ def _int32s(name: str, data: bytes) -> np.ndarray:  # [len(data) // 4] int32, re
     if len(data) % 4:
         raise InvalidInput(f"{name} has {len(data)} bytes, not a whole number of 4-byte little-endian int32s")
     return np.frombuffer(data, dtype="<i4").astype(np.int32, copy=False)  # a copy only on big-endian hosts
+
+
+def _decode_patch_images(message: embedding_pb2.EmbedRequest, limits: Limits, options: RowOptions) -> Batch:
+    """Token sequences holding images of any size (replica/patch_images.py)."""
+    if message.token_type_ids or message.cu_spans or message.span_bounds or message.key_lens or message.maxsim:
+        raise InvalidInput("a request with image_grid_thw sends no token_type_ids, spans, key_lens or maxsim")
+    if options.sparse or options.raw_spans or options.token_vectors or options.all_outputs:
+        raise InvalidInput("a request with image_grid_thw asks for no sparse rows, spans or all_outputs")
+    input_ids = _int32s("input_ids", message.input_ids)
+    cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
+    _validate(limits, input_ids, cu_seqlens, None)
+    try:
+        return attach_patch_images(Batch.from_packed(input_ids, cu_seqlens, options), message, limits.patch_images)
+    except InvalidImages as error:
+        raise InvalidInput(str(error)) from None
 
 
 def _decode_images(message: embedding_pb2.EmbedRequest, limits: Limits, options: RowOptions) -> Batch:

@@ -184,8 +184,8 @@ class Scheduler:
                 continue
             if parts and request.batch.any_sparse != parts[0][0].batch.any_sparse:
                 break  # a step is all sparse rows or none: mixed, every row would be vocabulary wide
-            if parts and (request.batch.pixel_values is None) != (parts[0][0].batch.pixel_values is None):
-                break  # a step is all texts or all images (Batch)
+            if parts and request.batch.fixed_images != parts[0][0].batch.fixed_images:
+                break  # fixed-size images never share a step with texts (Batch)
             if request.batch.any_sparse:
                 max_seqs = min(max_seqs, max_sparse_rows(self.limits.sparse_dimension, SPARSE_STEP_BYTES))
             first = request.next_seq

@@ -87,11 +87,15 @@ def _mapped(method: Handler[Request, Reply]) -> Handler[Request, Reply]:
     return handler
 
 
-def _image_processor_json(model_dir: Path, image_tokens: int) -> str:
+def _image_processor_json(model_dir: Path, takes_images: bool) -> str:
     """The preprocessor_config.json beside the model's config, for a model that takes images: the gateway
     preprocesses images as it says (gateway/image_processing.py); small, so every Info carries it."""
     path = model_dir / "preprocessor_config.json"
-    return path.read_text() if image_tokens and path.is_file() else ""
+    return path.read_text() if takes_images and path.is_file() else ""
+
+
+def _takes_images(limits: Limits) -> bool:
+    return bool(limits.image_tokens or limits.patch_images.patch_dim)
 
 
 class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
@@ -117,7 +121,8 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             task=engine.task, score_activation=spec.score_activation, sparse_dimension=engine.sparse_dimension,
             served_names=served_names, multi_vector=multi_vector_info(spec.multi_vector, engine.max_seq_length),
             image_shape=scheduler.limits.image_shape, image_tokens=scheduler.limits.image_tokens,
-            image_processor_json=_image_processor_json(spec.tokenizer_file.parent, scheduler.limits.image_tokens),
+            image_patch_dim=scheduler.limits.patch_images.patch_dim,
+            image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()

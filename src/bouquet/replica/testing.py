@@ -38,6 +38,7 @@ class RecordingEngine:
         self.task = engine.task
         self.image_shape = engine.image_shape
         self.image_tokens = engine.image_tokens
+        self.image_patches = engine.image_patches
         self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()
