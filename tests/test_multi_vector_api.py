@@ -82,6 +82,17 @@ def test_base64_rows_and_dimensions(client: httpx.Client, colbert_dir: Path) -> 
     assert _least_cosine(ours, theirs) >= 0.99999
 
 
+def test_float16_rows_in_base64(client: httpx.Client) -> None:
+    """vLLM's embed_dtype on base64: each token row the base64 of its float16 bytes, the float rows' own rounding."""
+    body = {"model": COLBERT, "input": TEXTS, "embedding_type": "base64"}
+    halves = client.post("/v1/multi-vector", json={**body, "embed_dtype": "float16"})
+    assert halves.status_code == 200, halves.text
+    floats = client.post("/v1/multi-vector", json={**body, "embedding_type": "float"}).json()["data"]
+    for item, expected in zip(halves.json()["data"], floats, strict=True):
+        rows = np.stack([np.frombuffer(base64.b64decode(row), "<f2") for row in item["embeddings"]])
+        np.testing.assert_array_equal(rows, np.array(expected["embeddings"], np.float32).astype(np.float16))
+
+
 def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None:
     dense = client.post("/v1/embeddings", json={"model": COLBERT, "input": "a"})
     assert dense.status_code == 400 and dense.json()["error"]["code"] == "wrong_task"
@@ -99,6 +110,8 @@ def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None
         ({"model": COLBERT, "input": ["a"], "input_type": "passage"}, 400, "input_type"),
         ({"model": COLBERT, "input": ["a"], "embedding_type": "fp8"}, 400, "embedding_type"),
         ({"model": COLBERT, "input": ["a"], "dimensions": 999}, 400, "dimensions"),
+        ({"model": COLBERT, "input": ["a"], "embed_dtype": "float16"}, 400, "embed_dtype"),
+        ({"model": COLBERT, "input": ["a"], "embedding_type": "base64", "embed_dtype": "int4"}, 400, "embed_dtype"),
         ({"model": COLBERT, "input": ["a"], "task": "retrieval"}, 400, "task"),
         ({"model": COLBERT, "input": [1]}, 422, "input[0]"),
     ],

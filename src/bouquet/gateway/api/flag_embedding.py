@@ -147,7 +147,7 @@ def encode_response(outputs: AllOutputs, job: EncodeJob, model: str, tokens: int
 
 Score = Annotated[Any, Meta(extra_json_schema={
     "description": "one pair's score, or a list in the pairs' order; null where not a number",
-    "anyOf": [{"type": "number"}, {"type": "null"}, {"type": "array", "items": {"type": ["number", "null"]}}],
+    "anyOf": [{"type": "number"}, {"type": "null"}, {"type": "array", "items": {"type": "number", "nullable": True}}],
 })]  # fmt: skip
 
 

@@ -5,8 +5,10 @@ Chosen over vLLM's `/pooling` (`task: token_embed`), whose query/document asymme
 and TEI's `/embed_all` (raw hidden states, no projection): Jina's route is the one where a client says whether a
 text is a query, which a ColBERT model needs. Body: `input` (a string, strings, or `{"text"}` objects), `model`,
 `input_type` ("query" or "document", the default), `embedding_type` (float, base64: each token row the base64 of
-its little-endian float32; binary, ubinary, int8, uint8 as bouquet encodes rows), `dimensions` (each token vector
-cut, then normalised), `truncate` (true: cut to the model's query or document length; false: 400 over it)."""
+its little-endian float32; binary, ubinary, int8, uint8 as bouquet encodes rows), vLLM's `embed_dtype` with
+base64 (float16, bfloat16, fp8_e4m3, fp8_e5m2: each token row the base64 of its bytes in that type, a half or a
+quarter of float32's), `dimensions` (each token vector cut, then normalised), `truncate` (true: cut to the model's
+query or document length; false: 400 over it)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.batch import RowOptions
-from bouquet.encodings import FORMATS, ResponseFormat
-from bouquet.gateway.api.fields import Count, Model, Text, choice, described
+from bouquet.encodings import EMBED_DTYPES, FORMATS, ResponseFormat
+from bouquet.gateway.api.fields import Count, EmbedDtype, Model, Text, choice, described
+from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
@@ -47,6 +50,7 @@ class MultiVectorRequest(RequestBody):
     model: Model = None
     input_type: Annotated[str, described("default document", enum=list(INPUT_TYPES))] | None = None
     embedding_type: Annotated[str, Meta(extra_json_schema={"enum": list(EMBEDDING_TYPES)})] | None = None
+    embed_dtype: EmbedDtype = None
     dimensions: Annotated[int, described("each token vector cut to this width, then normalised")] | None = None
     truncate: Annotated[bool, described("false: an input over the model's length is a 400")] | None = None
 
@@ -66,7 +70,9 @@ async def _multi_vector(service: Service, request: Request) -> Response:
 
 def multi_vector_job(body: MultiVectorRequest) -> MultiVectorJob:
     items = [body.input] if isinstance(body.input, str) else body.input
-    formats = FORMATS[choice(body.embedding_type, "embedding_type", EMBEDDING_TYPES, "float")]
+    formats = _response_format(
+        choice(body.embedding_type, "embedding_type", EMBEDDING_TYPES, "float"), body.embed_dtype
+    )
     return MultiVectorJob(
         model=body.model,
         texts=[item if isinstance(item, str) else item.text for item in items],
@@ -75,6 +81,17 @@ def multi_vector_job(body: MultiVectorRequest) -> MultiVectorJob:
         truncate=body.truncate is not False,
         response_format=formats,
     )
+
+
+def _response_format(embedding_type: str, embed_dtype: str | None) -> ResponseFormat:
+    """The embedding type's rows; base64's in vLLM's `embed_dtype` (float16 rows: half the bytes of float32's)."""
+    dtype = choice(embed_dtype, "embed_dtype", EMBED_DTYPES, "float32")
+    if dtype == "float32":
+        return FORMATS[embedding_type]
+    if embedding_type != "base64":
+        message = f"embed_dtype applies to embedding_type 'base64' only, not {embedding_type!r}"
+        raise InvalidRequest(message, "unsupported_parameter", "embed_dtype")
+    return ResponseFormat(EMBED_DTYPES[dtype], base64=True)
 
 
 TokenRows = Annotated[Any, Meta(extra_json_schema={
