@@ -162,8 +162,9 @@ def build_jina_colbert(out: Path, tokenizer_dir: Path, seed: int = 0) -> tuple[P
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     tokenizer.add_special_tokens([AddedToken(marker, special=True) for marker in JINA_MARKERS])
     tokenizer.save(str(out / "tokenizer.json"))
-    metadata = {"query_token_id": JINA_MARKERS[0], "doc_token_id": JINA_MARKERS[1], "query_maxlen": QUERY_LENGTH,
-                "doc_maxlen": DOCUMENT_LENGTH, "attend_to_mask_tokens": False, "mask_punctuation": True,
+    # jina-colbert-v2's own keys (its doc_maxlen is 300); without the markers, which its card passes PyLate instead
+    metadata = {"query_maxlen": QUERY_LENGTH,
+                "doc_maxlen": DOCUMENT_LENGTH, "attend_to_mask_tokens": True, "mask_punctuation": True,
                 "dim": JINA_DIMENSION, "similarity": "cosine"}  # fmt: skip
     (out / "artifact.metadata").write_text(json.dumps(metadata))
     return out, encoder

@@ -228,14 +228,26 @@ def jina_colbert(tmp_path_factory, minilm_path: Path) -> tuple[Path, torch.nn.Mo
 
 
 def test_jina_colbert_reads_its_layout(jina_colbert) -> None:
-    """HF_ColBERT over Jina's rotary XLM-R: the markers added after the vocabulary, queries attending to their
-    expansion as jina-colbert-v2's card has PyLate load it (whatever artifact.metadata says), its projection."""
+    """HF_ColBERT over Jina's rotary XLM-R: the markers added after the vocabulary (artifact.metadata names none:
+    jina-colbert-v2's card passes them to PyLate), queries attending to their expansion, its projection."""
     spec = read_model_dir(jina_colbert[0])
     assert spec.task == "multi_vector" and spec.architecture == "XLMRobertaModel" and spec.multi_vector is not None
     layout = spec.multi_vector
     assert (layout.query_prefix, layout.document_prefix, layout.source) == ((30522,), (30523,), "model")
     assert layout.attend_to_expansion and layout.expand_queries and layout.dimension == JINA_DIMENSION
     assert (layout.query_length, layout.document_length) == (QUERY_LENGTH, DOCUMENT_LENGTH)
+
+
+def test_jina_colbert_metadata_may_hide_the_expansion(tmp_path, jina_colbert) -> None:
+    """artifact.metadata's attend_to_mask_tokens still decides, as PyLate reads it (Jina's says true)."""
+    import json
+    import shutil
+
+    model_dir = Path(shutil.copytree(jina_colbert[0], tmp_path / "hidden"))
+    metadata = json.loads((model_dir / "artifact.metadata").read_text())
+    (model_dir / "artifact.metadata").write_text(json.dumps({**metadata, "attend_to_mask_tokens": False}))
+    layout = read_model_dir(model_dir).multi_vector
+    assert layout is not None and not layout.attend_to_expansion and layout.query_prefix == (30522,)
 
 
 @pytest.mark.parametrize(("dtype", "is_query"), [("float32", True), ("float32", False), ("bfloat16", True),

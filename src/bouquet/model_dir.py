@@ -71,9 +71,9 @@ _STANFORD_METADATA = "artifact.metadata"
 # The encoder class inside an HF_ColBERT checkpoint, by config.json's model_type.
 _HF_COLBERT_ENCODERS = {"bert": "BertModel", "xlm-roberta": "XLMRobertaModel", "roberta": "RobertaModel"}
 # jina-colbert-v2 (an HF_ColBERT over Jina's rotary XLM-RoBERTa), as its model card has PyLate load it and fastembed
-# runs it: its added marker tokens, and queries that attend to their <mask> expansion.
-_JINA_COLBERT = {"query_prefix": "[QueryMarker]", "document_prefix": "[DocumentMarker]",
-                 "attend_to_expansion_tokens": True}  # fmt: skip
+# runs it: its added marker tokens, and queries that attend to their <mask> expansion unless artifact.metadata says
+# otherwise (its own says attend_to_mask_tokens: true).
+_JINA_MARKERS = {"query_prefix": "[QueryMarker]", "document_prefix": "[DocumentMarker]"}
 # PyLate's defaults where its config does not say (pylate.models.ColBERT.__init__).
 _PYLATE_DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
                     "do_query_expansion": True, "attend_to_expansion_tokens": False}  # fmt: skip
@@ -284,12 +284,12 @@ def _hf_colbert(transformer: Path, hf_config: dict[str, Any]) -> MultiVectorSpec
     dimension = int(metadata.get("dim") or _safetensors_shape(weight_file, "linear.weight")[0])
     config = {**_PYLATE_DEFAULTS, "query_prefix": metadata.get("query_token_id", "[unused0]"),
               "document_prefix": metadata.get("doc_token_id", "[unused1]")}  # fmt: skip
+    if hf_config.get("position_embedding_type") == "rotary":  # jina-colbert-v2: its card's PyLate settings
+        config.update(_JINA_MARKERS, attend_to_expansion_tokens=True)
     for ours, theirs in (("query_length", "query_maxlen"), ("document_length", "doc_maxlen"),
                          ("attend_to_expansion_tokens", "attend_to_mask_tokens")):  # fmt: skip
         if metadata.get(theirs) is not None:
             config[ours] = metadata[theirs]
-    if hf_config.get("position_embedding_type") == "rotary":  # jina-colbert-v2: its card's PyLate settings
-        config.update(_JINA_COLBERT)
     projection = DenseSpec(hidden, dimension, False, "Identity", False, (weight_file,))
     return _colbert_layout(transformer, (projection,), "model", config)
 
