@@ -268,6 +268,26 @@ def test_jina_colbert_vectors_match(jina_colbert, dtype: str, is_query: bool) ->
         assert all(len(vectors) == QUERY_LENGTH for vectors in ours)
 
 
+def test_markers_past_the_configs_vocabulary_are_served(tmp_path, jina_colbert) -> None:
+    """An HF_ColBERT whose config.json keeps the vocabulary before its markers were added (its table has them)."""
+    import json
+    import shutil
+
+    model_dir = Path(shutil.copytree(jina_colbert[0], tmp_path / "markers"))
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "vocab_size": 30522}))
+    spec = read_model_dir(model_dir)
+    assert spec.vocab_size == 30524 and spec.multi_vector is not None and spec.multi_vector.query_prefix == (30522,)
+    engine = _engine(model_dir)
+    try:
+        ours = engine_vectors(engine, TEXTS[:3], is_query=True)
+    finally:
+        engine.close()
+    projection = _projection(load_file(str(model_dir / "model.safetensors"))["linear.weight"])
+    assert_vectors_match(ours, pylate_encode(model_dir, projection, TEXTS[:3], True, True, JINA_MARKERS,
+                                             jina_colbert[1]), "float32")  # fmt: skip
+
+
 def test_jina_lora_adapters_are_refused(tmp_path, jina_colbert) -> None:
     """jina-embeddings-v3's LoRA parametrizations are not served as if the base weights were the model."""
     import shutil

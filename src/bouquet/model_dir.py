@@ -333,14 +333,29 @@ def _prefix_ids(vocabulary: Tokenizer, prefix: str, folder: Path) -> tuple[int, 
 
 
 def _hf_colbert_encoder(hf_config: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """HF_ColBERT's config names its wrapper; the encoder inside is its model_type's."""
+    """HF_ColBERT's config names its wrapper; the encoder inside is its model_type's. Its vocabulary is the
+    checkpoint's word-embedding table where that is larger than config.json says: the marker tokens added when it
+    was trained ([QueryMarker], [DocumentMarker]) may lie past the config's vocab_size."""
     model_type = hf_config.get("model_type", "bert")
     if model_type not in _HF_COLBERT_ENCODERS:
         known = ", ".join(_HF_COLBERT_ENCODERS)
         raise ValueError(
             f"{folder / 'config.json'}: an HF_ColBERT over {model_type!r} is not supported; supported: {known}"
         )
-    return {**hf_config, "architectures": [_HF_COLBERT_ENCODERS[model_type]]}
+    rows = _word_embedding_rows(find_weights(folder)[0])
+    vocab_size = max(int(hf_config["vocab_size"]), rows)
+    return {**hf_config, "architectures": [_HF_COLBERT_ENCODERS[model_type]], "vocab_size": vocab_size}
+
+
+def _word_embedding_rows(path: Path) -> int:
+    """The word-embedding table's rows, from a safetensors file's header; 0 where it cannot be read so."""
+    if path.suffix != ".safetensors":
+        return 0
+    with path.open("rb") as file:
+        (size,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(size))
+    shapes = [entry["shape"] for name, entry in header.items() if name.endswith("embeddings.word_embeddings.weight")]
+    return int(shapes[0][0]) if shapes else 0
 
 
 def _dual_tower(hf_config: dict[str, Any]) -> dict[str, Any]:
