@@ -1,6 +1,7 @@
-"""Tiny random-weight ColBERT models beside the MiniLM tokenizer, in the three layouts people have them: PyLate's
+"""Tiny random-weight ColBERT models beside the MiniLM tokenizer, in the layouts people have them: PyLate's
 (a BERT encoder, then PyLate's Dense projection over every token; its settings in config_sentence_transformers.json),
-Stanford's HF_ColBERT (`bert.*` and `linear.weight` in one checkpoint, artifact.metadata), and bge-m3's
+Stanford's HF_ColBERT (`bert.*` and `linear.weight` in one checkpoint, artifact.metadata), jina-colbert-v2's
+(HF_ColBERT over Jina's rotary XLM-R, `roberta.*`, its marker tokens added to the tokenizer), and bge-m3's
 `colbert_linear.pt` beside its dense model.
 
 PyLate itself is not installed here: every release pins sentence-transformers and transformers to versions older

@@ -1,7 +1,8 @@
 """ColBERT per-token vectors in the engine against the models' own libraries' formulas: PyLate's layout (queries
 expanded with [MASK] and hidden from attention or attended to, documents without their skiplist), Stanford's
-HF_ColBERT and bge-m3's colbert_linear.pt (FlagEmbedding's), float32 and bfloat16, through the same layout the
-gateway sends (gateway/late_interaction.py) and the replica's Info."""
+HF_ColBERT, jina-colbert-v2's (HF_ColBERT over Jina's rotary XLM-R, against transformers' JinaEmbeddingsV3Model)
+and bge-m3's colbert_linear.pt (FlagEmbedding's), float32 and bfloat16, through the same layout the gateway sends
+(gateway/late_interaction.py) and the replica's Info."""
 
 from __future__ import annotations
 
@@ -258,7 +259,8 @@ def test_jina_colbert_vectors_match(jina_colbert, dtype: str, is_query: bool) ->
     projection = _projection(load_file(str(model_dir / "model.safetensors"))["linear.weight"])
     engine = _engine(model_dir, dtype)
     try:
-        assert (engine.task, engine.token_dimension) == ("multi_vector", JINA_DIMENSION)
+        assert (engine.task, engine.token_dimension, engine.family) == ("multi_vector", JINA_DIMENSION,
+                                                                        "jina_xlm_roberta")  # fmt: skip
         ours = engine_vectors(engine, TEXTS, is_query)
     finally:
         engine.close()
