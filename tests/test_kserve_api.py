@@ -74,12 +74,15 @@ def test_infer_matches_sentence_transformers(
 
 
 def test_parameters_and_a_version(url: str, expected: np.ndarray) -> None:
-    body = {"inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES", "data": [[t] for t in TEXTS]}],
-            "parameters": {"dimensions": 64, "normalize": False}, "id": "req-7"}  # fmt: skip
+    # the protocol's objects are open: fields this server does not read (Triton's "priority", a tensor's "shape
+    # hint") are ignored, not refused
+    body = {"inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES", "data": [[t] for t in TEXTS],
+                        "parameters": {"shape_hint": 1}}],
+            "parameters": {"dimensions": 64, "normalize": False, "priority": 1}, "id": "r-7", "x": {}}  # fmt: skip
     reply = httpx.post(f"{url}/v2/models/{MODEL}/versions/1/infer", json=body, headers=HEADERS, timeout=60)
     assert reply.status_code == 200, reply.text
     answer = reply.json()
-    assert answer["id"] == "req-7" and answer["outputs"][0]["shape"] == [3, 64]
+    assert answer["id"] == "r-7" and answer["outputs"][0]["shape"] == [3, 64]
     rows = np.array(answer["outputs"][0]["data"], np.float32).reshape(3, 64)
     assert row_cosines(rows, expected[:, :64]).min() > 0.99999
 
@@ -87,13 +90,24 @@ def test_parameters_and_a_version(url: str, expected: np.ndarray) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "status", "words"),
     [
-        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "data": [1]}]}, 400,
-         "BYTES"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "FP32", "data": ["a"]}]},
+         400, "BYTES"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": [1]}]}, 422,
+         "'inputs[0].data[0]' must be a string or a list"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES"}]}, 400,
+         "'inputs[0].data' is required"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+                                       "parameters": {"dimensions": True}}, 422, "'parameters.dimensions' must be"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [-1], "datatype": "BYTES", "data": ["a"]}]},
+         400, "'inputs[0].shape[0]' must be >= 0"),
         (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES", "data": ["a"]}]},
          400, "shape"),
-        (f"/v2/models/{MODEL}/infer", {"inputs": []}, 422, "one tensor"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": []}, 400, "'inputs' must not be empty"),
+        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["a"]}] * 2},
+         400, "'inputs' must be of length <= 1"),
+        (f"/v2/models/{MODEL}/infer", [], 422, "a JSON object"),
         (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": [""]}]},
-         400, "empty"),
+         400, "'inputs[0].data[0]' is an empty string"),
         (f"/v2/models/{MODEL}/infer",
          {"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["a"]}], "outputs": [{"name": "x"}]},
          400, "embedding"),

@@ -5,7 +5,7 @@ each error naming the offending field in `param`. An API's own fields are declar
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 from msgspec import Meta
 
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 ENCODING_FORMATS = tuple(FORMATS)  # encoding_format's values, in the documented order
 LONG_INPUTS = ("truncate", "chunk")
-
-T = TypeVar("T")
 
 
 def strict(service: Service) -> bool:
@@ -187,18 +185,6 @@ def text_positions(
     if texts is None or token_ids is None:
         return None
     return tuple(index for index, item in enumerate(value) if type(item) is str)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def optional_field(body: dict[str, Any], name: str, kind: type[T]) -> T | None:
-    """A field of a body read as a dict (KServe's, whose tensors are parsed by hand), of one type or null."""
-    value = body.get(name)
-    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
-        raise Unprocessable(f"'{name}' must be of type {kind.__name__}", "invalid_type", name)
-    return value
 
 
 def mode_weights(value: list[float] | None) -> tuple[float, float, float] | None:

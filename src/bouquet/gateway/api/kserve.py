@@ -15,19 +15,20 @@ from __future__ import annotations
 import math
 import struct
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
 import numpy as np
-import orjson
+from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bouquet.batch import RowOptions
-from bouquet.gateway.api.fields import optional_field
-from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable, Unprocessable
-from bouquet.gateway.http.body import parse_json_object, read_body
+from bouquet.gateway.api.fields import Count, Dimensions, Text, described
+from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
+from bouquet.gateway.http.body import read_body
+from bouquet.gateway.http.decode import BodyDecoder, ResponseBody
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import kserve_error_response
 from bouquet.gateway.jobs import EmbedJob
@@ -38,6 +39,112 @@ INPUT_NAME, OUTPUT_NAME = "text", "embedding"
 VERSION = "1"  # a served model has one version
 HEADER_LENGTH = "inference-header-content-length"
 _UINT32 = struct.Struct("<I")
+
+# The protocol's objects are open: a field this server does not read is ignored, as the protocol's servers do, so
+# these structs do not forbid unknown fields (the other routes' RequestBody does).
+
+
+class KServeTensorParameters(msgspec.Struct):
+    binary_data_size: (
+        Annotated[Count, described("the tensor's bytes after the JSON header (binary extension)")] | None
+    ) = None
+
+
+class KServeInferInput(msgspec.Struct):
+    name: Annotated[str, described("any: the model has one input")]
+    shape: Annotated[list[Count], Meta(min_length=1, description="the texts' count (their product)")]
+    datatype: Annotated[str, Meta(extra_json_schema={"enum": ["BYTES"]})]
+    data: Annotated[list[Text | list[Text]], described("texts, row-major (nested or flat)")] | None = None
+    parameters: KServeTensorParameters | None = None
+
+
+class KServeOutputParameters(msgspec.Struct):
+    binary_data: Annotated[bool, described("the embedding as raw float32 after a JSON header")] | None = None
+
+
+class KServeInferOutput(msgspec.Struct):
+    name: Annotated[str, Meta(extra_json_schema={"enum": [OUTPUT_NAME]})]
+    parameters: KServeOutputParameters | None = None
+
+
+class KServeInferParameters(msgspec.Struct):
+    dimensions: Dimensions = None
+    normalize: Annotated[bool, described("default: as the model's Normalize module says")] | None = None
+    prompt_name: Annotated[str, described("one of the model's sentence-transformers prompts")] | None = None
+    binary_data_output: Annotated[bool, described("the embedding as raw float32 after a JSON header")] | None = None
+
+
+class KServeInferRequest(msgspec.Struct):
+    """The infer request of an embedding model: one BYTES tensor of texts."""
+
+    inputs: Annotated[list[KServeInferInput], Meta(min_length=1, max_length=1)]
+    id: str | None = None
+    parameters: KServeInferParameters | None = None
+    outputs: list[KServeInferOutput] | None = None
+
+    __openapi__: ClassVar[dict[str, Any]] = {
+        "description": "Or, with the binary tensor data extension, this object as a JSON header of "
+        "Inference-Header-Content-Length bytes followed by each BYTES element as a little-endian uint32 length and "
+        "its UTF-8 bytes (the input's parameters.binary_data_size in all).",
+        "example": {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a query", "a document"]}]},
+    }
+
+
+INFER = BodyDecoder(KServeInferRequest, KServeInferRequest)  # open either way
+
+
+class KServeLive(ResponseBody):
+    live: Literal[True] = True
+
+
+class KServeReady(ResponseBody):
+    ready: Literal[True] = True
+
+
+class KServeServerMetadata(ResponseBody):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class KServeTensorMetadata(ResponseBody):
+    name: str
+    datatype: str
+    shape: Annotated[list[int], Meta(min_length=1, description="-1: any size")]
+
+
+class KServeModelMetadata(ResponseBody):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[KServeTensorMetadata]
+    outputs: list[KServeTensorMetadata]
+
+
+class KServeModelReady(ResponseBody):
+    name: str
+    ready: Literal[True] = True
+
+
+class KServeBinaryData(ResponseBody):
+    binary_data_size: Count
+
+
+class KServeOutput(ResponseBody):
+    name: Literal["embedding"]
+    datatype: Literal["FP32"]
+    shape: Annotated[list[Count], Meta(min_length=2, max_length=2, description="[texts, width]")]
+    data: Annotated[
+        Any, Meta(extra_json_schema={"type": "array", "items": {"type": "number"}, "description": "row-major"})
+    ] | UnsetType = UNSET  # fmt: skip
+    parameters: KServeBinaryData | UnsetType = UNSET  # the output is binary: its bytes follow the JSON header
+
+
+class KServeInferResponse(ResponseBody):
+    model_name: str
+    model_version: str
+    id: str
+    outputs: Annotated[list[KServeOutput], Meta(min_length=1, max_length=1)]
 
 
 def routes() -> list[Route]:
@@ -61,17 +168,17 @@ def routes() -> list[Route]:
 
 
 async def _live(service: Service, request: Request) -> Response:
-    return json_response({"live": True})
+    return json_response(KServeLive())
 
 
 async def _ready(service: Service, request: Request) -> Response:
     if not service.pool.any_healthy():
         raise Unavailable("no replica is healthy", "no_healthy_replica")
-    return json_response({"ready": True})
+    return json_response(KServeReady())
 
 
 async def _server_metadata(service: Service, request: Request) -> Response:
-    return json_response({"name": "bouquet", "version": "0.1.0", "extensions": ["binary_tensor_data"]})
+    return json_response(KServeServerMetadata("bouquet", "0.1.0", ["binary_tensor_data"]))
 
 
 def _model(service: Service, request: Request) -> ServedModel:
@@ -85,99 +192,72 @@ async def _model_ready(service: Service, request: Request) -> Response:
     model = _model(service, request)
     if not service.pool.any_healthy(model.name):
         raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
-    return json_response({"name": model.id, "ready": True})
+    return json_response(KServeModelReady(model.id))
 
 
 async def _model_metadata(service: Service, request: Request) -> Response:
     model = _model(service, request)
-    return json_response({
-        "name": model.id, "versions": [VERSION], "platform": "bouquet",
-        "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
-        "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, model.dimension]}],
-    })  # fmt: skip
-
-
-@dataclass(frozen=True)
-class InferRequest:
-    texts: list[str]
-    binary_output: bool
-    request_id: str | None
-    parameters: dict[str, Any]
+    return json_response(KServeModelMetadata(
+        model.id, [VERSION], "bouquet", [KServeTensorMetadata(INPUT_NAME, "BYTES", [-1])],
+        [KServeTensorMetadata(OUTPUT_NAME, "FP32", [-1, model.dimension])],
+    ))  # fmt: skip
 
 
 async def _infer(service: Service, request: Request) -> Response:
     model = _model(service, request)
-    parsed = parse_infer(await read_body(service, request), request.headers.get(HEADER_LENGTH))
+    parsed, binary = parse_infer(await read_body(service, request), request.headers.get(HEADER_LENGTH))
+    texts, binary_output = _texts(parsed.inputs[0], binary), _binary_output(parsed)
+    parameters = parsed.parameters or KServeInferParameters()
     job = EmbedJob(
         model=request.path_params["model"],
-        texts=parsed.texts,
+        texts=texts,
         token_ids=None,
-        options=RowOptions(
-            optional_field(parsed.parameters, "dimensions", int), optional_field(parsed.parameters, "normalize", bool)
-        ),
-        prompt_name=optional_field(parsed.parameters, "prompt_name", str),
+        options=RowOptions(parameters.dimensions, parameters.normalize),
+        prompt_name=parameters.prompt_name,
     )
     _, rows, _ = await unless_disconnected(request, service.embed(job))
-    return _infer_response(model, parsed, np.ascontiguousarray(rows, dtype="<f4"))
+    return _infer_response(model, parsed, np.ascontiguousarray(rows, dtype="<f4"), binary_output)
 
 
-def parse_infer(body: bytes | bytearray, header_length: str | None) -> InferRequest:
-    """The request's texts, from JSON tensors or from binary data after a JSON header of `header_length` bytes."""
+def parse_infer(body: bytes | bytearray, header_length: str | None) -> tuple[KServeInferRequest, memoryview]:
+    """The request, decoded from the whole body (tensors as JSON) or from a JSON header of `header_length` bytes,
+    and the binary data after that header."""
     if header_length is None:
-        header, binary = parse_json_object(body), memoryview(b"")
-    else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            message = f"{HEADER_LENGTH} is {header_length!r}, but the body has {len(body)} bytes"
-            raise InvalidRequest(message, "invalid_value", HEADER_LENGTH)
-        split = int(header_length)
-        header, binary = parse_json_object(memoryview(body)[:split]), memoryview(body)[split:]
-    inputs = header.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise Unprocessable("'inputs' must hold one tensor: the BYTES texts to embed", "invalid_type", "inputs")
-    parameters = _object(header.get("parameters"), "parameters")
-    texts = _texts(inputs[0], binary)
-    request_id = optional_field(header, "id", str)
-    return InferRequest(texts, _binary_output(header, parameters), request_id, parameters)
+        return INFER.decode(body), memoryview(b"")
+    if not header_length.isdigit() or int(header_length) > len(body):
+        message = f"{HEADER_LENGTH} is {header_length!r}, but the body has {len(body)} bytes"
+        raise InvalidRequest(message, "invalid_value", HEADER_LENGTH)
+    split = int(header_length)
+    return INFER.decode(memoryview(body)[:split]), memoryview(body)[split:]
 
 
-def _texts(tensor: dict[str, Any], binary: memoryview) -> list[str]:
-    if not isinstance(tensor.get("name"), str):
-        raise Unprocessable("'inputs[0].name' must be a string", "invalid_type", "inputs[0].name")
-    if tensor.get("datatype") != "BYTES":
-        message = f"the input's datatype must be BYTES (texts), got {tensor.get('datatype')!r}"
+def _texts(tensor: KServeInferInput, binary: memoryview) -> list[str]:
+    """The tensor's texts, from its JSON data or its binary data: what the types leave to check (the datatype's
+    value, the shape against the texts, the binary elements' framing)."""
+    if tensor.datatype != "BYTES":
+        message = f"the input's datatype must be BYTES (texts), got {tensor.datatype!r}"
         raise InvalidRequest(message, "invalid_value", "inputs[0].datatype")
-    shape = tensor.get("shape")
-    if not isinstance(shape, list) or not shape or not all(type(n) is int and n >= 0 for n in shape):
-        raise Unprocessable("'inputs[0].shape' must be a list of sizes", "invalid_type", "inputs[0].shape")
-    size = _object(tensor.get("parameters"), "inputs[0].parameters").get("binary_data_size")
-    values = _binary_texts(binary, size) if size is not None else _json_texts(tensor.get("data"))
-    if len(values) != math.prod(shape):
-        message = f"'inputs[0]' has shape {shape} ({math.prod(shape)} elements) but {len(values)} texts"
+    size = None if tensor.parameters is None else tensor.parameters.binary_data_size
+    if size is not None:
+        values = _binary_texts(binary, size)
+    elif tensor.data is not None:
+        values = [text for item in tensor.data for text in ([item] if isinstance(item, str) else item)]
+    else:
+        message = "'inputs[0].data' is required unless the texts come as binary data (parameters.binary_data_size)"
+        raise InvalidRequest(message, "missing_required_parameter", "inputs[0].data")
+    if len(values) != math.prod(tensor.shape):
+        message = f"'inputs[0]' has shape {tensor.shape} ({math.prod(tensor.shape)} elements) but {len(values)} texts"
         raise InvalidRequest(message, "invalid_value", "inputs[0].shape")
     if not values:
         raise InvalidRequest("'inputs[0]' holds no text", "empty_input", "inputs[0].data")
-    if not all(values):
+    if not all(values):  # a binary element of no bytes (JSON texts are at least a character by their type)
         raise InvalidRequest("'inputs[0]' holds an empty text", "empty_input", "inputs[0].data")
     return values
 
 
-def _json_texts(data: Any) -> list[str]:
-    flat: list[Any] = []
-    pending = [data]
-    while pending:  # row-major: nested lists flattened in order
-        item = pending.pop()
-        if isinstance(item, list):
-            pending.extend(reversed(item))
-        else:
-            flat.append(item)
-    if not isinstance(data, list) or not all(isinstance(text, str) for text in flat):
-        raise Unprocessable("'inputs[0].data' must be a list of strings", "invalid_type", "inputs[0].data")
-    return flat
-
-
-def _binary_texts(binary: memoryview, size: Any) -> list[str]:
-    if type(size) is not int or not 0 <= size <= len(binary):
-        message = f"binary_data_size {size!r} does not fit the {len(binary)} bytes after the JSON header"
+def _binary_texts(binary: memoryview, size: int) -> list[str]:
+    if size > len(binary):
+        message = f"binary_data_size {size} does not fit the {len(binary)} bytes after the JSON header"
         raise InvalidRequest(message, "invalid_value", "inputs[0].parameters.binary_data_size")
     texts, offset = [], 0
     while offset < size:
@@ -194,38 +274,26 @@ def _binary_texts(binary: memoryview, size: Any) -> list[str]:
     return texts
 
 
-def _object(value: Any, param: str) -> dict[str, Any]:
-    """An optional object field: {} when left out or null."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise Unprocessable(f"'{param}' must be an object", "invalid_type", param)
-    return value
-
-
-def _binary_output(header: dict[str, Any], parameters: dict[str, Any]) -> bool:
+def _binary_output(request: KServeInferRequest) -> bool:
     """Whether the embedding goes back as binary data: as its requested output says, else as the request's
     `binary_data_output` says."""
-    outputs = header.get("outputs")
-    outputs = [] if outputs is None else outputs
-    if not isinstance(outputs, list) or not all(isinstance(output, dict) for output in outputs):
-        raise Unprocessable("'outputs' must be a list of objects", "invalid_type", "outputs")
-    for output in outputs:
-        if output.get("name") != OUTPUT_NAME:
-            message = f"the model's one output is {OUTPUT_NAME!r}, not {output.get('name')!r}"
+    for output in request.outputs or ():
+        if output.name != OUTPUT_NAME:
+            message = f"the model's one output is {OUTPUT_NAME!r}, not {output.name!r}"
             raise InvalidRequest(message, "invalid_value", "outputs")
-        binary = optional_field(_object(output.get("parameters"), "outputs[].parameters"), "binary_data", bool)
-        if binary is not None:
-            return binary
-    return optional_field(parameters, "binary_data_output", bool) is True
+        if output.parameters is not None and output.parameters.binary_data is not None:
+            return output.parameters.binary_data
+    return request.parameters is not None and request.parameters.binary_data_output is True
 
 
-def _infer_response(model: ServedModel, request: InferRequest, rows: np.ndarray) -> Response:
-    output: dict[str, Any] = {"name": OUTPUT_NAME, "datatype": "FP32", "shape": list(rows.shape)}
-    answer = {"model_name": model.id, "model_version": VERSION, "id": request.request_id or str(uuid.uuid4())}
-    if not request.binary_output:
-        return json_response({**answer, "outputs": [{**output, "data": rows.ravel()}]})
-    data = rows.tobytes()
-    header = orjson.dumps({**answer, "outputs": [{**output, "parameters": {"binary_data_size": len(data)}}]})
-    headers = {HEADER_LENGTH: str(len(header))}
-    return Response(header + data, 200, headers, media_type="application/octet-stream")
+def _infer_response(model: ServedModel, request: KServeInferRequest, rows: np.ndarray, binary: bool) -> Response:
+    data = rows.tobytes() if binary else b""
+    output = KServeOutput(
+        "embedding", "FP32", list(rows.shape), UNSET if binary else rows.ravel(),
+        KServeBinaryData(len(data)) if binary else UNSET,
+    )  # fmt: skip
+    answer = KServeInferResponse(model.id, VERSION, request.id or str(uuid.uuid4()), [output])
+    if not binary:
+        return json_response(answer)
+    header = msgspec.json.encode(answer)
+    return Response(header + data, 200, {HEADER_LENGTH: str(len(header))}, media_type="application/octet-stream")

@@ -8,10 +8,9 @@ import asyncio
 import zlib
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
-import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from bouquet.gateway.errors import (
@@ -19,7 +18,6 @@ from bouquet.gateway.errors import (
     InvalidRequest,
     RequestTimeout,
     TooLarge,
-    Unprocessable,
     UnsupportedMedia,
 )
 from bouquet.gateway.http.decode import BodyDecoder
@@ -50,18 +48,6 @@ async def read_body(service: Service, request: Request) -> bytes | bytearray:
         raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
     encoding = request.headers.get("content-encoding", "identity")
     return _decoded(await _read_body(service, request, limit), encoding, limit)
-
-
-def parse_json_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as error:
-        if "UTF-8" in str(error):
-            raise InvalidRequest("the body is not valid UTF-8", "invalid_utf8") from error
-        raise InvalidRequest(f"the body is not valid JSON: {error}", "invalid_json") from error
-    if not isinstance(value, dict):
-        raise Unprocessable("the body must be a JSON object", "invalid_type")
-    return value
 
 
 async def _read_body(service: Service, request: Request, limit: int) -> bytearray:

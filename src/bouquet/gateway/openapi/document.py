@@ -8,17 +8,6 @@ from typing import Any
 
 from bouquet.gateway import errors
 from bouquet.gateway.openapi.docs_page import DOCS_ASSETS
-from bouquet.gateway.openapi.kserve import (
-    KSERVE_ERROR_BODY,
-    KSERVE_INFER_REQUEST,
-    KSERVE_INFER_RESPONSE,
-    KSERVE_LIVE,
-    KSERVE_MODEL_METADATA,
-    KSERVE_MODEL_READY,
-    KSERVE_READY,
-    KSERVE_SERVER_METADATA,
-    KSERVE_VERSION_PATH,
-)
 from bouquet.gateway.openapi.pieces import COMPONENTS, STRING, Schema, named, nullable, response_schema
 from bouquet.gateway.openapi.requests import (
     COHERE_RERANK_REQUEST,
@@ -32,6 +21,7 @@ from bouquet.gateway.openapi.requests import (
     EMBED_SPARSE_REQUEST,
     ENCODE_REQUEST,
     IMAGE_EMBEDDINGS_REQUEST,
+    KSERVE_INFER_REQUEST,
     MULTI_VECTOR_REQUEST,
     OPENAI_EMBEDDINGS_REQUEST,
     PREDICT_REQUEST,
@@ -52,6 +42,12 @@ from bouquet.gateway.openapi.responses import (
     ENCODED,
     HEALTH,
     INFO,
+    KSERVE_INFER_RESPONSE,
+    KSERVE_LIVE,
+    KSERVE_MODEL_METADATA,
+    KSERVE_MODEL_READY,
+    KSERVE_READY,
+    KSERVE_SERVER_METADATA,
     MODE_SCORES,
     MODEL_CARD,
     MODELS,
@@ -168,6 +164,11 @@ _MODEL_PATH = {
 _MODEL_QUERY = {"name": "model", "in": "query", "required": False, "schema": STRING, "description": "default: first"}
 _ASSET_PATH = {"name": "asset", "in": "path", "required": True, "schema": {"type": "string", "enum": list(DOCS_ASSETS)}}
 
+KSERVE_ERROR_BODY: Schema = response_schema({"error": STRING})  # the Open Inference Protocol's
+KSERVE_VERSION_PATH: Schema = {
+    "name": "version", "in": "path", "required": True, "schema": {"type": "string", "enum": ["1"]},
+    "description": "a served model has one version",
+}  # fmt: skip
 # KServe's routes with and without a version: /v2/models/{model}/... and /v2/models/{model}/versions/1/...
 _KSERVE_VERSIONS: tuple[tuple[str, tuple[Schema, ...]], ...] = (
     ("", (_MODEL_PATH,)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from bouquet.gateway.api.cohere import CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest
 from bouquet.gateway.api.flag_embedding import ComputeScoreRequest, EncodeRequest
 from bouquet.gateway.api.jina import MultiVectorRequest
+from bouquet.gateway.api.kserve import KServeInferRequest
 from bouquet.gateway.api.multimodal import ChatEmbeddingsRequest, ImageEmbeddingsRequest
 from bouquet.gateway.api.openai import EmbeddingsRequest
 from bouquet.gateway.api.perplexity import ContextualizedEmbeddingsRequest
@@ -28,7 +29,7 @@ REQUESTS = (
     ContextualizedEmbeddingsRequest, TEITokenizeRequest, VLLMTokenizeRequest, DecodeRequest, PredictRequest,
     DetokenizeRequest, TEIRerankRequest, CohereRerankRequest, CohereV2EmbedRequest, CohereV2RerankRequest,
     ScoreRequest, MultiVectorRequest, EncodeRequest, ChatEmbeddingsRequest, ImageEmbeddingsRequest,
-    ComputeScoreRequest,
+    ComputeScoreRequest, KServeInferRequest,
 )  # fmt: skip
 REFS = {name: named(name, schema) for name, schema in struct_schemas(REQUESTS)[1].items()}
 
@@ -66,3 +67,4 @@ SCORE_REQUEST = REFS["ScoreRequest"]
 MULTI_VECTOR_REQUEST = REFS["MultiVectorRequest"]
 ENCODE_REQUEST = REFS["EncodeRequest"]
 COMPUTE_SCORE_REQUEST = REFS["ComputeScoreRequest"]
+KSERVE_INFER_REQUEST = REFS["KServeInferRequest"]

@@ -6,6 +6,14 @@ from __future__ import annotations
 from bouquet.gateway.api.cohere import CohereRanking, CohereV2Embeddings, CohereV2Ranking
 from bouquet.gateway.api.flag_embedding import Encoded, ModeScores
 from bouquet.gateway.api.jina import MultiVectorList
+from bouquet.gateway.api.kserve import (
+    KServeInferResponse,
+    KServeLive,
+    KServeModelMetadata,
+    KServeModelReady,
+    KServeReady,
+    KServeServerMetadata,
+)
 from bouquet.gateway.api.openai import EmbeddingList, ModelCard, ModelList
 from bouquet.gateway.api.perplexity import ContextualizedEmbeddingList
 from bouquet.gateway.api.tei_bodies import (
@@ -34,7 +42,8 @@ _LISTS = {
 _STRUCTS = (
     EmbeddingList, ContextualizedEmbeddingList, ModelCard, ModelList, MultiVectorList, Scores, VLLMTokens,
     Detokenized, CohereRanking, CohereV2Embeddings, CohereV2Ranking, Info, Health, Pooling, Classifier, Prediction,
-    Encoded, ModeScores,
+    Encoded, ModeScores, KServeInferResponse, KServeLive, KServeReady, KServeServerMetadata, KServeModelMetadata,
+    KServeModelReady,
 )  # fmt: skip
 _schemas, _components = struct_schemas((*_LISTS.values(), *_STRUCTS))
 REFS = {name: named(name, schema) for name, schema in _components.items()}
@@ -63,3 +72,9 @@ HEALTH = REFS["Health"]
 MULTI_VECTOR_RESPONSE = REFS["MultiVectorList"]
 ENCODED = REFS["Encoded"]
 MODE_SCORES = REFS["ModeScores"]
+KSERVE_INFER_RESPONSE = REFS["KServeInferResponse"]
+KSERVE_LIVE = REFS["KServeLive"]
+KSERVE_READY = REFS["KServeReady"]
+KSERVE_SERVER_METADATA = REFS["KServeServerMetadata"]
+KSERVE_MODEL_METADATA = REFS["KServeModelMetadata"]
+KSERVE_MODEL_READY = REFS["KServeModelReady"]
