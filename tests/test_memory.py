@@ -87,11 +87,14 @@ libc.fflush(None)
 
 
 def _primitives_built_by_steps(warmup_tokens: int) -> int:
+    return _primitives_built(_STEPS_AFTER_LOAD, str(warmup_tokens))
+
+
+def _primitives_built(script: str, *args: str) -> int:
     env = {**os.environ, "ONEDNN_VERBOSE": "2", "PYTHONPATH": str(Path(bouquet.__file__).parents[1])}
     env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
     done = subprocess.run(
-        [sys.executable, "-c", _STEPS_AFTER_LOAD, str(warmup_tokens)], env=env, capture_output=True, text=True,
-        timeout=300,
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     after_load = done.stdout.split("=== loaded", 1)[1]
@@ -105,3 +108,54 @@ def test_steps_build_no_primitive_after_the_warmup() -> None:
     is sized for them (its default 1,024 evicted them and steps rebuilt them, memory creeping up)."""
     assert _primitives_built_by_steps(1024) == 0
     assert _primitives_built_by_steps(0) > 20  # without it: what the steps meet is built as they go
+
+
+# The same for a CLIP model's image steps: whole images, never padded, so its vision tower is warmed at whole
+# images' counts (`image_modules`), not at the text buckets, which it never meets.
+_IMAGE_STEPS_AFTER_LOAD = """
+import ctypes, random, sys
+from pathlib import Path
+import numpy as np
+from bouquet.batch import Batch
+from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
+
+engine = Engine(EngineConfig(Path(sys.argv[1]), "cpu", "float32", cpu_warmup_tokens=int(sys.argv[2])))
+libc = ctypes.CDLL(None)
+libc.puts(b"=== loaded")
+rng = np.random.default_rng(0)
+steps = []
+for count in [1, 5, 2, 8, 3, 1, 7, 4, 6]:
+    images = rng.standard_normal((count, *engine.image_shape)).astype(np.float32)
+    steps.append(engine.step(Batch.pack_images(images, engine.image_tokens)))
+    if len(steps) > 2:
+        steps.pop(0).result()
+for step in steps:
+    step.result()
+libc.fflush(None)
+"""
+
+
+def _save_clip(path: Path, tokenizer_dir: Path) -> int:
+    from test_clip import IMAGE_TOKENS, _clip, _save
+
+    _save(_clip(eos_token_id=102), path, tokenizer_dir)
+    return IMAGE_TOKENS
+
+
+def _save_siglip(path: Path, tokenizer_dir: Path) -> int:
+    from test_siglip import IMAGE_TOKENS, save_siglip
+
+    save_siglip(path, tokenizer_dir)
+    return IMAGE_TOKENS
+
+
+@pytest.mark.long
+@pytest.mark.process
+@pytest.mark.parametrize("save", [_save_clip, _save_siglip], ids=["clip", "siglip"])
+def test_image_steps_build_no_primitive_after_the_warmup(save, tmp_path, minilm_path) -> None:
+    """A patch embedding at the images' patches, a pooling head at one row an image or one probe row, the rest of
+    the tower at its tokens: each is built for 1 to 8 images at load."""
+    image_tokens = save(tmp_path, minilm_path)
+    assert _primitives_built(_IMAGE_STEPS_AFTER_LOAD, str(tmp_path), str(8 * image_tokens)) == 0
+    assert _primitives_built(_IMAGE_STEPS_AFTER_LOAD, str(tmp_path), "0") >= 8  # without: built as steps meet them

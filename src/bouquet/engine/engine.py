@@ -21,6 +21,7 @@ from bouquet.engine.memory import (
     bucket_tokens,
     build_primitives,
     distinct_linears,
+    image_warmup,
     reserve_primitive_cache,
 )
 from bouquet.engine.model_runner import ModelRunner
@@ -57,7 +58,7 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     for module in model.modules():
         if isinstance(module, Linear):
             module.to(dtype)
-    model = model.to(device).eval()
+    model = model.to(device).eval().requires_grad_(False)  # an inference engine: no tensor it makes needs grad
     if device.type == "cpu":
         warn_if_slow_bf16(dtype)
         prepack_cpu_linears(model)
@@ -292,26 +293,32 @@ class Engine:
             self._step_threads.make_lead()
 
     def _build_cpu_primitives(self) -> None:
-        """oneDNN's primitive for every bucketed step count up to `cpu_warmup_tokens`, on each team size a step
-        runs with: the workers' own share (all workers at once, the counts split among them), and every thread
-        for a lone step (engine/memory.py)."""
+        """oneDNN's primitive for every step count up to `cpu_warmup_tokens` a step can run each linear at, on each
+        team size a step runs with: the workers' own share (all workers at once, the counts split among them), and
+        every thread for a lone step (engine/memory.py). Text steps are padded to bucketed counts; a tower that only
+        ever sees fixed-size images (`image_linears`) runs at whole images' counts instead."""
         if self.device.type != "cpu" or not self.runner.token_buckets or not self.config.cpu_warmup_tokens:
             return
-        buckets = self.runner.token_buckets
-        linears = distinct_linears(self.model, heads=self.pooler)  # heads run on pooled rows or blocks
-        counts = bucket_counts(self.config.cpu_warmup_tokens, buckets)
-        shares = [counts[i :: self.workers] for i in range(self.workers)]
-        for share in [self._workers.submit(build_primitives, linears, share) for share in shares]:
-            share.result()
+        image_parts = self.model.image_linears() if hasattr(self.model, "image_linears") else []
+        warmup = self.config.cpu_warmup_tokens
+        # heads run on pooled rows or blocks
+        work = [(distinct_linears([self.model], skip=[self.pooler, *(part[0] for part in image_parts)]),
+                 bucket_counts(warmup, self.runner.token_buckets))]  # fmt: skip
+        if image_parts:
+            work += image_warmup(image_parts, warmup, self.image_tokens)
+        jobs = [(linears, counts[i :: self.workers]) for linears, counts in work for i in range(self.workers)]
+        for done in [self._workers.submit(_build_shares, jobs[i :: self.workers]) for i in range(self.workers)]:
+            done.result()
         if self._step_threads is not None:  # idle workers: the lead takes it, alone, so it widens its team
             # a step borrows on its own count and runs at its bucket's
-            lone = [count for count in counts if count <= bucket_tokens(self.config.cpu_lone_step_tokens, buckets)]
-            self._workers.submit(self._build_lone_primitives, linears, lone).result()
+            lone_max = bucket_tokens(self.config.cpu_lone_step_tokens, self.runner.token_buckets)
+            lone = [(linears, [count for count in counts if count <= lone_max]) for linears, counts in work]
+            self._workers.submit(self._build_lone_primitives, lone).result()
 
-    def _build_lone_primitives(self, linears: list[Linear], counts: list[int]) -> None:
+    def _build_lone_primitives(self, work: list[tuple[list[Linear], list[int]]]) -> None:
         assert self._step_threads is not None
         with self._step_threads.step(self.config.cpu_lone_step_tokens, timed=False):
-            build_primitives(linears, counts)
+            _build_shares(work)
 
     def step(self, batch: Batch) -> LazyTensor:
         """Returns at once. On the CPU with several workers, steps may finish out of submission order: callers
@@ -388,3 +395,8 @@ class _CudaRuntime:
             start_cuda_readback(rows, self.stream, self.waiter, result)
         except BaseException as error:
             result.set_exception(error)
+
+
+def _build_shares(work: list[tuple[list[Linear], list[int]]]) -> None:
+    for linears, counts in work:
+        build_primitives(linears, counts)

@@ -27,6 +27,7 @@ and memory crept up (docs/memory.md); `reserve_primitive_cache` raises the capac
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -72,20 +73,45 @@ def bucket_counts(max_tokens: int, per_doubling: int) -> list[int]:
     return sorted({bucket_tokens(n, per_doubling) for n in range(1, max_tokens + 1)})
 
 
-def distinct_linears(model: nn.Module, heads: nn.Module) -> list[Linear]:
-    """One prepacked or int8 linear of each kind the model runs on its tokens, those `heads` also holds left out (a
+def distinct_linears(modules: Iterable[nn.Module], skip: Iterable[nn.Module] = ()) -> list[Linear]:
+    """One prepacked or int8 linear of each kind `modules` run on a step's tokens, those under `skip` left out (a
     SPLADE masked-LM head, a classifier: they run on pooled rows or fixed blocks, not on a step's count). A
     primitive depends on the shapes, the dtype and the fused activation, not on the weights' values."""
-    in_heads = {id(module) for module in heads.modules()}
+    skipped = {id(module) for root in skip for module in root.modules()}
     kinds: dict[tuple[object, ...], Linear] = {}
-    for module in model.modules():
-        if not isinstance(module, Linear) or id(module) in in_heads:
+    for module in (module for root in modules for module in root.modules()):
+        if not isinstance(module, Linear) or id(module) in skipped:
             continue
         if module.packed_weight is not None or module.int8 is not None:
             kind = (type(module), module.in_features, module.out_features, module.bias is not None,
                     repr(getattr(module, "epilogue", None)), module.weight.dtype, module.int8 is None)  # fmt: skip
             kinds.setdefault(kind, module)
     return list(kinds.values())
+
+
+ImageLinears = tuple[nn.Module, int, int]  # a module whose linears run on (per image x images + extra) rows
+
+
+def image_warmup(
+    parts: Iterable[ImageLinears], max_tokens: int, tokens_per_image: int
+) -> list[tuple[list[Linear], list[int]]]:
+    """The linears of a model's fixed-size image steps and the counts to build them at: whole images up to
+    `max_tokens` (such steps are never padded: `pad_to_bucket`), each linear at its own rows for k images (a patch
+    embedding sees patches, a pooling head one row an image). A linear takes the last of `parts` holding it, so
+    the parts go from a tower to the modules inside it that differ."""
+    rows: dict[int, tuple[Linear, int, int]] = {}
+    for module, per_image, extra in parts:
+        for linear in module.modules():
+            if isinstance(linear, Linear):
+                rows[id(linear)] = (linear, per_image, extra)
+    groups: dict[tuple[int, int], list[Linear]] = {}
+    for linear, per_image, extra in rows.values():
+        groups.setdefault((per_image, extra), []).append(linear)
+    images = range(1, max_tokens // tokens_per_image + 1)
+    return [
+        (distinct_linears(linears), sorted({k * per_image + extra for k in images}))
+        for (per_image, extra), linears in groups.items()
+    ]
 
 
 @torch.inference_mode()

@@ -231,6 +231,14 @@ class TwoTowerModel(nn.Module):
     """What the engine reads of a text-and-image model (CLIP's, SigLIP's): its text limit and its image layout."""
 
     config: Any  # ClipConfig or SiglipConfig: max_positions, image_tokens, num_channels, image_size
+    vision_model: nn.Module
+
+    def image_linears(self) -> list[tuple[nn.Module, int, int]]:
+        """The modules that only run on image steps, each with its rows for k images (k x per image + extra), so
+        that the engine builds their primitives at those counts: the tower on every token, its patch embedding on
+        the patches (engine/memory.py's `image_warmup`)."""
+        patches = (self.config.image_size // self.config.patch_size) ** 2
+        return [(self.vision_model, self.image_tokens, 0), (self.vision_model.embeddings.patch_embedding, patches, 0)]
 
     @property
     def max_seq_length(self) -> int:
@@ -263,6 +271,9 @@ class ClipModel(TwoTowerModel):
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> ClipModel:
         return cls(ClipConfig.from_hf(hf_config))
+
+    def image_linears(self) -> list[tuple[nn.Module, int, int]]:
+        return [*super().image_linears(), (self.visual_projection, self.image_tokens, 0)]
 
     def forward(
         self,

@@ -190,6 +190,15 @@ class SiglipModel(TwoTowerModel):
     def from_hf_config(cls, hf_config: dict[str, Any]) -> SiglipModel:
         return cls(SiglipConfig.from_hf(hf_config))
 
+    def image_linears(self) -> list[tuple[nn.Module, int, int]]:
+        """The pooling head runs on one row an image, but its keys and values on every token and its query on the
+        one probe row."""
+        attention = self.vision_model.head.attention
+        return [
+            *super().image_linears(), (self.vision_model.head, 1, 0), (attention.kv_proj, self.image_tokens, 0),
+            (attention.q_proj, 0, 1),
+        ]  # fmt: skip
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]; for images, placeholders that only count the tokens
