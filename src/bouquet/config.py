@@ -73,10 +73,11 @@ class EngineConfig:
         None, help="CPU: steps at once, each on a share of the threads (default: 2 if 2+ threads)"
     )
     # With workers of one thread each: a step that starts while no other step runs takes every thread, not its
-    # worker's one (a lone query about 1.3x faster); engine/cpu_threads.py says why only then.
+    # worker's one (a lone query about 1.3x faster), while lone steps measure it faster (engine/borrow_choice.py:
+    # not when another process holds a core); engine/cpu_threads.py says why only then.
     cpu_lone_step_tokens: int = flag(
         256, help="CPU, one thread a worker: a step of at most this many tokens that runs alone takes every thread "
-        "(0: never)"
+        "while that is measured faster (0: never)"
     )  # fmt: skip
     # A step's token count is rounded up to one of this many sizes per doubling, so that oneDNN builds and keeps a
     # bounded number of primitives (engine/memory.py, docs/memory.md).
