@@ -163,6 +163,7 @@ def test_compute_score_of_one_pair_answers_numbers(client: httpx.Client, flag: F
         (M3, [["a", "b"], "c"], "sentence_pairs"),
         (M3, [["a", "b", "c"]], "sentence_pairs"),
         (M3, [], "sentence_pairs"),
+        (M3, [["a", ""]], "sentence_pairs"),
         (SPARSE_ONLY, [["a", "b"]], "model"),
         ("all-MiniLM-L6-v2", [["a", "b"]], "model"),
     ],
@@ -172,6 +173,14 @@ def test_bad_compute_score_bodies_are_refused(client: httpx.Client, model: str, 
     assert 400 <= reply.status_code < 500, reply.text
     error = reply.json()["error"]
     assert error["param"] == param or param in error["message"], error
+
+
+@pytest.mark.parametrize("field", ["max_query_length", "max_passage_length", "weights_for_different_modes"])
+def test_bad_compute_score_options_are_refused(client: httpx.Client, field: str) -> None:
+    value = [1, -1, 1] if field == "weights_for_different_modes" else 1
+    reply = client.post("/compute_score", json={"model": M3, "sentence_pairs": ["a", "b"], field: value})
+    assert 400 <= reply.status_code < 500, reply.text
+    assert field in reply.json()["error"]["param"], reply.json()
 
 
 def test_one_step_mixes_all_outputs_with_other_sequences(m3_engines: list[Engine], model_dirs: dict[str, Path]):

@@ -167,7 +167,8 @@ async def _compute_score(service: Service, request: Request) -> Response:
     body = await read_request(service, request, COMPUTE_SCORE)
     pairs, one_pair = sentence_pairs(body.sentence_pairs)
     job = RerankJob(body.model, pairs, mode_weights=mode_weights(body.weights_for_different_modes))
-    lengths = (body.max_query_length, body.max_passage_length)
+    lengths = (_max_length(body.max_query_length, "max_query_length"),
+               _max_length(body.max_passage_length, "max_passage_length"))  # fmt: skip
     model, scores, tokens = await unless_disconnected(request, mode_scores(service, job, lengths))
 
     def answer(values: np.ndarray) -> Any:
@@ -178,6 +179,12 @@ async def _compute_score(service: Service, request: Request) -> Response:
         job.model or model.id, answer(scores["colbert"]), answer(scores["sparse"]), answer(scores["dense"]),
         answer(scores["sparse+dense"]), answer(scores["colbert+sparse+dense"]), Usage(tokens, tokens),
     ))  # fmt: skip
+
+
+def _max_length(value: int | None, field: str) -> int | None:
+    if value is not None and value < 2:  # the [CLS] and one token with a vector
+        raise InvalidRequest(f"{field} must be 2 or more, got {value}", "invalid_value", field)
+    return value
 
 
 def sentence_pairs(value: list[str | list[str]]) -> tuple[list[tuple[str, str]], bool]:
