@@ -12,6 +12,10 @@
 checkout of that commit to measure it.) Bodies: 2,048 texts of ~40 words; 2,048 lists of 128 token ids; 2,048
 mixed. Prints the median of `--repeats` runs (ms per body) and each against the first: above 1.0x is faster.
 
+Then the routes that take a body in one of two shapes (TEI's `POST /`, `/rerank`, `/tokenize`, with 2,048 texts):
+their one decode (http/decode.EitherDecoder) against looking for the shape's fields first (`present`) and then
+decoding the shape's struct, the two passes they made before.
+
     .venv/bin/python bench/request_decode.py [--repeats 50]
 """
 
@@ -28,7 +32,9 @@ import orjson
 import pydantic
 
 from bouquet.cpu_features import cpu_features
+from bouquet.gateway.api import tei, tei_bodies, tei_scores
 from bouquet.gateway.api.openai import parse_openai
+from bouquet.gateway.http.decode import present
 
 INPUTS = 2048
 WORDS = [
@@ -110,6 +116,22 @@ def decoders() -> dict[str, Callable[[bytes], object]]:
     }
 
 
+def two_shapes(texts: list[str]) -> dict[str, tuple[bytes, Callable[[bytes], object], Callable[[bytes], object]]]:
+    """Per route: a body, its one decode, and the probe-then-decode it replaced."""
+
+    def probed(field: str, decode: Callable[[bytes], object]) -> Callable[[bytes], object]:
+        return lambda body: (present(body).get(field), decode(body))
+
+    return {
+        "TEI POST / (embed)": (orjson.dumps({"inputs": texts}), tei.ROOT.decode,
+                               probed("inputs", tei_bodies.EMBED.decode)),
+        "TEI /rerank": (orjson.dumps({"query": "q", "texts": texts}), tei_scores.RERANK_BODIES.decode,
+                        probed("documents", tei_bodies.RERANK.decode)),
+        "TEI /tokenize": (orjson.dumps({"inputs": texts}), tei.TOKENIZE_BODIES.decode,
+                          probed("prompt", tei_bodies.TOKENIZE.decode)),
+    }  # fmt: skip
+
+
 def median_ms(decode: Callable[[bytes], object], body: bytes, repeats: int) -> float:
     decode(body)  # warm: caches, lazy schema builds
     times = []
@@ -132,6 +154,11 @@ def main() -> None:
         print(f"\n{kind}: {INPUTS} inputs, {len(body) / 1e6:.2f} MB")
         for name, ms in results.items():
             print(f"  {name:32} {ms:8.2f} ms   {first / ms:5.2f}x the route's")
+    texts = orjson.loads(bodies()["texts"])["input"]
+    print(f"\nroutes of two shapes, {INPUTS} texts:")
+    for route, (body, once, twice) in two_shapes(texts).items():
+        one, two = median_ms(once, body, args.repeats), median_ms(twice, body, args.repeats)
+        print(f"  {route:20} decoded once {one:6.2f} ms, probed then decoded {two:6.2f} ms: {two / one:5.2f}x")
 
 
 if __name__ == "__main__":

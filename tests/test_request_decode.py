@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bouquet.gateway.api import cohere, jina, openai, perplexity, tei_bodies, vllm
+from bouquet.gateway.api import cohere, jina, openai, perplexity, tei, tei_bodies, tei_scores, vllm
 from bouquet.gateway.errors import ApiError, InvalidRequest, Unprocessable
-from bouquet.gateway.http.decode import BodyDecoder, present
+from bouquet.gateway.http.decode import BodyDecoder, EitherDecoder, present
 
 REFUSED = [
     # (decoder, body, error class, code, param)
@@ -65,3 +65,58 @@ def test_a_route_of_two_shapes_sees_which_fields_are_there() -> None:
     assert present(b'{"inputs": {"source_sentence": "a"}, "x": [1]}') == {"inputs": b"{"}
     assert present(b'{"query": "q", "documents": ["a"]}') == {"documents": b"["}
     assert present(b'{"prompt": "a"}') == {"prompt": b'"'}
+
+
+# Routes of two shapes decode the body once (http/decode.EitherDecoder), into the struct of its shape.
+
+
+def test_each_shape_comes_out_as_its_own_struct() -> None:
+    root = tei.ROOT.decode(orjson.dumps({"inputs": ["a", "b"], "normalize": False}))
+    assert isinstance(root, tei_bodies.TEIEmbedRequest) and (root.inputs, root.normalize) == (["a", "b"], False)
+    assert root.truncate is None and root.model is None  # defaults as the struct's own
+    similarity = tei.ROOT.decode(orjson.dumps({"inputs": {"source_sentence": "a", "sentences": ["b"]}}))
+    assert isinstance(similarity, tei_bodies.SimilarityRequest) and similarity.inputs.sentences == ["b"]
+    rerank = tei_scores.RERANK_BODIES.decode(orjson.dumps({"query": "q", "documents": ["a"], "top_n": 1}))
+    assert isinstance(rerank, cohere.CohereRerankRequest) and rerank.top_n == 1
+    assert isinstance(tei_scores.RERANK_BODIES.decode(b'{"query": "q", "texts": ["a"]}'), tei_bodies.TEIRerankRequest)
+    assert isinstance(tei.TOKENIZE_BODIES.decode(b'{"prompt": "a"}'), vllm.VLLMTokenizeRequest)
+    assert isinstance(tei.TOKENIZE_BODIES.decode(b'{"inputs": "a"}'), tei_bodies.TEITokenizeRequest)
+
+
+TWO_SHAPES_REFUSED = [
+    # (decoder, body, error class, code, param)
+    (tei_scores.RERANK_BODIES, {"query": "q", "texts": ["a"], "documents": ["b"]}, InvalidRequest,
+     "unsupported_parameter", "texts"),  # a field of the other shape, refused by name
+    (tei_scores.RERANK_BODIES, {"query": "q", "texts": ["a"], "top_n": 1}, InvalidRequest, "unsupported_parameter",
+     "top_n"),
+    (tei_scores.RERANK_BODIES, {"texts": ["a"]}, InvalidRequest, "missing_required_parameter", "query"),
+    (tei_scores.RERANK_BODIES, {"query": "q"}, InvalidRequest, "missing_required_parameter", "texts"),
+    (tei_scores.RERANK_BODIES, {"query": "q", "texts": ["a"], "x": 1}, InvalidRequest, "unsupported_parameter", "x"),
+    (tei.ROOT, {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "normalize": True}, InvalidRequest,
+     "unsupported_parameter", "normalize"),
+    (tei.ROOT, {"inputs": "a", "parameters": {}}, InvalidRequest, "unsupported_parameter", "parameters"),
+    (tei.ROOT, {"inputs": {"source_sentence": "a"}}, InvalidRequest, "missing_required_parameter",
+     "inputs.sentences"),
+    (tei.ROOT, {"inputs": 5}, Unprocessable, "invalid_type", "inputs"),
+    # both shapes take add_special_tokens, TEI's as a boolean and vLLM's as a boolean or null: checked as the shape's
+    (tei.TOKENIZE_BODIES, {"inputs": "a", "add_special_tokens": None}, Unprocessable, "invalid_type",
+     "add_special_tokens"),
+    (tei.TOKENIZE_BODIES, {"prompt": "a", "add_special_tokens": 1}, Unprocessable, "invalid_type",
+     "add_special_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("decoder", "body", "kind", "code", "param"), TWO_SHAPES_REFUSED)
+def test_a_body_of_two_shapes_is_refused_as_its_shape_refuses(
+    decoder: EitherDecoder, body: dict, kind: type[ApiError], code: str, param: str
+) -> None:
+    with pytest.raises(kind) as raised:
+        decoder.decode(orjson.dumps(body))
+    assert (type(raised.value), raised.value.code, raised.value.param) == (kind, code, param)
+
+
+def test_a_body_of_two_shapes_leniently_ignores_the_other_shapes_fields() -> None:
+    body = {"query": "q", "texts": ["a"], "top_n": 1, "x": 2}
+    parsed = tei_scores.RERANK_BODIES.decode(orjson.dumps(body), strict=False)
+    assert isinstance(parsed, tei_bodies.TEIRerankRequest) and parsed.texts == ["a"]
+    assert tei.TOKENIZE_BODIES.decode(b'{"prompt": "a", "add_special_tokens": null}').add_special_tokens is None

@@ -35,13 +35,12 @@ from bouquet.gateway.api.fields import (
     Texts,
     described,
     mode_weights,
-    strict,
 )
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.api.vllm import Activation, raw_scores
 from bouquet.gateway.errors import InvalidRequest
-from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody, ResponseBody
+from bouquet.gateway.http.body import read_request
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import cohere_error_response
 from bouquet.gateway.jobs import EmbedJob, RerankJob
@@ -150,12 +149,12 @@ def routes() -> list[Route]:
 
 
 async def _v1_rerank(service: Service, request: Request) -> Response:
-    return await rerank_body(service, request, await read_body(service, request))
+    return await rerank_body(service, request, await read_request(service, request, V1_RERANK))
 
 
-async def rerank_body(service: Service, request: Request, body: Bytes) -> Response:
-    """v1's rerank (and Jina's and vLLM's) of a body already read."""
-    job, top_n, return_documents = v1_rerank_job(V1_RERANK.decode(body, strict(service)))
+async def rerank_body(service: Service, request: Request, body: CohereRerankRequest) -> Response:
+    """v1's rerank (and Jina's and vLLM's) of a body already decoded."""
+    job, top_n, return_documents = v1_rerank_job(body)
     model, scores, tokens = await unless_disconnected(request, scoring.score(service, job))
     return json_response(v1_rerank_response(scores, job, model, tokens, top_n, return_documents))
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -39,6 +40,7 @@ from bouquet.gateway.api.tei_bodies import (
     Info,
     Pooling,
     Similarities,
+    SimilarityInputs,
     SimilarityParameters,
     SimilarityRequest,
     SparseEntries,
@@ -49,10 +51,11 @@ from bouquet.gateway.api.tei_bodies import (
     TokenStates,
 )
 from bouquet.gateway.contextual import embed_all
-from bouquet.gateway.errors import InvalidRequest, Unavailable, Unprocessable
+from bouquet.gateway.errors import ApiError, InvalidRequest, Unavailable, Unprocessable
 from bouquet.gateway.http.body import read_body
-from bouquet.gateway.http.decode import present
+from bouquet.gateway.http.decode import EitherDecoder, present
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, openai_errors, unless_disconnected
+from bouquet.gateway.http.error_responses import error_response
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
@@ -77,32 +80,37 @@ def routes() -> list[Route]:
 
 
 async def _embed(service: Service, request: Request) -> Response:
-    return await _embed_body(service, request, await read_body(service, request))
+    return await _embed_body(service, request, EMBED.decode(await read_body(service, request), strict(service)))
 
 
-async def _embed_body(service: Service, request: Request, body: bytes | bytearray) -> Response:
-    job = parse_tei(body, strict(service))
+async def _embed_body(service: Service, request: Request, body: TEIEmbedRequest) -> Response:
+    job = embed_job(body)
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     answer: TEIEmbeddings = job.response_format.answer(rows)  # a list of numbers a row, or a base64 string
     return json_response(answer)
+
+
+# TEI's `POST /` body: an embedding request, or a similarity request when `inputs` is an object
+ROOT = EitherDecoder(EMBED, SIMILARITY, lambda body: isinstance(body.inputs, SimilarityInputs))
 
 
 async def _root(service: Service, request: Request) -> Response:
     """TEI's `POST /` embeds; an object as `inputs` (`{"source_sentence", "sentences"}`) asks for similarities, as
     the Hugging Face Inference API takes both at one URL: huggingface_hub's
     `InferenceClient(model=URL).sentence_similarity` and litellm's `huggingface/` similarity requests send it here."""
-    body = await read_body(service, request)
-    if present(body).get("inputs") == b"{":
-        return await _similarity_body(service, request, body)
-    return await _embed_body(service, request, body)
+    parsed = ROOT.decode(await read_body(service, request), strict(service))
+    if isinstance(parsed, SimilarityRequest):
+        return await _similarity_body(service, request, parsed)
+    return await _embed_body(service, request, parsed)
 
 
 async def _similarity(service: Service, request: Request) -> Response:
-    return await _similarity_body(service, request, await read_body(service, request))
+    body = SIMILARITY.decode(await read_body(service, request), strict(service))
+    return await _similarity_body(service, request, body)
 
 
-async def _similarity_body(service: Service, request: Request, body: bytes | bytearray) -> Response:
-    job = similarity_job(SIMILARITY.decode(body, strict(service)))
+async def _similarity_body(service: Service, request: Request, body: SimilarityRequest) -> Response:
+    job = similarity_job(body)
     service.check_inputs(job.num_inputs)
     _, rows, _ = await unless_disconnected(request, service.embed(job))
     answer: Similarities = text_tools.similarities(rows)
@@ -125,13 +133,24 @@ async def _embed_all(service: Service, request: Request) -> Response:
     return json_response(answer)
 
 
+# TEI's `/tokenize` body (`inputs`), or vLLM's (`prompt` and no `inputs`)
+TOKENIZE_BODIES = EitherDecoder(
+    TOKENIZE, vllm.TOKENIZE, lambda body: body.prompt is not UNSET and body.inputs is UNSET
+)  # fmt: skip
+
+
 async def _tokenize(service: Service, request: Request) -> Response:
-    """TEI's body (`inputs`), or vLLM's (`prompt`)."""
+    """TEI's body (`inputs`; TEI's errors), or vLLM's (`prompt`; OpenAI's errors, as vLLM answers)."""
     body = await read_body(service, request)
-    fields = present(body)
-    if "prompt" in fields and "inputs" not in fields:
-        return await openai_errors(vllm.tokenize(service, body))
-    parsed = TOKENIZE.decode(body, strict(service))
+    try:
+        parsed = TOKENIZE_BODIES.decode(body, strict(service))
+    except ApiError as error:  # the body's shape says whose error it is (looked for on this path only)
+        fields = present(body)
+        if "prompt" in fields and "inputs" not in fields:
+            return error_response(error)
+        raise
+    if isinstance(parsed, vllm.VLLMTokenizeRequest):
+        return await openai_errors(vllm.tokenize(service, parsed))
     model = service.catalog.get(parsed.model)
     prompt = model.prompt(parsed.prompt_name)
     texts = [parsed.inputs] if isinstance(parsed.inputs, str) else parsed.inputs

@@ -16,10 +16,11 @@ from bouquet.gateway import scoring
 from bouquet.gateway.api import cohere
 from bouquet.gateway.api.fields import Count, described, mode_weights, strict, truncation_direction
 from bouquet.gateway.api.tei_bodies import PREDICT, RERANK, PredictRequest, TEIRerankRequest
-from bouquet.gateway.errors import InvalidRequest, Unprocessable
+from bouquet.gateway.errors import ApiError, InvalidRequest, Unprocessable
 from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import ResponseBody, present
+from bouquet.gateway.http.decode import EitherDecoder, ResponseBody, present
 from bouquet.gateway.http.endpoint import endpoint, json_response, openai_errors, unless_disconnected
+from bouquet.gateway.http.error_responses import error_response
 from bouquet.gateway.jobs import PredictInput, PredictJob, RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
@@ -32,12 +33,23 @@ def routes() -> list[Route]:
     ]
 
 
+# TEI's `/rerank` body (`texts`), or Cohere's and Jina's (`documents`)
+RERANK_BODIES = EitherDecoder(RERANK, cohere.V1_RERANK, lambda body: body.documents is not UNSET)
+
+
 async def _rerank(service: Service, request: Request) -> Response:
-    """TEI's shape (`texts`), or Cohere's and Jina's (`documents`), which clients also send here."""
+    """TEI's shape (`texts`; TEI's answer and errors), or Cohere's and Jina's (`documents`; OpenAI's errors), which
+    clients also send here."""
     body = await read_body(service, request)
-    if "documents" in present(body):
-        return await openai_errors(cohere.rerank_body(service, request, body))
-    job, return_text = tei_rerank_job(RERANK.decode(body, strict(service)))
+    try:
+        parsed = RERANK_BODIES.decode(body, strict(service))
+    except ApiError as error:  # the body's shape says whose error it is (looked for on this path only)
+        if "documents" in present(body):
+            return error_response(error)
+        raise
+    if isinstance(parsed, cohere.CohereRerankRequest):
+        return await openai_errors(cohere.rerank_body(service, request, parsed))
+    job, return_text = tei_rerank_job(parsed)
     _, scores, _ = await unless_disconnected(request, scoring.score(service, job))
     return json_response(tei_response(scores, job, return_text))
 

@@ -32,7 +32,7 @@ from bouquet.gateway.api.multimodal import ImagePart, TextPart
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, Bytes, RequestBody, ResponseBody
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, unless_disconnected
 from bouquet.gateway.jobs import RerankJob
 from bouquet.gateway.replicas.catalog import ServedModel
@@ -119,9 +119,8 @@ async def _score(service: Service, request: Request) -> Response:
     return json_response(score_response(scores, model, tokens))
 
 
-async def tokenize(service: Service, body: Bytes) -> Response:
+async def tokenize(service: Service, parsed: VLLMTokenizeRequest) -> Response:
     """`{"prompt"}` -> `{"count", "max_model_len", "tokens", "token_strs"}`."""
-    parsed = TOKENIZE.decode(body, not service.config.allow_unknown_fields)
     model = service.catalog.get(parsed.model)
     tokens = await text_tools.tokenize(service, model, [parsed.prompt], "", parsed.add_special_tokens is not False)
     ids = [token["id"] for token in tokens[0]]

@@ -10,7 +10,8 @@ subclass that ignores them), so the strict path pays nothing for the option."""
 from __future__ import annotations
 
 import re
-from typing import Any, Generic, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, Union, cast
 
 import msgspec
 
@@ -27,6 +28,7 @@ class ResponseBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 T = TypeVar("T", bound=msgspec.Struct)
+U = TypeVar("U", bound=msgspec.Struct)
 Bytes = bytes | bytearray | memoryview
 
 
@@ -35,8 +37,9 @@ class BodyDecoder(Generic[T]):
 
     def __init__(self, kind: type[T], lenient: type[T] | None = None) -> None:
         self.kind = kind
+        self.lenient_kind = lenient or lenient_twin(kind)
         self._strict = msgspec.json.Decoder(kind)
-        self._lenient = msgspec.json.Decoder(lenient or lenient_twin(kind))
+        self._lenient = msgspec.json.Decoder(self.lenient_kind)
 
     def decode(self, body: Bytes, strict: bool = True) -> T:
         try:
@@ -45,6 +48,91 @@ class BodyDecoder(Generic[T]):
             raise api_error(str(error), self.kind) from None
         except msgspec.DecodeError as error:
             raise unreadable(str(error)) from None
+
+
+class EitherDecoder(Generic[T, U]):
+    """A body in one of two shapes, each a struct (TEI's `/rerank` takes TEI's and Cohere's), decoded in one pass:
+    into a struct holding the fields of both (a field both name takes either's type), then handed out as the struct
+    of its shape, which `is_second` picks from the decoded values, each field moved over as it is (no second pass
+    over the body). A field only the other shape takes is refused by name as an unknown field is (ignored with
+    --allow-unknown-fields); a field the shape requires and the body left out is refused as a missing one."""
+
+    def __init__(self, first: BodyDecoder[T], second: BodyDecoder[U], is_second: Callable[[Any], bool]) -> None:
+        self._is_second = is_second
+        self._decoders: dict[bool, msgspec.json.Decoder[Any]] = {}
+        self._both: dict[bool, type[msgspec.Struct]] = {}
+        self._shapes: dict[bool, tuple[_Shape, _Shape]] = {}
+        for strict, kinds in ((True, (first.kind, second.kind)), (False, (first.lenient_kind, second.lenient_kind))):
+            both = _both(*kinds, strict)
+            self._both[strict], self._decoders[strict] = both, msgspec.json.Decoder(both)
+            self._shapes[strict] = (_Shape(both, kinds[0], strict), _Shape(both, kinds[1], strict))
+
+    def decode(self, body: Bytes, strict: bool = True) -> T | U:
+        try:
+            both = self._decoders[strict].decode(body)
+        except msgspec.ValidationError as error:
+            raise api_error(str(error), self._both[strict]) from None
+        except msgspec.DecodeError as error:
+            raise unreadable(str(error)) from None
+        return cast("T | U", self._shapes[strict][1 if self._is_second(both) else 0].take(both))
+
+
+def _both(first: type[msgspec.Struct], second: type[msgspec.Struct], strict: bool) -> type[msgspec.Struct]:
+    """A struct of both's fields, each left UNSET when the body leaves it out; where both name a field with different
+    types, either's (their union), which the shape picked checks again (`_Shape`)."""
+    types: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for kind in (first, second):
+        for field in msgspec.structs.fields(kind):
+            known = types.get(field.name, field.type)
+            types[field.name] = known if known == field.type else Union[known, field.type]  # noqa: UP007
+            names[field.name] = field.encode_name
+    fields = [(name, Union[kind, msgspec.UnsetType], msgspec.field(default=msgspec.UNSET, name=names[name]))  # noqa: UP007
+              for name, kind in types.items()]  # fmt: skip
+    return msgspec.defstruct(f"{first.__name__}Or{second.__name__}", fields, forbid_unknown_fields=strict)
+
+
+class _Shape:
+    """How a decoded `both` becomes one shape's struct, worked out once: each field moved, checked again (both
+    shapes take it, with different types), or refused (the other shape's only; ignored when not strict)."""
+
+    def __init__(self, both: type[msgspec.Struct], kind: type[msgspec.Struct], strict: bool) -> None:
+        self.kind = kind
+        own = {field.name: field for field in msgspec.structs.fields(kind)}
+        self.fields = []
+        for field in msgspec.structs.fields(both):
+            mine = own.get(field.name)
+            if mine is None and not strict:
+                continue
+            check = mine is not None and field.type != Union[mine.type, msgspec.UnsetType]  # noqa: UP007
+            self.fields.append((field.name, field.encode_name, mine, check))
+        self.required = [(field.name, field.encode_name) for field in own.values() if field.required]
+
+    def take(self, both: msgspec.Struct) -> msgspec.Struct:
+        values: dict[str, Any] = {}
+        for name, encode_name, mine, check in self.fields:
+            value = getattr(both, name)
+            if value is msgspec.UNSET:
+                continue
+            if mine is None:
+                raise InvalidRequest(
+                    f"'{encode_name}' is not a parameter of this body's shape", "unsupported_parameter", encode_name
+                )
+            values[name] = _checked(value, mine, self.kind) if check else value
+        for name, encode_name in self.required:
+            if name not in values:
+                raise InvalidRequest(f"'{encode_name}' is required", "missing_required_parameter", encode_name)
+        return self.kind(**values)
+
+
+def _checked(value: Any, field: msgspec.structs.FieldInfo, kind: type[msgspec.Struct]) -> Any:
+    """A field both shapes take, decoded as either's type, checked as the picked shape's."""
+    try:
+        return msgspec.convert(value, field.type, strict=True)
+    except msgspec.ValidationError as error:
+        message, _, at = str(error).partition(" - at `")
+        where = at.rstrip("`").removeprefix("$")
+        raise api_error(f"{message} - at `$.{field.encode_name}{where}`", kind) from None
 
 
 def lenient_twin(kind: type[T]) -> type[T]:
@@ -110,8 +198,8 @@ def field_names(kind: type[msgspec.Struct]) -> tuple[str, ...]:
 
 
 class _Present(msgspec.Struct):
-    """Which of some fields a body holds, read without decoding their values (a route whose body takes one of two
-    shapes picks its struct by them)."""
+    """Which of some fields a body holds, read without decoding their values: only where a body already failed to
+    decode (whose error shape answers it; /v1/embeddings' chat form), a second pass a good body never pays."""
 
     inputs: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     prompt: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
