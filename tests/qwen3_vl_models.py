@@ -99,3 +99,84 @@ def reference_rows(model: torch.nn.Module, sequences: list[list[int]], patches: 
             hidden = model.model(input_ids=input_ids, **kwargs).last_hidden_state[0, -1]
             rows.append(torch.nn.functional.normalize(hidden, dim=-1))
     return torch.stack(rows).numpy()
+
+
+# Qwen's special tokens, as Qwen3-VL's tokenizer has them; a tiny byte-level BPE of its own around them.
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+# Qwen3-VL's chat template's output for system and user messages of text and image parts, with the generation
+# prompt: written for this test (the tiny tokenizer has no template of its own).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen_tokenizer():
+    """A byte-level BPE trained here on a few sentences, with Qwen's special tokens (ids 0-6)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=QWEN_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = ["Represent the user's input.", "A photo of a cat on a red sofa.", "Find the chart of revenue.",
+              "The quick brown fox jumps over the lazy dog."] * 20  # fmt: skip
+    tokenizer.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def save_qwen3_vl_with_tokenizer(path: Path, seed: int = 0) -> tuple[torch.nn.Module, object]:
+    """The tiny model with a Qwen-style tokenizer (its chat template set) and its image processor, all saved in
+    `path`. (transformers' Qwen3VLProcessor itself needs torchvision for its video processor, not installed here.)"""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    tokenizer = qwen_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIAL}
+    config = qwen3_vl_config()
+    config.text_config.vocab_size = len(tokenizer)
+    config.image_token_id, config.video_token_id = ids["<|image_pad|>"], ids["<|video_pad|>"]
+    config.vision_start_token_id, config.vision_end_token_id = ids["<|vision_start|>"], ids["<|vision_end|>"]
+    model = Qwen3VLForConditionalGeneration(config)
+    spread_weights(model, seed=seed, scale=0.3)
+    with torch.no_grad():
+        model.model.visual.patch_embed.proj.weight.mul_(0.05)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    image_processor().save_pretrained(path)
+    return model.eval(), tokenizer
+
+
+def processor_rows(model: torch.nn.Module, tokenizer, conversations: list[list[dict]]) -> np.ndarray:
+    """Qwen3VLProcessor's steps with transformers' pieces (the tokenizer's chat template with the generation prompt;
+    each image's <|image_pad|> repeated prod(grid) / merge^2 times, Qwen3VLProcessor.replace_image_token's rule;
+    the image processor's patches), then Qwen3VLModel, one conversation at a time, pooled as Qwen3-VL-Embedding
+    pools: the last token's state, L2-normalised."""
+    rows = []
+    with torch.no_grad():
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            pictures = [part["image"] for message in conversation for part in message["content"]
+                        if isinstance(part, dict) and part["type"] == "image"]  # fmt: skip
+            kwargs = {}
+            if pictures:
+                out = image_processor()(images=pictures, return_tensors="pt")
+                pieces = text.split("<|image_pad|>")
+                counts = [int(grid.prod()) // MERGE**2 for grid in out["image_grid_thw"]]
+                text = pieces[0] + "".join(
+                    "<|image_pad|>" * n + rest for n, rest in zip(counts, pieces[1:], strict=True)
+                )
+                kwargs = dict(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+            input_ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+            if pictures:
+                kwargs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
+            hidden = model.model(input_ids=input_ids, **kwargs).last_hidden_state[0, -1]
+            rows.append(torch.nn.functional.normalize(hidden, dim=-1))
+    return torch.stack(rows).numpy()

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}  # Pillow's
-WHITE = (255, 255, 255, 255)
+from bouquet.gateway.patch_images import PatchProcessing, parse_patch_config
+from bouquet.gateway.pixel_steps import RESAMPLE_FILTERS, rescale_normalize, to_rgb
 
 
 @dataclass(frozen=True)
@@ -62,29 +62,6 @@ class ImageProcessing:
         short, long = (width, height) if width <= height else (height, width)
         new_long = int(self.shortest_edge * long / short)
         return (new_long, self.shortest_edge) if width <= height else (self.shortest_edge, new_long)
-
-
-def rescale_normalize(
-    pixels: np.ndarray, rescale: float | None, mean: tuple[float, ...] | None, std: tuple[float, ...] | None
-) -> np.ndarray:  # [3, H, W] float32
-    """uint8 pixels [3, H, W] rescaled in float64 then float32, then normalised in float32 ((x - mean) / std), as
-    transformers' Pillow backend does."""
-    values = pixels.astype(np.float32)
-    if rescale is not None:
-        values = (pixels.astype(np.float64) * rescale).astype(np.float32)
-    if mean is not None and std is not None:
-        values = (values - np.array(mean, np.float32)[:, None, None]) / np.array(std, np.float32)[:, None, None]
-    return np.ascontiguousarray(values, np.float32)
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """transformers' convert_to_rgb: transparency composited onto white, anything else converted."""
-    if image.mode == "RGB":
-        return image
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, WHITE), rgba).convert("RGB")
-    return image.convert("RGB")
 
 
 def center_crop(pixels: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
@@ -153,21 +130,30 @@ def _per_channel(config: dict[str, Any], key: str) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class ModelImages:
     """What a model that takes images takes, from its replica's Info: the tokens one image counts for, its (C, H, W),
-    and how to preprocess one; `processing` None when the gateway cannot (`unusable` says why)."""
+    and how to preprocess one; `processing` None when the gateway cannot (`unusable` says why). A model that takes
+    images of any size inside token sequences (Qwen3-VL) has `patch_dim` and `patches` instead."""
 
     tokens: int
     shape: tuple[int, ...]
     processing: ImageProcessing | None
     unusable: str = ""
+    patch_dim: int = 0  # the values of one patch; 0: fixed-size images (tokens and shape)
+    patches: PatchProcessing | None = None  # set with patch_dim when the gateway can preprocess them
+
+    @property
+    def usable(self) -> bool:
+        return (self.patches if self.patch_dim else self.processing) is not None
 
 
-def model_images(shape: tuple[int, ...], tokens: int, processor_json: str) -> ModelImages | None:
+def model_images(shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0) -> ModelImages | None:
     """A model's images (None: it takes none), preprocessed as its preprocessor_config.json says; a config the
     gateway cannot follow, or one whose images are not the shape the model takes, leaves images unusable."""
-    if not tokens:
+    if not tokens and not patch_dim:
         return None
     if not processor_json:
-        return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json")
+        return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json", patch_dim)
+    if patch_dim:
+        return _patch_images(processor_json, patch_dim)
     try:
         processing = parse_processor_config(processor_json)
     except (ValueError, TypeError, KeyError) as error:  # json's errors are ValueErrors
@@ -176,3 +162,14 @@ def model_images(shape: tuple[int, ...], tokens: int, processor_json: str) -> Mo
         why = f"its preprocessor_config.json makes images of shape {list(processing.shape)}, not {list(shape)}"
         return ModelImages(tokens, shape, None, why)
     return ModelImages(tokens, shape, processing)
+
+
+def _patch_images(processor_json: str, patch_dim: int) -> ModelImages:
+    try:
+        patches = parse_patch_config(processor_json)
+    except (ValueError, TypeError, KeyError) as error:
+        return ModelImages(0, (), None, f"its preprocessor_config.json cannot be followed: {error}", patch_dim)
+    if patches.patch_dim != patch_dim:
+        why = f"its preprocessor_config.json makes patches of {patches.patch_dim} values, not {patch_dim}"
+        return ModelImages(0, (), None, why, patch_dim)
+    return ModelImages(0, (), None, "", patch_dim, patches)

@@ -119,6 +119,13 @@ def load_pixels(source: str, name: str, processing: ImageProcessing, limits: Ima
 def require_images(model: ServedModel) -> tuple[ModelImages, ImageProcessing]:
     if model.images is None:
         raise InvalidRequest(f"the model {model.id!r} takes no images; it embeds text", "no_image_input", "model")
+    if model.images.patch_dim:  # its images enter its decoder, in its template (patch_embed.py)
+        raise InvalidRequest(
+            f"the model {model.id!r} embeds images in its chat template: send them to /v1/embeddings (messages) "
+            "or /embeddings_image",
+            "no_image_input",
+            "model",
+        )
     if model.images.processing is None:
         raise InvalidRequest(
             f"the model {model.id!r} takes images, but the gateway cannot preprocess them: {model.images.unusable}",

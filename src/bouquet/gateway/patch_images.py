@@ -1,11 +1,11 @@
 """Qwen3-VL's image processor (transformers' Qwen2VLImageProcessor, Pillow backend) with Pillow and numpy, no
 torch: an image keeps (about) its own size, so each image is its own grid of patches and its own token count.
 
-1. RGB as image_processing.py makes it;
+1. RGB as transformers makes it (pixel_steps.py);
 2. `smart_resize`: both sides rounded to a multiple of patch x merge (the factor), then scaled (keeping the aspect
    ratio) into [min_pixels, max_pixels] (`size`'s shortest_edge and longest_edge, which count pixels), resized with
    the config's Pillow filter;
-3. rescale and normalise as image_processing.py does;
+3. rescale and normalise (pixel_steps.py);
 4. patchify: the [3, H, W] pixels cut into p x p patches, ordered merge x merge block by block (row by row), each
    patch repeated over the temporal patch (a still image is two equal frames) and flattened as (channel, frame,
    row, column): [rows * columns, 3 * temporal * p * p], with the grid (1, rows, columns) in patches.
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from bouquet.gateway.image_processing import RESAMPLE_FILTERS, rescale_normalize, to_rgb
+from bouquet.gateway.pixel_steps import RESAMPLE_FILTERS, rescale_normalize, to_rgb
 
 MAX_ASPECT_RATIO = 200  # transformers' smart_resize refuses a longer side over 200 times the shorter
 

@@ -2,14 +2,15 @@
 preprocessing gateway/images.py):
 - vLLM's chat form of `/v1/embeddings`: `messages`, each a `role` and a `content` that is a text or a list of
   parts, `{"type": "text", "text"}` or `{"type": "image_url", "image_url": {"url"}}`; one text or one image a
-  request, as a CLIP or SigLIP model embeds each alone;
+  request, as a CLIP or SigLIP model embeds each alone; for a model whose images enter its decoder (Qwen3-VL),
+  one conversation: texts and images together, a system message its instruction (gateway/patch_embed.py);
 - Infinity's `/embeddings_image` (`input`: an image or a list of images), and its `/embeddings` with
   `"modality": "image"`.
 An image is a data URI (`data:image/png;base64,...`) or base64; a URL is refused (nothing is fetched)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from msgspec import Meta
@@ -31,6 +32,12 @@ from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.images import ImageEmbedJob
 from bouquet.gateway.jobs import EmbedJob
+from bouquet.gateway.patch_embed import Conversation, ConversationJob, ImageInput, embed_conversations, embed_image_job
+from bouquet.gateway.service import embedding_model
+
+if TYPE_CHECKING:
+    from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.service import Service
 
 Image = Annotated[
     str, Meta(min_length=1, description="a data URI (data:image/png;base64,...) or base64 of an image file; no URL")
@@ -83,19 +90,31 @@ CHAT_EMBEDDINGS = BodyDecoder(ChatEmbeddingsRequest)
 IMAGE_EMBEDDINGS = BodyDecoder(ImageEmbeddingsRequest)
 
 
-def chat_job(body: ChatEmbeddingsRequest) -> EmbedJob | ImageEmbedJob:
-    """The one text or image of vLLM's `messages`, with the name a refusal gives it."""
-    texts: list[str] = []
-    images: list[tuple[str, str]] = []  # (image, its field's path)
+def chat_job(body: ChatEmbeddingsRequest) -> ConversationJob:
+    """vLLM's `messages` as one conversation: system messages' texts its instruction, the other messages' parts (texts
+    and images, each named by its field's path) in order."""
+    instruction: list[str] = []
+    parts: list[str | ImageInput] = []
     for m, message in enumerate(body.messages):
-        if isinstance(message.content, str):
-            texts.append(message.content)
-            continue
-        for p, part in enumerate(message.content):
-            if isinstance(part, TextPart):
-                texts.append(part.text)
+        contents = [message.content] if isinstance(message.content, str) else message.content
+        for p, part in enumerate(contents):
+            if isinstance(part, ImagePart):
+                parts.append(ImageInput(part.image_url.url, f"messages[{m}].content[{p}].image_url.url"))
             else:
-                images.append((part.image_url.url, f"messages[{m}].content[{p}].image_url.url"))
+                text = part if isinstance(part, str) else part.text
+                (instruction if message.role == "system" else parts).append(text)
+    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
+    conversation = Conversation(parts, "messages", "\n".join(instruction) if instruction else None)
+    return ConversationJob(body.model, conversation, options, formats)
+
+
+def single_input_job(job: ConversationJob) -> EmbedJob | ImageEmbedJob:
+    """The one text or image of a conversation, for a model that embeds each alone (CLIP, SigLIP, text models)."""
+    conversation = job.conversation
+    texts = [part for part in conversation.parts if isinstance(part, str)]
+    texts = [conversation.instruction, *texts] if conversation.instruction is not None else texts
+    images = conversation.images
     if len(texts) + len(images) != 1:
         raise InvalidRequest(
             f"'messages' holds {len(texts)} texts and {len(images)} images; a request embeds one text or one image "
@@ -103,12 +122,22 @@ def chat_job(body: ChatEmbeddingsRequest) -> EmbedJob | ImageEmbedJob:
             "invalid_value",
             "messages",
         )
-    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
-    options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
     if images:
-        (image, name), = images  # fmt: skip
-        return ImageEmbedJob(body.model, [image], [name], options, formats)
-    return EmbedJob(body.model, texts, None, options, response_format=formats)
+        return ImageEmbedJob(job.model, [images[0].source], [images[0].name], job.options, job.response_format)
+    return EmbedJob(job.model, texts, None, job.options, response_format=job.response_format)
+
+
+async def embed_chat(service: Service, job: ConversationJob) -> tuple[ServedModel, Any, int]:
+    """A conversation's row: one sequence of texts and images for a model whose images enter its decoder, else its
+    one text or image."""
+    model = embedding_model(service, job.model)
+    if model.images is not None and model.images.patch_dim:
+        rows, tokens = await embed_conversations(service, model, [job.conversation], job.options)
+        return model, rows, tokens
+    single = single_input_job(job)
+    if isinstance(single, ImageEmbedJob):
+        return await embed_image_job(service, single)
+    return await service.embed(single)
 
 
 def image_job(body: ImageEmbeddingsRequest) -> ImageEmbedJob:

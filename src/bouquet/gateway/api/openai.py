@@ -34,13 +34,21 @@ from bouquet.gateway.api.fields import (
     strict,
     text_positions,
 )
-from bouquet.gateway.api.multimodal import CHAT_EMBEDDINGS, IMAGE_EMBEDDINGS, chat_job, image_job, images_job
+from bouquet.gateway.api.multimodal import (
+    CHAT_EMBEDDINGS,
+    IMAGE_EMBEDDINGS,
+    chat_job,
+    embed_chat,
+    image_job,
+    images_job,
+)
 from bouquet.gateway.errors import ApiError, InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody, present
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
-from bouquet.gateway.images import ImageEmbedJob, embed_images
+from bouquet.gateway.images import ImageEmbedJob
 from bouquet.gateway.jobs import EmbedJob
+from bouquet.gateway.patch_embed import ConversationJob, embed_image_job
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 
@@ -113,8 +121,11 @@ async def _embeddings_image(service: Service, request: Request) -> Response:
     return await _answer(service, request, image_job(await read_request(service, request, IMAGE_EMBEDDINGS)))
 
 
-async def _answer(service: Service, request: Request, job: EmbedJob | ImageEmbedJob) -> Response:
-    work = embed_images(service, job) if isinstance(job, ImageEmbedJob) else service.embed(job)
+async def _answer(service: Service, request: Request, job: EmbedJob | ImageEmbedJob | ConversationJob) -> Response:
+    if isinstance(job, ConversationJob):
+        work = embed_chat(service, job)
+    else:
+        work = embed_image_job(service, job) if isinstance(job, ImageEmbedJob) else service.embed(job)
     model, rows, tokens = await unless_disconnected(request, work)
     return json_response(openai_response(rows, job.model or model.id, tokens, job.response_format))
 

@@ -206,8 +206,8 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
     local = spec.tokenizer_file.parent / "preprocessor_config.json" if spec is not None else None
     if not processor_json and local is not None and local.is_file():
         processor_json = local.read_text()
-    images = model_images(tuple(info.image_shape), info.image_tokens, processor_json)
-    if images is not None and images.processing is None:
+    images = model_images(tuple(info.image_shape), info.image_tokens, processor_json, info.image_patch_dim)
+    if images is not None and not images.usable:
         logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)
     return images
 

@@ -1,0 +1,192 @@
+"""Inputs of a model whose images enter its decoder (Qwen3-VL-Embedding; Info's image_patch_dim): each input is one
+conversation, an instruction and the user's parts (texts and images, in order), formatted as the model's chat
+template formats it with the generation prompt added, as Qwen3-VL-Embedding's own embedder does:
+
+    <|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n{parts}<|im_end|>\\n<|im_start|>assistant\\n
+
+an image's part being <|vision_start|>, one <|image_pad|> per 2 x 2 block of its patches, <|vision_end|>. The
+instruction is the request's system message, else the model's default ("Represent the user's input."), with a full
+stop added when it ends in no punctuation (the embedder's rule). Texts and images so formatted share one space;
+the row is the last token's state (models/qwen3_vl.py). Images are decoded and preprocessed on the executor
+(images.py's bounds, patch_images.py's steps), then the prompts are tokenized and sent with the images' patches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bouquet.batch import Batch, RowOptions
+from bouquet.encodings import FORMATS, ResponseFormat
+from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.images import (
+    MAX_REQUEST_PIXEL_BYTES,
+    ImageEmbedJob,
+    ImageLimits,
+    embed_images,
+    image_file,
+    open_image,
+)
+from bouquet.gateway.jobs import AS_THE_MODEL
+from bouquet.gateway.service import complete_options, embedding_model
+
+if TYPE_CHECKING:
+    from bouquet.gateway.patch_images import PatchProcessing
+    from bouquet.gateway.replicas.catalog import ServedModel
+    from bouquet.gateway.service import Service
+
+DEFAULT_INSTRUCTION = "Represent the user's input."
+IMAGE_PAD, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
+TEMPLATE_TOKENS = 16  # the template's own tokens, at most: a bound for admission before tokenizing
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    source: str  # a data URI or base64 of an image file
+    name: str  # the field a refusal names (`messages[0].content[1].image_url.url`)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One input: the user's parts in order, texts and images, and the instruction (None: the model's default)."""
+
+    parts: list[str | ImageInput]
+    name: str  # the field a refusal of the whole input names
+    instruction: str | None = None
+
+    @property
+    def images(self) -> list[ImageInput]:
+        return [part for part in self.parts if isinstance(part, ImageInput)]
+
+
+@dataclass(frozen=True)
+class ConversationJob:
+    """vLLM's chat form of /v1/embeddings as one conversation; a model that takes no patch images answers it as a
+    text or an image job (api/multimodal.py)."""
+
+    model: str | None
+    conversation: Conversation
+    options: RowOptions = AS_THE_MODEL
+    response_format: ResponseFormat = FORMATS["float"]
+
+
+def prompt(conversation: Conversation, image_tokens: list[int]) -> str:
+    """The conversation as the chat template writes it, each image as its placeholder tokens."""
+    counts = iter(image_tokens)
+    content = "".join(
+        part if isinstance(part, str) else VISION_START + IMAGE_PAD * next(counts) + VISION_END
+        for part in conversation.parts
+    )
+    return (
+        f"<|im_start|>system\n{_instruction(conversation.instruction)}<|im_end|>\n"
+        f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def _instruction(text: str | None) -> str:
+    text = (text or "").strip() or DEFAULT_INSTRUCTION
+    return text if unicodedata.category(text[-1]).startswith("P") else text + "."
+
+
+async def embed_image_job(service: Service, job: ImageEmbedJob) -> tuple[ServedModel, Any, int]:
+    """Images to embed each alone: in the model's template with its default instruction for a model whose images
+    enter its decoder, else as images.py embeds them."""
+    model = embedding_model(service, job.model)
+    if model.images is None or not model.images.patch_dim:
+        return await embed_images(service, job)
+    inputs = zip(job.images, job.names, strict=True)
+    conversations = [Conversation([ImageInput(source, name)], name) for source, name in inputs]
+    rows, tokens = await embed_conversations(service, model, conversations, job.options)
+    return model, rows, tokens
+
+
+def require_patches(model: ServedModel) -> PatchProcessing:
+    assert model.images is not None and model.images.patch_dim, "asked of a model of patch images only"
+    if model.images.patches is None:
+        raise InvalidRequest(
+            f"the model {model.id!r} takes images, but the gateway cannot preprocess them: {model.images.unusable}",
+            "no_image_input",
+            "model",
+        )
+    return model.images.patches
+
+
+def load_patches(
+    part: ImageInput, processing: PatchProcessing, limits: ImageLimits
+) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """One image's patches and grid, on the executor."""
+    image = open_image(image_file(part.source, part.name, limits.max_bytes), part.name, limits)
+    try:
+        return processing(image)
+    except ValueError as error:  # smart_resize's refusal of an extreme aspect ratio
+        raise InvalidRequest(f"{part.name}: {error}", "invalid_image", part.name) from None
+
+
+async def embed_conversations(
+    service: Service, model: ServedModel, conversations: list[Conversation], options: RowOptions
+) -> tuple[Any, int]:
+    """Rows [N, elements] of the conversations in the options' encoding, and the tokens they took."""
+    processing = require_patches(model)
+    images = [part for conversation in conversations for part in conversation.images]
+    service.check_inputs(len(conversations))
+    _check_patch_bytes(len(images), processing)
+    options = complete_options(options, model)
+    limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels)
+    tokenizer = model.require_tokenizer()
+    loop = asyncio.get_running_loop()
+
+    async def batch() -> Batch:
+        loaded = await asyncio.gather(
+            *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in images)
+        )
+        counts = iter(math.prod(grid) // processing.merge_size**2 for _, grid in loaded)
+        prompts = [prompt(c, [next(counts) for _ in c.images]) for c in conversations]
+        *sequences, pad = await tokenizer.encode_text_only([*prompts, IMAGE_PAD])
+        _check_sequences(sequences, conversations, pad, model.max_seq_length)
+        packed = Batch.pack(sequences, options)
+        if not images:
+            return packed
+        patches = np.concatenate([patches for patches, _ in loaded])
+        grids = np.array([grid for _, grid in loaded], np.int32)
+        return packed.with_patch_images(patches, grids, [len(c.images) for c in conversations])
+
+    estimate = sum(_token_bound(c, processing) for c in conversations)
+    service.check_tokens(estimate)
+    return await service.compute(model, estimate, batch)
+
+
+def _check_sequences(sequences: list[list[int]], conversations: list[Conversation], pad: list[int], limit: int) -> None:
+    """Every prompt within the model's limit (an image's tokens are never cut), the placeholder one token."""
+    if len(pad) != 1:
+        raise InvalidRequest(f"the model's tokenizer has no {IMAGE_PAD} token: it cannot take images", "no_image_input")
+    for sequence, conversation in zip(sequences, conversations, strict=True):
+        if len(sequence) > limit:
+            raise InvalidRequest(
+                f"{conversation.name} makes {len(sequence)} tokens with its images, over the model's limit of {limit}",
+                "context_length_exceeded",
+                conversation.name,
+            )
+
+
+def _token_bound(conversation: Conversation, processing: PatchProcessing) -> int:
+    """At most the tokens the conversation makes: a text's bytes, an image's at the largest size."""
+    per_image = processing.max_pixels // (processing.patch_size * processing.merge_size) ** 2 + 2
+    texts = sum(len(part.encode()) for part in conversation.parts if isinstance(part, str))
+    return (
+        TEMPLATE_TOKENS
+        + len((conversation.instruction or DEFAULT_INSTRUCTION).encode())
+        + texts
+        + per_image * len(conversation.images)
+    )
+
+
+def _check_patch_bytes(count: int, processing: PatchProcessing) -> None:
+    per_image = 4 * processing.patch_dim * (processing.max_pixels // processing.patch_size**2)
+    limit = max(1, MAX_REQUEST_PIXEL_BYTES // per_image)
+    if count > limit:
+        raise TooLarge(f"{count} images, over the limit of {limit} a request for this model", "too_many_inputs")
