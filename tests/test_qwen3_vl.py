@@ -144,3 +144,53 @@ def test_images_that_do_not_fill_their_tokens_are_refused(qwen3_vl) -> None:
             engine.embed(Batch.pack_images(np.zeros((1, 3, 32, 32), np.float32), 17))
     finally:
         engine.close()
+
+
+def test_a_config_in_transformers_4_layout_loads_the_same(tmp_path, qwen3_vl) -> None:
+    """Checkpoints saved before transformers 5 (Qwen3-VL-Embedding's own) keep the text rope under `rope_scaling`
+    and its base as `rope_theta`, and the vision tower's without rope entry."""
+    import json
+    import shutil
+
+    path, _ = qwen3_vl
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    config = json.loads((old / "config.json").read_text())
+    text = config["text_config"]
+    rope = text.pop("rope_parameters")
+    text["rope_theta"] = rope.pop("rope_theta")
+    text["rope_scaling"] = rope
+    config["vision_config"].pop("rope_parameters", None)
+    (old / "config.json").write_text(json.dumps(config))
+    batch = _batch(*_mixed_sequences(seed=4))
+    rows = []
+    for directory in (path, old):
+        engine = _engine(directory, "float32")
+        try:
+            rows.append(engine.embed(batch))
+        finally:
+            engine.close()
+    np.testing.assert_array_equal(rows[0], rows[1])
+
+
+def test_a_bare_qwen3vlmodel_checkpoint_loads_the_same(tmp_path, qwen3_vl, minilm_path: Path) -> None:
+    """Qwen3VLModel saved alone (no `model.` prefix, no LM head) gives the rows its ForConditionalGeneration does."""
+    import shutil
+
+    from qwen3_vl_models import TOKENIZER_FILES, image_processor
+
+    path, model = qwen3_vl
+    bare = tmp_path / "bare"
+    model.model.save_pretrained(bare)
+    image_processor().save_pretrained(bare)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm_path / name, bare / name)
+    batch = _batch(*_mixed_sequences(seed=5))
+    rows = []
+    for directory in (path, bare):
+        engine = _engine(directory, "float32")
+        try:
+            rows.append(engine.embed(batch))
+        finally:
+            engine.close()
+    np.testing.assert_array_equal(rows[0], rows[1])

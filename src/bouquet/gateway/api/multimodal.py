@@ -63,7 +63,9 @@ class Message(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ChatEmbeddingsRequest(RequestBody):
-    """vLLM's chat form of `/v1/embeddings` (a body with `messages`): one text or one image to embed."""
+    """vLLM's chat form of `/v1/embeddings` (a body with `messages`): one text or one image to embed, or for a model
+    whose images enter its decoder (Qwen3-VL-Embedding) one input of texts and images, a system message its
+    instruction."""
 
     messages: Annotated[list[Message], Meta(min_length=1)]
     model: Model = None
