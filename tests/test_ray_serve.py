@@ -6,9 +6,11 @@ flight costs none of them: each gets its 200 and its vectors, and Ray Serve's re
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,12 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 from conftest import row_cosines
 from corpus import NON_ASCII_TEXTS, documents, queries
 from in_process import api
+from test_replica_tls import make_certificates
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ray[serve]' (the test extras pin it)")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ray[serve]'")
@@ -30,6 +34,7 @@ openai = pytest.importorskip("openai")
 
 import bouquet  # noqa: E402
 from bouquet.gateway.testing import free_port  # noqa: E402
+from bouquet.proto import embedding_pb2, embedding_pb2_grpc  # noqa: E402
 from bouquet.ray_serve import app  # noqa: E402
 from bouquet.ray_serve import registry as registry_module  # noqa: E402
 from bouquet.ray_serve.autoscaling import DemandPolicy  # noqa: E402
@@ -294,6 +299,11 @@ def test_arguments_as_serve_run_gives_them() -> None:
         app_config({"max_batch_seqs": "many"}, "token")
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         app_config({"min_replicas": "3", "max_replicas": "2"}, "token")
+    with pytest.raises(ValueError, match="needs both ends"):  # a replica over TLS that no gateway could reach
+        app_config({"tls_cert": "r.pem", "tls_key": "r.key"}, "token")
+    tls = app_config({"tls_cert": "r.pem", "tls_key": "r.key", "replica_tls_ca": "ca.pem",
+                      "replica_tls_server_name": "replica.bouquet.test"}, "token")  # fmt: skip
+    assert tls.replica.tls_cert == Path("r.pem") and tls.gateway.replica_tls_server_name == "replica.bouquet.test"
 
 
 def test_the_gateways_actor_imports_no_torch_and_bouquet_no_ray() -> None:
@@ -387,3 +397,103 @@ def _wait_until(condition: Callable[[], bool], seconds: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds} s")
         time.sleep(0.5)
+
+
+@pytest.mark.long
+@pytest.mark.process
+def test_a_gateway_killed_mid_load_costs_a_retry(cluster: str, texts: list[str], reference: dict[str, Any]) -> None:
+    """Two gateways (ingress replicas), four clients, one gateway actor killed (as the OOM killer would). Ray
+    Serve's proxy does not retry a request a replica had begun (it cannot know it is idempotent): the requests in
+    flight on the killed one are answered 500, or their connection closes. Every embedding request is idempotent, so
+    a client that retries a 5xx once, as the openai and cohere SDKs do by default, loses none: each is answered 200
+    with the reference's vectors, and requests sent after the kill need no retry (the proxy routes only to the
+    gateway left, then also to the one Ray Serve starts in its place). docs/scaling.md says what a client must retry."""
+    with contextlib.suppress(Exception):
+        serve.delete("scaling")  # the autoscaling test's replicas hold the CPUs
+    with contextlib.suppress(Exception):
+        serve.delete(APP)
+    serve.run(app({**ARGS, "gateways": "2", "min_replicas": "1", "max_replicas": "1"}), name="gateways",
+              route_prefix="/")  # fmt: skip
+    expected = _rows(reference["embeddings"])
+    load = _RetryingLoad(cluster, texts, expected, clients=4).start()
+    try:
+        time.sleep(3.0)
+        (victim, *_) = [n for n in _actor_names() if n.startswith("SERVE_REPLICA::gateways#BouquetGateway#")]
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        time.sleep(3.0)
+        retried_by_then = load.retried
+        time.sleep(3.0)
+    finally:
+        load.stop()
+    print(f"{load.answered} answered, {load.retried} retried once ({load.seen}), {len(load.failures)} failed")
+    assert not load.failures, load.failures[:3]
+    assert load.answered >= 20
+    assert load.retried == retried_by_then  # the last 3 s needed no retry: the proxy no longer routes to the dead one
+    assert set(load.seen) <= {"500", "502", "503", "closed"}, load.seen
+
+
+class _RetryingLoad(_Load):
+    """`_Load`'s clients over plain HTTP, each request retried once after a 5xx or a closed connection (counted in
+    `retried`, what the first answer was in `seen`)."""
+
+    def __init__(self, url: str, texts: list[str], expected: np.ndarray, clients: int, size: int = 8):
+        super().__init__(url, texts, expected, clients, size)
+        self._url = url
+        self.retried = 0
+        self.seen: collections.Counter[str] = collections.Counter()
+
+    def _run(self, client: int) -> None:
+        start = client * self._size
+        with httpx.Client(base_url=self._url, timeout=60) as http:
+            while not self._stop.is_set():
+                picked = [(start + i) % len(self._texts) for i in range(self._size)]
+                start += 5
+                body = {"model": MODEL, "input": [self._texts[i] for i in picked]}
+                try:
+                    reply = self._post(http, body)
+                except Exception as error:  # the retry failed too
+                    self.failures.append(repr(error))
+                    continue
+                if reply.status_code != 200:
+                    self.failures.append(f"{reply.status_code} {reply.text[:200]}")
+                    continue
+                if row_cosines(_rows(reply.json()), self._expected[picked]).min() < 0.99999:
+                    self.failures.append(f"wrong vectors for texts {picked}")
+                self.answered += 1
+
+    def _post(self, http: httpx.Client, body: dict[str, Any]) -> httpx.Response:
+        try:
+            reply = http.post("/v1/embeddings", json=body)
+            if reply.status_code < 500:
+                return reply
+            self.seen[str(reply.status_code)] += 1
+        except httpx.TransportError:
+            self.seen["closed"] += 1
+        self.retried += 1
+        return http.post("/v1/embeddings", json=body)
+
+
+@pytest.mark.long
+@pytest.mark.process
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_tls_between_gateway_and_replicas(
+    cluster: str, texts: list[str], reference: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The replicas serve gRPC over TLS with a certificate for a name (made by openssl with a CA of the test's), the
+    gateway trusts the CA and checks that name (the replicas listen on their nodes' addresses): the application
+    answers as without TLS, and the replica's port refuses a plaintext call."""
+    c = make_certificates(tmp_path_factory.mktemp("ray-tls"))
+    for name in ("scaling", "gateways", APP):
+        with contextlib.suppress(Exception):
+            serve.delete(name)  # the CPUs for this one
+    tls = {"tls_cert": str(c / "named.pem"), "tls_key": str(c / "named.key"), "replica_tls_ca": str(c / "ca.pem"),
+           "replica_tls_server_name": "replica.bouquet.test"}  # fmt: skip
+    serve.run(app({**ARGS, **tls, "min_replicas": "1", "max_replicas": "1"}), name="tls", route_prefix="/")
+    client = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+    rows = np.array([item.embedding for item in client.embeddings.create(model=MODEL, input=texts).data], np.float32)
+    assert row_cosines(rows, _rows(reference["embeddings"])).min() >= 0.99999
+    (address,) = _registered("tls")
+    plain = embedding_pb2_grpc.EmbeddingStub(grpc.insecure_channel(address))
+    with pytest.raises(grpc.RpcError) as refused:
+        plain.Info(embedding_pb2.InfoRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # no TLS handshake, no answer

@@ -37,7 +37,11 @@ def _signed(directory: Path, name: str, extensions: str) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("tls")
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+def make_certificates(directory: Path) -> Path:
+    """A CA, and certificates it signed: a replica's for 127.0.0.1, a gateway's client one, one for a name."""
     ca_key, ca = directory / "ca.key", directory / "ca.pem"
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", ca_key, "-out", ca, "-days", "1", "-subj", "/CN=test-ca")  # fmt: skip

@@ -26,12 +26,12 @@ from bouquet.config import (
 from bouquet.flags import build
 
 # What the application sets itself: where replicas listen and how the gateway finds them (the registry), the token
-# between them, and the time to drain (`drain_seconds` below, for both).
-_REPLICA_SETS = {"listen", "metrics_port", "drain_seconds", "token", "insecure", "tls_cert", "tls_key", "tls_client_ca"}
+# between them, and the time to drain (`drain_seconds` below, for both). TLS between them is the user's (the
+# replicas' tls_cert, tls_key, tls_client_ca; the gateways' replica_tls_*), files at the same path on every node.
+_REPLICA_SETS = {"listen", "metrics_port", "drain_seconds", "token", "insecure"}
 _GATEWAY_SETS = {
-    "replicas", "replicas_dns", "dns_interval", "replica_tls_ca", "replica_tls_cert", "replica_tls_key",
-    "replica_tls_server_name", "model_dirs", "host", "port", "workers", "drain_seconds", "api_key", "replica_token",
-    "replicas_followed",
+    "replicas", "replicas_dns", "dns_interval", "model_dirs", "host", "port", "workers", "drain_seconds", "api_key",
+    "replica_token", "replicas_followed",
     # Ray Serve's proxy holds the HTTP connections (its port, timeouts and limits), not bouquet's server.
     "max_connections", "max_header_bytes", "header_timeout", "body_timeout", "body_min_rate", "idle_timeout",
 }  # fmt: skip
@@ -94,10 +94,17 @@ def app_config(args: Mapping[str, Any], token: str) -> AppConfig:
         **parts["gateway"], "replicas": (), "replicas_followed": True, "model_dirs": (model,), "replica_token": token,
         "api_key": os.environ.get("BOUQUET_API_KEY") or None,
     }  # fmt: skip
-    return AppConfig(
+    config = AppConfig(
         engine={**parts["engine"], "model_path": str(model)}, scheduler=parts["scheduler"],
         replica=build(ReplicaConfig, replica), gateway=build(GatewayConfig, gateway), serve=serve,
     )  # fmt: skip
+    if (config.replica.tls_cert is None) != (config.gateway.replica_tls_ca is None):
+        raise ValueError(
+            "TLS between gateways and replicas needs both ends: tls_cert and tls_key for the replicas, replica_tls_ca "
+            "for the gateways (with replica_tls_server_name, the name in the replicas' certificate: they listen on "
+            "their nodes' addresses, which a certificate made beforehand rarely lists)"
+        )
+    return config
 
 
 _CONFIGS: dict[str, type] = {

@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle
 
 from bouquet.config import ReplicaConfig, SchedulerConfig, create_engine_config
 from bouquet.ray_serve.registry import CALL_SECONDS, RENEW_SECONDS
+from bouquet.tls import server_credentials
 
 if TYPE_CHECKING:
     from bouquet.engine.engine import Engine
@@ -46,7 +47,10 @@ class BouquetReplica:
         self._drain_seconds = config.drain_seconds
         host = ray.util.get_node_ip_address()
         # The node's address, which the other nodes reach it by (not every interface); a free port.
-        self._server = ReplicaServer(_address(host, 0), token=config.token)
+        credentials = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+        self._server = ReplicaServer(_address(host, 0), token=config.token, credentials=credentials)
         self.address = _address(host, self._server.port)
         self._engine: Engine | None = None
         await self._server.start()
