@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +20,11 @@ import pytest
 from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
-from qwen3_vl_models import images, processor_rows, save_qwen3_vl_with_tokenizer
+from qwen3_vl_models import CHAT_TEMPLATE, images, processor_rows, save_qwen3_vl_with_tokenizer
 
 BOUND = 0.99999
 DEFAULT = "Represent the user's input."
+MODEL = "tiny-qwen3-vl"
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +34,30 @@ def qwen3_vl(tmp_path_factory) -> tuple[Path, object, object]:
     return path, model, tokenizer
 
 
+# The same model with another chat template: a thinking block after the generation prompt (as Qwen3's templates
+# write with thinking off), and a refusal of its own.
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}",
+).replace(
+    "{% elif part['type'] == 'text' %}",
+    "{% elif part['type'] == 'text' %}{% if part['text'] == 'forbidden.' %}"
+    "{{ raise_exception('System message cannot be forbidden.') }}{% endif %}",
+)
+
+
 @pytest.fixture(scope="module")
-def client(qwen3_vl) -> Iterator[httpx.Client]:
+def thinking(qwen3_vl) -> Path:
+    path = qwen3_vl[0].parent / "tiny-qwen3-vl-thinking"
+    shutil.copytree(qwen3_vl[0], path)
+    (path / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def client(qwen3_vl, thinking: Path) -> Iterator[httpx.Client]:
     with (
-        engines(qwen3_vl[0]) as built,
+        engines(qwen3_vl[0], thinking) as built,
         served(built, listen=True) as running,
         httpx.Client(base_url=running.url, timeout=120) as http,
     ):
@@ -84,7 +106,9 @@ def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> Non
          _reference_conversation(DEFAULT, "A photo of a cat on a red sofa.")),
         ([{"role": "user", "content": _wire(page, "and", cat)}], _reference_conversation(DEFAULT, page, "and", cat)),
     ]  # fmt: skip
-    rows = np.concatenate([_rows(client.post("/v1/embeddings", json={"messages": m})) for m, _ in cases])
+    rows = np.concatenate(
+        [_rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": m})) for m, _ in cases]
+    )
     expected = processor_rows(model, tokenizer, [reference for _, reference in cases])
     cosines = row_cosines(rows, expected)
     assert cosines.min() >= BOUND, cosines
@@ -96,7 +120,7 @@ def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> Non
 def test_infinity_image_route_embeds_each_image_alone(client: httpx.Client, qwen3_vl) -> None:
     _, model, tokenizer = qwen3_vl
     pictures = images([(64, 48), (17, 90), (300, 211)], seed=9)
-    response = client.post("/embeddings_image", json={"input": [_uri(p) for p in pictures]})
+    response = client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(p) for p in pictures]})
     expected = processor_rows(model, tokenizer, [_reference_conversation(DEFAULT, p) for p in pictures])
     cosines = row_cosines(_rows(response), expected)
     assert cosines.min() >= BOUND, cosines
@@ -105,11 +129,34 @@ def test_infinity_image_route_embeds_each_image_alone(client: httpx.Client, qwen
 
 def test_dimensions_and_base64_apply(client: httpx.Client) -> None:
     picture = _uri(images([(40, 24)])[0])
-    full = _rows(client.post("/embeddings_image", json={"input": [picture]}))
-    cut = client.post("/embeddings_image", json={"input": [picture], "dimensions": 16, "encoding_format": "base64"})
+    full = _rows(client.post("/embeddings_image", json={"model": MODEL, "input": [picture]}))
+    cut = client.post(
+        "/embeddings_image", json={"model": MODEL, "input": [picture], "dimensions": 16, "encoding_format": "base64"}
+    )
     assert cut.status_code == 200, cut.text
     values = np.frombuffer(base64.b64decode(cut.json()["data"][0]["embedding"]), "<f4")
     np.testing.assert_allclose(values, full[0, :16] / np.linalg.norm(full[0, :16]), rtol=1e-4, atol=1e-6)
+
+
+def test_the_models_own_chat_template_formats_the_inputs(client: httpx.Client, qwen3_vl) -> None:
+    """A directory's chat_template.jinja is the one followed (transformers' rendering), not a format of the
+    gateway's; a template's own refusal is a 400 naming the input."""
+    _, model, tokenizer = qwen3_vl
+    cat = images([(64, 48)], seed=6)[0]
+    body = {"model": "tiny-qwen3-vl-thinking", "messages": [{"role": "user", "content": _wire(cat, "a cat")}]}
+    rows = _rows(client.post("/v1/embeddings", json=body))
+    tokenizer.chat_template = THINKING_TEMPLATE
+    try:
+        expected = processor_rows(model, tokenizer, [_reference_conversation(DEFAULT, cat, "a cat")])
+    finally:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    assert row_cosines(rows, expected).min() >= BOUND
+    plain = _rows(client.post("/v1/embeddings", json={**body, "model": MODEL}))
+    assert row_cosines(rows, plain).max() < 0.999  # the thinking block moved the last token's state
+    refused = {"model": "tiny-qwen3-vl-thinking", "messages": [{"role": "system", "content": "forbidden"}]}
+    response = client.post("/v1/embeddings", json=refused)
+    assert response.status_code == 400, response.text
+    assert "System message cannot be forbidden" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -125,17 +172,22 @@ def test_dimensions_and_base64_apply(client: httpx.Client) -> None:
     ],
 )  # fmt: skip
 def test_bad_inputs_are_400_naming_the_field(client: httpx.Client, content: list, code: str, field: str) -> None:
-    response = client.post("/v1/embeddings", json={"messages": [{"role": "user", "content": content}]})
+    response = client.post("/v1/embeddings", json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["code"], error["param"]) == (code, field), error
-    assert client.post("/v1/embeddings", json={"messages": [{"role": "user", "content": "ok"}]}).status_code == 200
+    assert (
+        client.post(
+            "/v1/embeddings", json={"model": MODEL, "messages": [{"role": "user", "content": "ok"}]}
+        ).status_code
+        == 200
+    )
 
 
 def test_zero_shot_scores_are_refused_saying_where_images_go(client: httpx.Client) -> None:
     """/score's texts take no template: a text against an image would compare rows of two formats."""
     image = {"type": "image_url", "image_url": {"url": _uri(images([(40, 24)])[0])}}
-    body = {"text_1": "a cat", "text_2": {"content": [image]}}
+    body = {"model": MODEL, "text_1": "a cat", "text_2": {"content": [image]}}
     response = client.post("/score", json=body)
     assert response.status_code == 400, response.text
     assert "embeds images in its chat template" in response.text

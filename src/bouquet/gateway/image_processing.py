@@ -15,9 +15,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 import numpy as np
 from PIL import Image
 
+from bouquet.chat_templates import ChatTemplate
 from bouquet.gateway.patch_images import PatchProcessing, parse_patch_config
 from bouquet.gateway.pixel_steps import RESAMPLE_FILTERS, rescale_normalize, to_rgb
 
@@ -139,13 +141,16 @@ class ModelImages:
     unusable: str = ""
     patch_dim: int = 0  # the values of one patch; 0: fixed-size images (tokens and shape)
     patches: PatchProcessing | None = None  # set with patch_dim when the gateway can preprocess them
+    chat_template: ChatTemplate | None = None  # a conversation model's own; None: patch_embed.py's format
 
     @property
     def usable(self) -> bool:
         return (self.patches if self.patch_dim else self.processing) is not None
 
 
-def model_images(shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0) -> ModelImages | None:
+def model_images(
+    shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0, chat_template: str = ""
+) -> ModelImages | None:
     """A model's images (None: it takes none), preprocessed as its preprocessor_config.json says; a config the
     gateway cannot follow, or one whose images are not the shape the model takes, leaves images unusable."""
     if not tokens and not patch_dim:
@@ -153,7 +158,7 @@ def model_images(shape: tuple[int, ...], tokens: int, processor_json: str, patch
     if not processor_json:
         return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json", patch_dim)
     if patch_dim:
-        return _patch_images(processor_json, patch_dim)
+        return _patch_images(processor_json, patch_dim, chat_template)
     try:
         processing = parse_processor_config(processor_json)
     except (ValueError, TypeError, KeyError) as error:  # json's errors are ValueErrors
@@ -164,12 +169,13 @@ def model_images(shape: tuple[int, ...], tokens: int, processor_json: str, patch
     return ModelImages(tokens, shape, processing)
 
 
-def _patch_images(processor_json: str, patch_dim: int) -> ModelImages:
+def _patch_images(processor_json: str, patch_dim: int, chat_template: str) -> ModelImages:
     try:
         patches = parse_patch_config(processor_json)
-    except (ValueError, TypeError, KeyError) as error:
+        template = ChatTemplate(chat_template) if chat_template else None
+    except (ValueError, TypeError, KeyError, jinja2.TemplateError) as error:
         return ModelImages(0, (), None, f"its preprocessor_config.json cannot be followed: {error}", patch_dim)
     if patches.patch_dim != patch_dim:
         why = f"its preprocessor_config.json makes patches of {patches.patch_dim} values, not {patch_dim}"
         return ModelImages(0, (), None, why, patch_dim)
-    return ModelImages(0, (), None, "", patch_dim, patches)
+    return ModelImages(0, (), None, "", patch_dim, patches, template)

@@ -1,11 +1,13 @@
 """Inputs of a model whose images enter its decoder (Qwen3-VL-Embedding; Info's image_patch_dim): each input is one
-conversation, an instruction and the user's parts (texts and images, in order), formatted as the model's chat
-template formats it with the generation prompt added, as Qwen3-VL-Embedding's own embedder does:
+conversation, an instruction (a system message) and the user's parts (texts and images, in order), formatted by the
+model's own chat template with the generation prompt added, as Qwen3-VL-Embedding's own embedder does; each image's
+placeholder then repeated once per 2 x 2 block of its patches, as Qwen3VLProcessor does. A directory without a
+template gets Qwen3-VL's output for these two messages:
 
     <|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n{parts}<|im_end|>\\n<|im_start|>assistant\\n
 
-an image's part being <|vision_start|>, one <|image_pad|> per 2 x 2 block of its patches, <|vision_end|>. The
-instruction is the request's system message, else the model's default ("Represent the user's input."), with a full
+an image's part being <|vision_start|><|image_pad|><|vision_end|>. The instruction is the request's system
+message, else the model's default ("Represent the user's input."), with a full
 stop added when it ends in no punctuation (the embedder's rule). Texts and images so formatted share one space;
 the row is the last token's state (models/qwen3_vl.py). Images are decoded and preprocessed on the executor
 (images.py's bounds, patch_images.py's steps), then the prompts are tokenized and sent with the images' patches.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bouquet.batch import Batch, RowOptions
+from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.images import (
@@ -75,8 +78,32 @@ class ConversationJob:
     response_format: ResponseFormat = FORMATS["float"]
 
 
-def prompt(conversation: Conversation, image_tokens: list[int]) -> str:
-    """The conversation as the chat template writes it, each image as its placeholder tokens."""
+def prompt(conversation: Conversation, image_tokens: list[int], template: ChatTemplate | None = None) -> str:
+    """The conversation as the model's chat template writes it (else as Qwen3-VL's does, below), with the generation
+    prompt, each image's one placeholder then repeated for its tokens as Qwen3VLProcessor repeats it."""
+    if template is None:
+        return _builtin_prompt(conversation, image_tokens)
+    user = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in conversation.parts]
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": _instruction(conversation.instruction)}]},
+        {"role": "user", "content": user},
+    ]
+    try:
+        text = template.render(messages)
+    except TemplateError as error:
+        raise InvalidRequest(f"{conversation.name}: {error}", "invalid_value", conversation.name) from None
+    pieces = text.split(IMAGE_PAD)
+    if len(pieces) != len(image_tokens) + 1:
+        raise InvalidRequest(
+            f"the model's chat template wrote {len(pieces) - 1} image placeholders for {len(image_tokens)} images",
+            "invalid_value",
+            conversation.name,
+        )
+    return pieces[0] + "".join(IMAGE_PAD * n + rest for n, rest in zip(image_tokens, pieces[1:], strict=True))
+
+
+def _builtin_prompt(conversation: Conversation, image_tokens: list[int]) -> str:
+    """Qwen3-VL's chat template's output for a system and a user message, for a model directory without one."""
     counts = iter(image_tokens)
     content = "".join(
         part if isinstance(part, str) else VISION_START + IMAGE_PAD * next(counts) + VISION_END
@@ -145,7 +172,8 @@ async def embed_conversations(
             *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in images)
         )
         counts = iter(math.prod(grid) // processing.merge_size**2 for _, grid in loaded)
-        prompts = [prompt(c, [next(counts) for _ in c.images]) for c in conversations]
+        template = model.images.chat_template if model.images is not None else None
+        prompts = [prompt(c, [next(counts) for _ in c.images], template) for c in conversations]
         *sequences, pad = await tokenizer.encode_text_only([*prompts, IMAGE_PAD])
         _check_sequences(sequences, conversations, pad, model.max_seq_length)
         packed = Batch.pack(sequences, options)

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bouquet import all_outputs
 from bouquet.batch import Batch
+from bouquet.chat_templates import read_chat_template
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import encode_rows
 from bouquet.model_dir import MultiVectorSpec
@@ -94,6 +95,11 @@ def _image_processor_json(model_dir: Path, takes_images: bool) -> str:
     return path.read_text() if takes_images and path.is_file() else ""
 
 
+def _chat_template(model_dir: Path, limits: Limits) -> str:
+    """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py)."""
+    return read_chat_template(model_dir) if limits.patch_images.patch_dim else ""
+
+
 def _takes_images(limits: Limits) -> bool:
     return bool(limits.image_tokens or limits.patch_images.patch_dim)
 
@@ -122,6 +128,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             served_names=served_names, multi_vector=multi_vector_info(spec.multi_vector, engine.max_seq_length),
             image_shape=scheduler.limits.image_shape, image_tokens=scheduler.limits.image_tokens,
             image_patch_dim=scheduler.limits.patch_images.patch_dim,
+            chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
         )  # fmt: skip
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.

@@ -8,6 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+from bouquet.chat_templates import read_chat_template
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
@@ -206,7 +207,12 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
     local = spec.tokenizer_file.parent / "preprocessor_config.json" if spec is not None else None
     if not processor_json and local is not None and local.is_file():
         processor_json = local.read_text()
-    images = model_images(tuple(info.image_shape), info.image_tokens, processor_json, info.image_patch_dim)
+    chat_template = info.chat_template
+    if info.image_patch_dim and not chat_template and local is not None:
+        chat_template = read_chat_template(local.parent)
+    images = model_images(
+        tuple(info.image_shape), info.image_tokens, processor_json, info.image_patch_dim, chat_template
+    )
     if images is not None and not images.usable:
         logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)
     return images
