@@ -64,7 +64,7 @@ def test_a_byte_length_that_is_not_whole_int32s_is_invalid_input(field: str) -> 
 
 def test_a_batch_mixing_options_is_not_one_request() -> None:
     mixed = Batch.concat([Batch.pack([[1, 2]], RowOptions(dimensions=8)), Batch.pack([[3]])])
-    with pytest.raises(ValueError, match="differ in dimensions"):
+    with pytest.raises(ValueError, match="different row options"):
         embed_request(mixed)
 
 
