@@ -2,12 +2,15 @@
 default) against always borrowing (before the measurement) and never borrowing, in one run.
 
 The engine runs in this process on its defaults (one worker a thread, a lone short step may borrow every thread:
-engine/cpu_threads.py). A co-tenant is --co-tenants processes that spin in pure Python, one core's worth each.
+engine/cpu_threads.py), on the bundled model or --model; with --image, each step is one image (random pixels) of a
+model that takes images (e.g. bench/image_models.py's CLIP). A co-tenant is --co-tenants processes that spin in
+pure Python, one core's worth each.
 Each round measures each policy for --queries one-at-a-time queries, first with the machine as it is, then with
 the co-tenants running; the policies take turns so that the VM's minute-to-minute swings fall on all of them.
 Medians of the rounds' p50 and p99 are reported, with the ratio of each policy's p50 to the measured choice's.
 
     .venv/bin/python bench/co_tenant.py [--dtype float32] [--rounds 3] [--queries 200] [--co-tenants 1]
+                                        [--model DIR --image]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -62,13 +66,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--co-tenants", type=int, default=1)
+    parser.add_argument("--model", type=Path, default=default_model_path())
+    parser.add_argument("--image", action="store_true", help="a step of one image, not one query")
     args = parser.parse_args()
-    engine = Engine(EngineConfig(default_model_path(), "cpu", args.dtype))
+    engine = Engine(EngineConfig(args.model, "cpu", args.dtype))
     threads = engine._step_threads
     if threads is None:
         sys.exit("this engine never borrows threads (one thread, or no OpenMP setter): nothing to compare")
     spec = engine.spec
-    batch = Batch.pack(TextTokenizer(spec.tokenizer_file, spec.max_seq_length).encode([QUERY]))
+    if args.image:
+        pixels = np.random.default_rng(0).standard_normal((1, *engine.image_shape)).astype(np.float32)
+        batch = Batch.pack_images(pixels, engine.image_tokens)
+    else:
+        batch = Batch.pack(TextTokenizer(spec.tokenizer_file, spec.max_seq_length).encode([QUERY]))
     policies = {"measured": BorrowChoice(), "always borrow": Fixed(True), "never borrow": Fixed(False)}
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for round_ in range(args.rounds):
@@ -92,8 +102,9 @@ def main() -> None:
                     spinner.kill()
                     spinner.wait()
     engine.close()
-    print(f"# {spec.name}, {args.dtype}, {engine.num_threads} threads, a {batch.num_tokens}-token query one at a time; "
-          f"medians of {args.rounds} rounds of {args.queries}")  # fmt: skip
+    what = "image" if args.image else "query"
+    print(f"# {spec.name}, {args.dtype}, {engine.num_threads} threads, a {batch.num_tokens}-token {what} one at a "
+          f"time; medians of {args.rounds} rounds of {args.queries}")  # fmt: skip
     for machine in ("as it is", f"{args.co_tenants} co-tenant(s)"):
         measured = statistics.median(p50 for p50, _ in results[(machine, "measured")])
         for name in policies:
