@@ -58,15 +58,17 @@ def test_a_busy_core_stops_borrowing_and_retries_with_a_growing_backoff() -> Non
     starts: list[float] = []
     decisions = run(choice, clock, BUSY, 3000, at=starts)  # ~54 s of steps on a machine that stays busy
     assert not choice.borrowing(16)
-    # Until the periodic own-thread step shows the loss, borrowing continues; then only retries, 1, 2, 4, 8, 8 ...
-    # seconds apart: a handful of borrowed steps where a fixed choice would borrow for all 3,000.
+    # Until the periodic own-thread step shows the loss, borrowing continues; then only retries, further and further
+    # apart: a handful of borrowed steps where a fixed choice would borrow for all 3,000.
     first_loss = decisions.index(False)
     assert first_loss <= 32
     retries = [starts[i] for i, borrowed in enumerate(decisions) if borrowed and i > first_loss]
     gaps = [b - a for a, b in itertools.pairwise(retries)]
     assert len(retries) >= 5
-    assert gaps[:3] == pytest.approx([2.0, 4.0, 8.0], abs=0.1)
-    assert all(gap == pytest.approx(8.0, abs=0.1) for gap in gaps[3:])
+    # 52 ms lost a borrowed step: retries at least 50 x that (2.6 s) apart, doubling from there to the cap
+    assert retries[0] - starts[first_loss] == pytest.approx(2.6, abs=0.3)
+    assert gaps[0] == pytest.approx(5.2, abs=0.3)
+    assert all(gap == pytest.approx(8.0, abs=0.3) for gap in gaps[1:])
 
 
 def test_borrowing_comes_back_at_the_first_retry_after_the_core_is_free_again() -> None:
@@ -205,3 +207,15 @@ def test_one_slow_step_does_not_stop_borrowing() -> None:
     run(choice, clock, QUIET, 40)
     assert choice.borrowing(16)
     assert choice._classes[16].own.seconds == QUIET[False]
+
+
+def test_a_retry_that_costs_seconds_waits_longer() -> None:
+    clock = Clock()
+    choice = BorrowChoice(first_backoff=1.0, max_backoff=60.0, clock=clock)
+    images = {True: 4.0, False: 0.65}  # a lone image that borrows beside a co-tenant loses 3.35 s
+    starts: list[float] = []
+    decisions = run(choice, clock, images, 200, at=starts)
+    retries = [starts[i] for i, borrowed in enumerate(decisions) if borrowed and i > decisions.index(False)]
+    assert retries and all(
+        b - a >= 60.0 - 0.1 for a, b in itertools.pairwise([starts[decisions.index(False)], *retries])
+    )

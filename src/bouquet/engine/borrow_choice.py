@@ -12,7 +12,8 @@ steps that did not, per size class, and borrows while borrowing is the faster of
 - While it wins, every `refresh_every`-th lone step of a class runs on the lead's own thread, so that the other
   estimate stays current (on an idle machine this costs a fraction of a millisecond a step on average).
 - Once it loses, the class stops borrowing; borrowing is tried again after `first_backoff` seconds, doubling
-  up to `max_backoff` while it keeps losing, so a machine that stays busy pays one slow step a minute at most.
+  up to `max_backoff` while it keeps losing (and never sooner than 50 times what a retry is expected to lose),
+  so a machine that stays busy pays one slow step a minute at most.
 - The way not in use is sampled by single steps (a retry, or the periodic own-thread step), and each such sample
   replaces its estimate, as does a sample after `stale_after` seconds without one: the machine the old estimate
   described may be gone. The way in use is estimated by the median of its last few steps.
@@ -32,6 +33,9 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
+# A retry is spaced at least this many times what it is expected to lose, so retries cost at most ~2% of the time
+# (a lone CLIP image that borrows beside a co-tenant loses seconds, not milliseconds).
+_RETRY_SPACING = 50
 _WINDOW = 5  # samples an estimate keeps: its median shrugs off a step that met a page fault or a collection
 
 
@@ -104,7 +108,8 @@ class BorrowChoice:
             size.borrowing, size.backoff, size.lone_steps = True, 0.0, 0
             logger.info("lone steps of <= %d tokens borrow every thread again: %s", _bound(num_tokens), _vs(size))
         elif not wins and (size.borrowing or borrowed):  # it lost, or lost its retry
-            size.backoff = min(self.max_backoff, max(self.first_backoff, 2 * size.backoff))
+            loss = size.borrowed.seconds - size.own.seconds  # what the next retry is expected to cost
+            size.backoff = min(self.max_backoff, max(self.first_backoff, 2 * size.backoff, _RETRY_SPACING * loss))
             size.retry_at = now + size.backoff
             if size.borrowing:
                 logger.info(
