@@ -91,8 +91,8 @@ class BorrowChoice:
         if not size.borrowing:
             return self._clock() >= size.retry_at  # the retry: one borrowed step, then `record` decides
         size.lone_steps += 1
-        if not size.own.known:  # the first lone steps borrow; the fourth measures the alternative
-            return size.lone_steps % 4 != 0
+        if not size.own.known:  # the first lone step borrows, the second measures the alternative
+            return size.lone_steps % 2 != 0
         return size.lone_steps % self.refresh_every != 0
 
     def record(self, num_tokens: int, borrowed: bool, seconds: float) -> None:
