@@ -337,6 +337,10 @@ class GatewayConfig:
     )  # fmt: skip
     host: str = flag("127.0.0.1", help="address to listen on")
     port: int = flag(8080, help="port to listen on")
+    grpc_port: int | None = flag(
+        None, help="port for KServe's Open Inference Protocol over gRPC (inference.GRPCInferenceService), on --host "
+        "(default: off)",
+    )  # fmt: skip
     # Every route but /health and the docs needs `Authorization: Bearer KEY`; set by --api-key, --api-key-file or
     # $BOUQUET_API_KEY (cli.py), never handed to a child process in its arguments.
     api_key: str | None = None
@@ -429,6 +433,10 @@ class GatewayConfig:
             raise ValueError(f"workers must be positive, got {self.workers}")
         if self.workers > 1 and self.port == 0:
             raise ValueError("workers share one port: give --port a fixed port, not 0")
+        if self.grpc_port is not None and not 0 <= self.grpc_port < 65536:
+            raise ValueError(f"grpc_port must be in [0, 65535], got {self.grpc_port}")
+        if self.workers > 1 and self.grpc_port == 0:
+            raise ValueError("workers share one gRPC port: give --grpc-port a fixed port, not 0")
         for name in (
             "max_inputs", "max_request_tokens", "max_payload_bytes", "max_inflight_tokens", "max_attempts",
             "max_connections", "max_header_bytes", "max_concurrent_requests", "body_min_rate", "max_token_vectors",

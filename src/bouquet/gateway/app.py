@@ -16,6 +16,7 @@ from bouquet.config import GatewayConfig
 from bouquet.gateway.api import cohere, flag_embedding, jina, kserve, openai, ops, perplexity, tei, tei_scores, vllm
 from bouquet.gateway.http.endpoint import not_found
 from bouquet.gateway.http.request_ids import RequestIds
+from bouquet.gateway.kserve_grpc import OpenInferenceServer
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.service import Service
 
@@ -26,7 +27,14 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         service.start()
+        grpc_server = None
+        if config.grpc_port is not None:  # the Open Inference Protocol's gRPC twin, on the same service
+            grpc_server = OpenInferenceServer(service, config.host, config.grpc_port)
+            await grpc_server.start()
+            app.state.grpc_port = grpc_server.port
         yield
+        if grpc_server is not None:  # its calls answered before the replicas' channels close
+            await grpc_server.stop(config.drain_seconds)
         await service.close()
 
     app = Starlette(

@@ -206,7 +206,7 @@ async def _model_metadata(service: Service, request: Request) -> Response:
 async def _infer(service: Service, request: Request) -> Response:
     model = _model(service, request)
     parsed, binary = parse_infer(await read_body(service, request), request.headers.get(HEADER_LENGTH))
-    texts, binary_output = _texts(parsed.inputs[0], binary), _binary_output(parsed)
+    texts, binary_output = tensor_texts(parsed.inputs[0], binary), _binary_output(parsed)
     parameters = parsed.parameters or KServeInferParameters()
     job = EmbedJob(
         model=request.path_params["model"],
@@ -231,7 +231,7 @@ def parse_infer(body: bytes | bytearray, header_length: str | None) -> tuple[KSe
     return INFER.decode(memoryview(body)[:split]), memoryview(body)[split:]
 
 
-def _texts(tensor: KServeInferInput, binary: memoryview) -> list[str]:
+def tensor_texts(tensor: KServeInferInput, binary: memoryview) -> list[str]:
     """The tensor's texts, from its JSON data or its binary data: what the types leave to check (the datatype's
     value, the shape against the texts, the binary elements' framing)."""
     if tensor.datatype != "BYTES":

@@ -1,0 +1,193 @@
+"""KServe's Open Inference Protocol over gRPC (gateway/kserve_grpc.py) on a real gRPC port beside the gateway's HTTP
+routes, real replicas in this process (tests/in_process.py; the bundled MiniLM), called through the stub generated
+from proto/open_inference.proto: health and metadata; infer with the texts as `raw_input_contents` and as
+`contents.bytes_contents`, equal to the REST infer route's rows and to sentence-transformers'; request parameters;
+each bad request its status code and message. Triton's own gRPC client against processes: test_kserve_grpc_client.py."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from conftest import row_cosines
+from in_process import Served, served
+
+from bouquet.engine.engine import Engine
+from bouquet.gateway.errors import ClientClosed, InvalidRequest, NotFound, Overloaded, TooLarge, Unavailable
+from bouquet.gateway.kserve_grpc import status_code
+from bouquet.proto import open_inference_pb2 as pb
+from bouquet.proto import open_inference_pb2_grpc as pb_grpc
+
+MODEL = "all-MiniLM-L6-v2"
+KEY = "oip-key"
+AUTH = (("authorization", f"Bearer {KEY}"),)
+TEXTS = ["Packed sequences run without padding.", "Lisbon is mild in December.", "one", "naïve café ☕"]
+
+
+@pytest.fixture(scope="module")
+def running(minilm_path: Path, minilm_fp32: Engine) -> Iterator[Served]:
+    with served([minilm_fp32], model_dirs=(minilm_path,), api_key=KEY, grpc_port=0, max_inputs=8) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def stub(running: Served) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def rest_rows(running: Served) -> np.ndarray:
+    body = {"inputs": [{"name": "text", "shape": [len(TEXTS)], "datatype": "BYTES", "data": TEXTS}]}
+    answer = running.client.post(f"/v2/models/{MODEL}/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    output = answer.json()["outputs"][0]
+    return np.array(output["data"], np.float32).reshape(output["shape"])
+
+
+def raw_bytes(texts: list[str]) -> bytes:
+    """The protocol's BYTES serialization: each element a little-endian uint32 length and its bytes."""
+    return b"".join(struct.pack("<I", len(text.encode())) + text.encode() for text in texts)
+
+
+def infer_request(texts: list[str], raw: bool = True, **parameters: pb.InferParameter) -> pb.ModelInferRequest:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[len(texts)])
+    request = pb.ModelInferRequest(model_name=MODEL, id="request-7", inputs=[tensor], parameters=parameters)
+    if raw:
+        request.raw_input_contents.append(raw_bytes(texts))
+    else:
+        tensor = request.inputs[0]
+        tensor.contents.bytes_contents.extend(text.encode() for text in texts)
+    return request
+
+
+def rows_of(response: pb.ModelInferResponse) -> np.ndarray:
+    (output,) = response.outputs
+    assert (output.name, output.datatype) == ("embedding", "FP32")
+    return np.frombuffer(response.raw_output_contents[0], "<f4").reshape(tuple(output.shape))
+
+
+def refusal(call, request, metadata=AUTH) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request, metadata=metadata, timeout=60)
+    return caught.value
+
+
+def test_health_and_metadata(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    assert stub.ServerLive(pb.ServerLiveRequest()).live  # the health calls need no key, as on REST
+    assert stub.ServerReady(pb.ServerReadyRequest()).ready
+    assert stub.ModelReady(pb.ModelReadyRequest(name=MODEL)).ready
+    assert stub.ModelReady(pb.ModelReadyRequest(name=MODEL, version="1")).ready
+    server = stub.ServerMetadata(pb.ServerMetadataRequest(), metadata=AUTH)
+    assert server.name == "bouquet"
+    metadata = stub.ModelMetadata(pb.ModelMetadataRequest(name=MODEL), metadata=AUTH)
+    assert (metadata.name, list(metadata.versions), metadata.platform) == (MODEL, ["1"], "bouquet")
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [("text", "BYTES", [-1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [("embedding", "FP32", [-1, 384])]
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw_input_contents", "bytes_contents"])
+def test_infer_equals_the_rest_route(
+    stub: pb_grpc.GRPCInferenceServiceStub, rest_rows: np.ndarray, sentence_transformer, raw: bool
+) -> None:
+    response = stub.ModelInfer(infer_request(TEXTS, raw), metadata=AUTH, timeout=60)
+    assert (response.model_name, response.model_version, response.id) == (MODEL, "1", "request-7")
+    rows = rows_of(response)
+    assert rows.shape == (len(TEXTS), 384)
+    np.testing.assert_array_equal(rows, rest_rows)  # the same job on the same replica: the same floats
+    expected = sentence_transformer.encode(TEXTS, convert_to_numpy=True, normalize_embeddings=True)
+    assert row_cosines(rows, expected).min() > 0.99999
+
+
+def test_parameters(stub: pb_grpc.GRPCInferenceServiceStub, rest_rows: np.ndarray) -> None:
+    parameters = {"dimensions": pb.InferParameter(int64_param=64), "normalize": pb.InferParameter(bool_param=True),
+                  "priority": pb.InferParameter(uint64_param=1)}  # fmt: skip  # Triton's priority: ignored
+    rows = rows_of(stub.ModelInfer(infer_request(TEXTS, **parameters), metadata=AUTH, timeout=60))
+    assert rows.shape == (len(TEXTS), 64)
+    cut = rest_rows[:, :64] / np.linalg.norm(rest_rows[:, :64], axis=1, keepdims=True)
+    np.testing.assert_allclose(rows, cut, atol=1e-6)
+    # a shape of more than one dimension holds its texts row-major, as on REST
+    request = infer_request(TEXTS)
+    request.inputs[0].shape[:] = [2, 2]
+    np.testing.assert_array_equal(rows_of(stub.ModelInfer(request, metadata=AUTH, timeout=60)), rest_rows)
+
+
+def _bad(**changes) -> pb.ModelInferRequest:
+    request = infer_request(TEXTS[:2])
+    for name, value in changes.items():
+        if name == "raw":
+            request.raw_input_contents[:] = value
+        elif name == "datatype":
+            request.inputs[0].datatype = value
+        elif name == "shape":
+            request.inputs[0].shape[:] = value
+        elif name == "output":
+            request.outputs.add(name=value)
+        else:
+            request.parameters[name].CopyFrom(value)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        (_bad(datatype="FP32"), "INVALID_ARGUMENT", "datatype must be BYTES"),
+        (_bad(shape=[3]), "INVALID_ARGUMENT", "has shape [3] (3 elements) but 2 texts"),
+        (_bad(shape=[]), "INVALID_ARGUMENT", "give each dimension"),
+        (_bad(raw=[b"\x05\x00\x00"]), "INVALID_ARGUMENT", "length is cut short"),
+        (_bad(raw=[b"\x09\x00\x00\x00abc"]), "INVALID_ARGUMENT", "runs past"),
+        (_bad(raw=[raw_bytes(["a"]) + b"\x02\x00\x00\x00\xff\xfe"]), "INVALID_ARGUMENT", "not UTF-8"),
+        (_bad(raw=[raw_bytes(["a", ""])]), "INVALID_ARGUMENT", "holds an empty text"),
+        (_bad(raw=[]), "INVALID_ARGUMENT", "neither is set"),
+        (_bad(raw=[raw_bytes(TEXTS[:2]), b""]), "INVALID_ARGUMENT", "2 entries for the one input"),
+        (_bad(output="scores"), "INVALID_ARGUMENT", "one output is 'embedding', not 'scores'"),
+        (
+            _bad(dimensions=pb.InferParameter(string_param="64")),
+            "INVALID_ARGUMENT",
+            "int64_param or uint64_param, got string_param",
+        ),
+        (_bad(dimensions=pb.InferParameter(int64_param=999)), "INVALID_ARGUMENT", "dimensions must be between 1"),
+        (_bad(prompt_name=pb.InferParameter(string_param="nope")), "INVALID_ARGUMENT", "nope"),
+        (infer_request(["a"] * 9), "INVALID_ARGUMENT", "9 inputs, over the limit of 8"),
+    ],
+)
+def test_bad_requests_get_their_status(
+    stub: pb_grpc.GRPCInferenceServiceStub, request_: pb.ModelInferRequest, code: str, message: str
+) -> None:
+    error = refusal(stub.ModelInfer, request_)
+    assert error.code() == grpc.StatusCode[code] and message in error.details(), error.details()
+
+
+def test_unknown_model_version_and_key(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    request = infer_request(TEXTS[:1])
+    request.model_name = "no-such-model"
+    error = refusal(stub.ModelInfer, request)
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "no-such-model" in error.details()
+    error = refusal(stub.ModelMetadata, pb.ModelMetadataRequest(name=MODEL, version="2"))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "one version, '1', not '2'" in error.details()
+    assert refusal(stub.ModelReady, pb.ModelReadyRequest(name="no-such-model")).code() == grpc.StatusCode.NOT_FOUND
+    for metadata in ((), (("authorization", "Bearer wrong"),)):
+        error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), metadata)
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "API key" in error.details()
+
+
+def test_a_message_over_the_payload_limit_is_refused(running: Served) -> None:
+    # gRPC's own receive limit is the REST body's (--max-payload-bytes): refused before it is parsed
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        error = refusal(stub.ModelInfer, infer_request(["x" * (3 * 1024 * 1024)]))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_status_codes_follow_the_rest_statuses() -> None:
+    # overload is worth a retry later, no healthy replica (or a drain's end) at once elsewhere
+    assert status_code(Overloaded("busy", "overloaded")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_code(Unavailable("down", "no_healthy_replica")) == grpc.StatusCode.UNAVAILABLE
+    assert status_code(TooLarge("big", "too_many_tokens")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_code(InvalidRequest("bad", "invalid_value")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_code(NotFound("who", "not_found")) == grpc.StatusCode.NOT_FOUND
+    assert status_code(ClientClosed("gone", "client_closed")) == grpc.StatusCode.CANCELLED
