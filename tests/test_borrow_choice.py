@@ -219,3 +219,40 @@ def test_a_retry_that_costs_seconds_waits_longer() -> None:
     assert retries and all(
         b - a >= 60.0 - 0.1 for a, b in itertools.pairwise([starts[decisions.index(False)], *retries])
     )
+
+
+def test_a_step_that_meets_another_widens_later_only_while_borrowing_wins() -> None:
+    setter = _Setter()
+    choice = BorrowChoice()
+    threads = StepThreads(1, 2, max_tokens=64, set_threads=setter, get_threads=setter.get, choice=choice)
+    other_started, other_may_finish = threading.Event(), threading.Event()
+
+    def other_step() -> None:
+        with threads.step(1024):
+            other_started.set()
+            other_may_finish.wait(10)
+
+    def lead_step_beside_another() -> list[int]:
+        other = threading.Thread(target=other_step)
+        other.start()
+        other_started.wait(10)
+        seen = []
+        with threads.step(16):  # not alone at its start
+            seen.append(setter.current)
+            other_may_finish.set()
+            other.join()
+            threads.rebalance()  # alone now, at a layer boundary
+            seen.append(setter.current)
+        other_started.clear()
+        other_may_finish.clear()
+        return seen
+
+    def lead() -> None:
+        threads.make_lead()
+        assert lead_step_beside_another() == [1, 2]  # borrowing wins (the first guess): widens once alone
+        choice.record(16, True, 0.060)
+        choice.record(16, False, 0.008)  # now it loses
+        assert not choice.borrowing(16)
+        assert lead_step_beside_another() == [1, 1]
+
+    _on_thread(lead)

@@ -89,8 +89,8 @@ class StepThreads:
         timed = timed and short_on_lead and lone
         if timed:
             self._local.may_borrow = self.choice.should_borrow(num_tokens)
-        else:  # it may still widen at a later layer, once the steps it met have finished
-            self._local.may_borrow = short_on_lead and (not lone or self.choice.borrowing(num_tokens))
+        else:  # start-up work, or a step that met others: it may widen at a later layer, once they have finished
+            self._local.may_borrow = short_on_lead and self.choice.borrowing(num_tokens)
         borrowed = self._local.may_borrow
         begin = time.perf_counter()
         try:
