@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from bouquet.cpu_features import cpu_features
 
@@ -321,6 +322,16 @@ def listens_locally(listen: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
+def check_origin(text: str) -> None:
+    """An --image-url-origin: http(s)://host[:port], nothing more (gateway/image_fetch.py compares origins)."""
+    parts = urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise ValueError(f"--image-url-origin takes http[s]://host[:port], got {text!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"--image-url-origin takes no credentials, got {text!r}")
+    parts.port  # noqa: B018 (a malformed port raises ValueError)
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """The HTTP gateway: where it listens, the replicas it fronts, and its limits."""
@@ -380,6 +391,15 @@ class GatewayConfig:
     max_image_bytes: int = flag(8 * 1024 * 1024, help="bytes of one image input's file; more is 400")
     max_image_pixels: int = flag(
         36_000_000, help="pixels (width x height, from the header, before decoding) of one image input; more is 400"
+    )
+    # Image URLs are fetched only from the origins listed (server-side request forgery; gateway/image_fetch.py).
+    image_url_origins: tuple[str, ...] = flag(
+        (), help="an origin (http[s]://host[:port]) whose image URLs requests may name, fetched by the gateway "
+        "(repeat; default: none, every URL refused). A listed name must resolve to public addresses; a private or "
+        "loopback server is fetched from only when listed by its address", name="--image-url-origin",
+    )  # fmt: skip
+    image_url_timeout: float = flag(
+        10.0, help="seconds to fetch one image URL (connection, redirects and body); then 400"
     )
     # Tokens admitted and not yet answered, per gateway process, per lane (bulk; short requests): what the replicas
     # compute in `admission_seconds` as measured, between a floor of some batches per replica and this ceiling. A
@@ -452,12 +472,14 @@ class GatewayConfig:
             raise ValueError(f"admission_wait must be >= 0, got {self.admission_wait}")
         for name in (
             "request_timeout", "probe_interval", "tokenizer_threads", "admission_seconds", "header_timeout",
-            "body_timeout", "idle_timeout", "dns_interval",
+            "body_timeout", "idle_timeout", "dns_interval", "image_url_timeout",
         ):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
+        for origin in self.image_url_origins:
+            check_origin(origin)
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
 

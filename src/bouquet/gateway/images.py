@@ -1,8 +1,11 @@
-"""Image inputs: each a data URI (`data:image/png;base64,...`) or plain base64 of an image file, decoded and
+"""Image inputs: each a data URI (`data:image/png;base64,...`) or plain base64 of an image file, or its raw bytes
+(a body of its own or a multipart upload: api/image_upload.py), or a URL on an origin the operator lists (fetched by
+image_fetch.py), decoded and
 preprocessed as the model's processor does (image_processing.py) on the gateway's executor, never on the event loop,
 then sent to a replica as float32 pixels (Batch.pack_images) and embedded like texts (`Service.compute`).
 
-Nothing is fetched: a URL is refused (server-side request forgery), whatever its scheme. Before any decoding an
+Unless the operator lists origins to fetch from (--image-url-origin), nothing is fetched: a URL is refused
+(server-side request forgery), whatever its scheme. Before any decoding an
 input is bounded in bytes (base64's length says them) and then in pixels (Pillow reads the header first; a PNG that
 claims 100,000 x 100,000 pixels is refused before a byte of it is inflated); only common raster formats are opened
 (Pillow's EPS, for one, would run Ghostscript). Every refusal is a 400 naming the input (`input[2]`)."""
@@ -21,6 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.image_processing import ImageProcessing, ModelImages
 from bouquet.gateway.jobs import AS_THE_MODEL
 from bouquet.gateway.service import complete_options, embedding_model
@@ -36,11 +40,12 @@ MAX_REQUEST_PIXEL_BYTES = 256 * 1024 * 1024  # one request's preprocessed pixels
 
 @dataclass(frozen=True)
 class ImageEmbedJob:
-    """Images to embed, each a data URI or base64 of an image file, with the name a refusal gives it (`input[2]`,
-    `messages[0].content[1].image_url.url`); a job as jobs.py's are, beside the code that runs it."""
+    """Images to embed, each a data URI or base64 of an image file, its raw bytes, or a URL, with the name a refusal
+    gives it (`input[2]`, `messages[0].content[1].image_url.url`); a job as jobs.py's are, beside the code that runs
+    it."""
 
     model: str | None
-    images: list[str]
+    images: list[str | bytes]
     names: list[str]
     options: RowOptions = AS_THE_MODEL  # as EmbedJob's; `encoding` is response_format's
     response_format: ResponseFormat = FORMATS["float"]
@@ -52,14 +57,21 @@ class ImageLimits:
     max_pixels: int  # width x height, from its header
 
 
-def image_file(source: str, name: str, max_bytes: int) -> bytes:
-    """An input's image file: the base64 of a data URI, or plain base64; a URL or anything else is refused, and so
-    is a file over `max_bytes`, before its base64 is decoded."""
+def image_file(source: str | bytes, name: str, max_bytes: int) -> bytes:
+    """An input's image file: its bytes as sent (or fetched), the base64 of a data URI, or plain base64; a URL or
+    anything else is refused, and so is a file over `max_bytes`, before its base64 is decoded."""
+    if isinstance(source, bytes):
+        if len(source) > max_bytes:
+            raise InvalidRequest(
+                f"{name} is an image of {len(source)} bytes, over the limit of {max_bytes}", "image_too_large", name
+            )
+        return source
     head = source[:16].lower()
     if head.startswith(URL_SCHEMES):
         raise InvalidRequest(
-            f"{name} is a URL; this server fetches nothing: send the image inline, as a data URI "
-            "(data:image/png;base64,...) or base64",
+            f"{name} is a URL; this server fetches nothing (unless its operator lists origins: "
+            "--image-url-origin): send the image inline, as a data URI (data:image/png;base64,...), base64 or its "
+            "bytes",
             "image_url_refused",
             name,
         )
@@ -110,7 +122,7 @@ def _too_many_pixels(name: str, size: tuple[int, int] | None, limit: int) -> Inv
     return InvalidRequest(f"{name} is {what}, over the limit of {limit} pixels", "image_too_large", name)
 
 
-def load_pixels(source: str, name: str, processing: ImageProcessing, limits: ImageLimits) -> np.ndarray:
+def load_pixels(source: str | bytes, name: str, processing: ImageProcessing, limits: ImageLimits) -> np.ndarray:
     """One input to the model's pixels [C, H, W] float32: on the executor (decoding and resizing hold the GIL
     little, and never the event loop)."""
     return processing(open_image(image_file(source, name, limits.max_bytes), name, limits))
@@ -147,10 +159,11 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
     loop = asyncio.get_running_loop()
 
     async def batch() -> Batch:
+        sources = await fetch_urls(service.config, job.images, job.names)
         pixels = await asyncio.gather(
             *(
                 loop.run_in_executor(service.executor, load_pixels, source, name, processing, limits)
-                for source, name in zip(job.images, job.names, strict=True)
+                for source, name in zip(sources, job.names, strict=True)
             )
         )
         return Batch.pack_images(np.stack(pixels), images.tokens, options)

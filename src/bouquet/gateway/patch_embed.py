@@ -27,6 +27,7 @@ from bouquet.batch import Batch, RowOptions
 from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.images import (
     MAX_REQUEST_PIXEL_BYTES,
     ImageEmbedJob,
@@ -50,7 +51,7 @@ TEMPLATE_TOKENS = 16  # the template's own tokens, at most: a bound for admissio
 
 @dataclass(frozen=True)
 class ImageInput:
-    source: str  # a data URI or base64 of an image file
+    source: str | bytes  # a data URI or base64 of an image file, its bytes, or a URL (image_fetch.py)
     name: str  # the field a refusal names (`messages[0].content[1].image_url.url`)
 
 
@@ -168,8 +169,10 @@ async def embed_conversations(
     loop = asyncio.get_running_loop()
 
     async def batch() -> Batch:
+        sources = await fetch_urls(service.config, [part.source for part in images], [part.name for part in images])
+        fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
         loaded = await asyncio.gather(
-            *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in images)
+            *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in fetched)
         )
         counts = iter(math.prod(grid) // processing.merge_size**2 for _, grid in loaded)
         template = model.images.chat_template if model.images is not None else None

@@ -34,6 +34,7 @@ from bouquet.gateway.api.fields import (
     strict,
     text_positions,
 )
+from bouquet.gateway.api.image_upload import is_upload, upload_job
 from bouquet.gateway.api.multimodal import (
     CHAT_EMBEDDINGS,
     IMAGE_EMBEDDINGS,
@@ -117,7 +118,10 @@ async def _embeddings(service: Service, request: Request) -> Response:
 
 
 async def _embeddings_image(service: Service, request: Request) -> Response:
-    """Infinity's image route: `input` holds images."""
+    """Infinity's image route: `input` holds images; or the body is an image's bytes, or a form of image files
+    (api/image_upload.py)."""
+    if is_upload(request):
+        return await _answer(service, request, await upload_job(service, request))
     return await _answer(service, request, image_job(await read_request(service, request, IMAGE_EMBEDDINGS)))
 
 

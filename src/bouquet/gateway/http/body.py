@@ -40,9 +40,10 @@ async def read_request(service: Service, request: Request, decoder: BodyDecoder[
     return decoder.decode(await read_body(service, request), strict=not service.config.allow_unknown_fields)
 
 
-async def read_body(service: Service, request: Request) -> bytes | bytearray:
-    """The body's bytes, gunzipped if they came compressed, within the size limit."""
-    limit = service.config.max_payload_bytes
+async def read_body(service: Service, request: Request, limit: int | None = None) -> bytes | bytearray:
+    """The body's bytes, gunzipped if they came compressed, within the size limit (`max_payload_bytes` unless the
+    route has its own: an image's bytes)."""
+    limit = limit or service.config.max_payload_bytes
     length = content_length(request)
     if length is not None and length > limit:
         raise TooLarge(f"the body has {length} bytes, over the limit of {limit}", "payload_too_large")
