@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 IN ?= examples/texts.jsonl
 OUT ?= embeddings.npy
 
-.PHONY: embed serve test test-long lint bench peers browser
+.PHONY: embed serve test test-long lint bench peers browser oip
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,15 @@ browser:
 		|| echo "no Chromium installed: tests/test_docs_page.py will be skipped"
 
 # The tests marked long (pyproject.toml): CI runs them after `make test`.
-test-long: $(STAMP)
+test-long: $(STAMP) oip
 	$(PY) -m pytest -q -m long
+
+# Triton's gRPC client, for tests/test_kserve_grpc_client.py (it runs the client under this environment's python):
+# tritonclient pins protobuf < 7, which would break bouquet's own gRPC code, so it never goes into .venv.
+OIP := .venv-oip
+oip:
+	test -x $(OIP)/bin/python || $(PYTHON) -m venv $(OIP)
+	$(OIP)/bin/python -m pip install --quiet 'tritonclient[grpc]==2.73.0' numpy==2.4.6
 
 bench: $(STAMP)
 	$(PY) bench/offline.py

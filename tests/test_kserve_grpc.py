@@ -6,7 +6,9 @@ each bad request its status code and message. Triton's own gRPC client against p
 
 from __future__ import annotations
 
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +32,9 @@ TEXTS = ["Packed sequences run without padding.", "Lisbon is mild in December.",
 
 @pytest.fixture(scope="module")
 def running(minilm_path: Path, minilm_fp32: Engine) -> Iterator[Served]:
-    with served([minilm_fp32], model_dirs=(minilm_path,), api_key=KEY, grpc_port=0, max_inputs=8) as running:
+    # one request at a time (a process's cap, HTTP's and gRPC's together): overload is made without a race
+    options = {"api_key": KEY, "grpc_port": 0, "max_inputs": 8, "max_concurrent_requests": 1}
+    with served([minilm_fp32], model_dirs=(minilm_path,), listen=True, **options) as running:
         yield running
 
 
@@ -181,6 +185,27 @@ def test_a_message_over_the_payload_limit_is_refused(running: Served) -> None:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         error = refusal(stub.ModelInfer, infer_request(["x" * (3 * 1024 * 1024)]))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_overload_is_resource_exhausted(running: Served, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    # an HTTP request whose body has not come holds the process's one request slot; the gRPC call meanwhile is
+    # refused as the REST route refuses it (429), and served once the slot is free
+    host, port = running.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as held:
+        held.sendall(f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode())  # fmt: skip
+        error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+        assert "its limit" in error.details()
+    for _ in range(200):  # the server notices the closed connection when it next reads from it
+        try:
+            stub.ModelInfer(infer_request(TEXTS[:1]), metadata=AUTH, timeout=60)
+            break
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            time.sleep(0.05)
+    else:
+        raise AssertionError("the slot was never given back")
 
 
 def test_status_codes_follow_the_rest_statuses() -> None:
