@@ -6,7 +6,8 @@ preprocessing gateway/images.py):
   one conversation: texts and images together, a system message its instruction (gateway/patch_embed.py);
 - Infinity's `/embeddings_image` (`input`: an image or a list of images), and its `/embeddings` with
   `"modality": "image"`.
-An image is a data URI (`data:image/png;base64,...`) or base64; a URL is refused (nothing is fetched)."""
+An image is a data URI (`data:image/png;base64,...`) or base64; a URL is refused unless on an origin the operator
+lists (gateway/image_fetch.py). `/embeddings_image` also takes images as raw bytes (api/image_upload.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,12 @@ if TYPE_CHECKING:
     from bouquet.gateway.service import Service
 
 Image = Annotated[
-    str, Meta(min_length=1, description="a data URI (data:image/png;base64,...) or base64 of an image file; no URL")
+    str,
+    Meta(
+        min_length=1,
+        description="a data URI (data:image/png;base64,...) or base64 of an image file; a URL only on an origin the "
+        "server lists (--image-url-origin)",
+    ),
 ]
 
 
