@@ -1,4 +1,4 @@
-"""KServe's Open Inference Protocol over gRPC (gateway/kserve_grpc.py) on a real gRPC port beside the gateway's HTTP
+"""KServe's Open Inference Protocol over gRPC (gateway/api/kserve_grpc.py) on a real gRPC port beside the gateway's HTTP
 routes, real replicas in this process (tests/in_process.py; the bundled MiniLM), called through the stub generated
 from proto/open_inference.proto: health and metadata; infer with the texts as `raw_input_contents` and as
 `contents.bytes_contents`, equal to the REST infer route's rows and to sentence-transformers'; request parameters;
@@ -19,8 +19,8 @@ from conftest import row_cosines
 from in_process import Served, served
 
 from bouquet.engine.engine import Engine
+from bouquet.gateway.api.kserve_grpc import status_code
 from bouquet.gateway.errors import ClientClosed, InvalidRequest, NotFound, Overloaded, TooLarge, Unavailable
-from bouquet.gateway.kserve_grpc import status_code
 from bouquet.proto import open_inference_pb2 as pb
 from bouquet.proto import open_inference_pb2_grpc as pb_grpc
 
@@ -206,6 +206,21 @@ def test_overload_is_resource_exhausted(running: Served, stub: pb_grpc.GRPCInfer
             time.sleep(0.05)
     else:
         raise AssertionError("the slot was never given back")
+
+
+def test_a_drain_refuses_new_calls_unavailable(minilm_path: Path, minilm_fp32: Engine) -> None:
+    with served([minilm_fp32], model_dirs=(minilm_path,), grpc_port=0) as running:
+        assert running.app is not None and running.loop is not None
+        service = running.app.state.service
+        running.loop.call_soon_threadsafe(service.begin_drain, 30.0)  # as SIGTERM starts it
+        with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(100):  # until the loop has run the drain's start
+                if service.draining:
+                    break
+                time.sleep(0.01)
+            error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), ())
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
 
 
 def test_status_codes_follow_the_rest_statuses() -> None:

@@ -14,9 +14,9 @@ from starlette.routing import Route
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway.api import cohere, flag_embedding, jina, kserve, openai, ops, perplexity, tei, tei_scores, vllm
+from bouquet.gateway.api.kserve_grpc import OpenInferenceServer
 from bouquet.gateway.http.endpoint import not_found
 from bouquet.gateway.http.request_ids import RequestIds
-from bouquet.gateway.kserve_grpc import OpenInferenceServer
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.service import Service
 

@@ -1,6 +1,6 @@
 """Regenerates the committed gRPC code from the .proto files here: `python -m bouquet.proto.generate`.
 embedding.proto is the gateway's calls to the replicas; open_inference.proto is KServe's Open Inference Protocol,
-which the gateway answers (gateway/kserve_grpc.py).
+which the gateway answers (gateway/api/kserve_grpc.py).
 
 The generated files are committed so a replica needs no protoc at run time; tests/test_proto.py checks that
 regenerating gives the same bytes, so the .proto and the code cannot drift apart.

@@ -1,5 +1,5 @@
 """KServe's Open Inference Protocol (v2) over gRPC, `inference.GRPCInferenceService` (proto/open_inference.proto),
-served by the gateway process beside its HTTP routes on `--grpc-port`: the REST routes' twin (api/kserve.py) for
+served by the gateway process beside its HTTP routes on `--grpc-port`: the REST routes' twin (kserve.py) for
 KServe's and Triton's gRPC clients. ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and
 ModelInfer: one BYTES input of N texts (as `raw_input_contents`, each element a little-endian uint32 length and its
 bytes, or as `contents.bytes_contents`), one FP32 output "embedding" [N, width] as `raw_output_contents`, the same
@@ -155,6 +155,8 @@ class OpenInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if not public:
                 _authorize(service, context)
+            if work and service.draining:  # the HTTP server stops taking requests at once: this port alike
+                raise shutting_down()
             if work:
                 with service.admission.request():
                     return await answer()
