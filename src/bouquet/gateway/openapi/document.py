@@ -148,9 +148,32 @@ class Operation:
     errors: str = "openai"  # "openai", "tei", "both" (/rerank and /tokenize: by the body), "cohere" or "kserve"
     public: bool = False  # no API key asked (TEI keeps these open)
     parameters: tuple[Schema, ...] = ()
+    uploads: tuple[tuple[str, Schema], ...] = ()  # media types the request may also come in, besides JSON
 
     def error_statuses(self) -> list[int]:
         return sorted(self.statuses | CONNECTION | (set() if self.public else {401}))
+
+
+_BINARY: Schema = {"type": "string", "format": "binary"}
+# /embeddings_image's raw bytes (api/image_upload.py): a body that is one image file (any image/* type, or
+# octet-stream) with the options in the query string, or a form of image files with the options as fields.
+IMAGE_BODY_OPTIONS: tuple[Schema, ...] = tuple(
+    {"name": name, "in": "query", "required": False, "schema": schema,
+     "description": f"with a body that is an image's bytes: the JSON body's `{name}` (ignored with a JSON body)"}
+    for name, schema in (("model", STRING), ("encoding_format", STRING), ("dimensions", {"type": "integer",
+                                                                                         "minimum": 1}))
+)  # fmt: skip
+IMAGE_UPLOADS: tuple[tuple[str, Schema], ...] = (
+    ("application/octet-stream", {**_BINARY, "description": "one image file (or Content-Type: image/png etc.)"}),
+    ("multipart/form-data", {
+        "type": "object", "required": ["input"],
+        "properties": {
+            "input": {"type": "array", "items": _BINARY, "minItems": 1,
+                      "description": "image files, in order (a file part under any field name is an image)"},
+            "model": STRING, "encoding_format": STRING, "dimensions": {"type": "integer", "minimum": 1},
+        },
+    }),
+)  # fmt: skip
 
 
 def _json(schema: Schema) -> dict[str, Schema]:
@@ -182,8 +205,9 @@ OPERATIONS: tuple[Operation, ...] = (
                   OPENAI_EMBEDDINGS_REQUEST, COMPUTE)
         for path in ("/v1/embeddings", "/embeddings")
     ),
-    Operation("/embeddings_image", "post", "Infinity: embed images (data URIs or base64)", "OpenAI",
-              _json(OPENAI_EMBEDDINGS), IMAGE_EMBEDDINGS_REQUEST, COMPUTE),
+    Operation("/embeddings_image", "post", "Infinity: embed images (data URIs, base64, or raw bytes)", "OpenAI",
+              _json(OPENAI_EMBEDDINGS), IMAGE_EMBEDDINGS_REQUEST, COMPUTE, parameters=IMAGE_BODY_OPTIONS,
+              uploads=IMAGE_UPLOADS),
     *(Operation(path, "get", "OpenAI / Infinity: the served models", "OpenAI", _json(MODELS)) for path in
       ("/v1/models", "/models")),
     Operation("/v1/models/{model}", "get", "OpenAI: one served model", "OpenAI", _json(MODEL_CARD),
@@ -323,7 +347,8 @@ def _operation(operation: Operation) -> Schema:
     if operation.parameters:
         described["parameters"] = list(operation.parameters)
     if operation.request is not None:
-        described["requestBody"] = {"required": True, "content": {"application/json": {"schema": operation.request}}}
+        content = {"application/json": {"schema": operation.request}} | {m: {"schema": s} for m, s in operation.uploads}
+        described["requestBody"] = {"required": True, "content": content}
     if operation.public:
         described["security"] = []
     return described
