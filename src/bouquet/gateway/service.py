@@ -97,7 +97,8 @@ class Service:
             raise model.wrong_task("sparse rows")
         if not sparse and model.task != "embed":
             raise model.wrong_task("embeddings")
-        job = replace(job, truncate_tokens=token_cap(job, model))
+        if (cap := token_cap(job, model)) != job.truncate_tokens:  # -1 or the limit itself: the model's limit
+            job = replace(job, truncate_tokens=cap)
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
         if not sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged

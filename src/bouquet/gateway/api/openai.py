@@ -38,6 +38,7 @@ from bouquet.gateway.api.image_upload import is_upload, upload_job
 from bouquet.gateway.api.multimodal import (
     CHAT_EMBEDDINGS,
     IMAGE_EMBEDDINGS,
+    ChatEmbeddingsRequest,
     chat_job,
     embed_chat,
     image_job,
@@ -45,7 +46,7 @@ from bouquet.gateway.api.multimodal import (
 )
 from bouquet.gateway.errors import ApiError, InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody, present
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.images import ImageEmbedJob
 from bouquet.gateway.jobs import EmbedJob
@@ -108,13 +109,28 @@ async def _embeddings(service: Service, request: Request) -> Response:
     body = await read_body(service, request)
     try:
         parsed = EMBEDDINGS.decode(body, strict(service))
-    except ApiError:  # a body without `input`: vLLM's chat form? (looked for only then: no second pass otherwise)
-        if "messages" in present(body):
-            return await _answer(service, request, chat_job(CHAT_EMBEDDINGS.decode(body, strict(service))))
-        raise
+    except ApiError as error:  # only a body with `messages` or without `input` can be vLLM's chat form
+        if (error.code, error.param) not in _CHAT_FORM:
+            raise
+        return await _answer(service, request, chat_job(_chat_body(service, body, error)))
     if parsed.modality == "image":
         return await _answer(service, request, _image_input(parsed))
     return await _answer(service, request, embed_job(parsed))
+
+
+# What decoding a chat-form body as `EmbeddingsRequest` reports: `messages` unknown (met first), or, with
+# --allow-unknown-fields, `input` missing; a text body decodes once.
+_CHAT_FORM = {("unsupported_parameter", "messages"), ("missing_required_parameter", "input")}
+
+
+def _chat_body(service: Service, body: bytes | bytearray, no_input: ApiError) -> ChatEmbeddingsRequest:
+    """The body as vLLM's chat form; one without `messages` either is refused as `EmbeddingsRequest` refused it."""
+    try:
+        return CHAT_EMBEDDINGS.decode(body, strict(service))
+    except ApiError as error:
+        if (error.code, error.param) == ("missing_required_parameter", "messages"):
+            raise no_input from None
+        raise
 
 
 async def _embeddings_image(service: Service, request: Request) -> Response:

@@ -198,21 +198,19 @@ def field_names(kind: type[msgspec.Struct]) -> tuple[str, ...]:
 
 
 class _Present(msgspec.Struct):
-    """Which of some fields a body holds, read without decoding their values: only where a body already failed to
-    decode (whose error shape answers it; /v1/embeddings' chat form), a second pass a good body never pays."""
+    """Which of some fields a body holds, read without decoding their values: only where a body of two shapes already
+    failed to decode, to answer in its shape's error body (a second pass a good body never pays)."""
 
     inputs: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     prompt: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
     documents: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
-    messages: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 _PRESENT = BodyDecoder(_Present, _Present)
 
 
 def present(body: Bytes) -> dict[str, bytes]:
-    """The first bytes of `inputs`, `prompt`, `documents` and `messages` where the body holds them (`{` for an
-    object)."""
+    """The first bytes of `inputs`, `prompt` and `documents` where the body holds them (`{` for an object)."""
     found = _PRESENT.decode(body)
-    raw = {"inputs": found.inputs, "prompt": found.prompt, "documents": found.documents, "messages": found.messages}
+    raw = {"inputs": found.inputs, "prompt": found.prompt, "documents": found.documents}
     return {name: bytes(value)[:1] for name, value in raw.items() if len(value)}
