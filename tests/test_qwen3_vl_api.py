@@ -191,3 +191,16 @@ def test_zero_shot_scores_are_refused_saying_where_images_go(client: httpx.Clien
     response = client.post("/score", json=body)
     assert response.status_code == 400, response.text
     assert "embeds images in its chat template" in response.text
+
+
+def test_a_request_over_the_patch_bytes_is_413(client: httpx.Client, monkeypatch) -> None:
+    """Counted exactly once the images are decoded: their patches, not their files, are what the replica receives."""
+    from bouquet.gateway import patch_embed
+
+    pictures = images([(64, 48), (100, 33)], seed=2)
+    monkeypatch.setattr(patch_embed, "MAX_REQUEST_PATCH_BYTES", 100_000)
+    response = client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(p) for p in pictures]})
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "payload_too_large"
+    monkeypatch.undo()
+    assert client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(pictures[0])]}).status_code == 200

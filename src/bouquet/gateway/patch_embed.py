@@ -29,7 +29,6 @@ from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.images import (
-    MAX_REQUEST_PIXEL_BYTES,
     ImageEmbedJob,
     ImageLimits,
     embed_images,
@@ -47,6 +46,10 @@ if TYPE_CHECKING:
 DEFAULT_INSTRUCTION = "Represent the user's input."
 IMAGE_PAD, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 TEMPLATE_TOKENS = 16  # the template's own tokens, at most: a bound for admission before tokenizing
+# One request's patches, float32: a bound on its memory, and half gRPC's message limit (256 MiB) so that a chunk of
+# them always fits a message. A config whose max_pixels allows larger images (16.7 million pixels make 400 MiB of
+# patches) gets those refused, not cut down.
+MAX_REQUEST_PATCH_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ async def embed_conversations(
         packed = Batch.pack(sequences, options)
         if not images:
             return packed
+        _check_loaded_bytes(sum(patches.nbytes for patches, _ in loaded))
         patches = np.concatenate([patches for patches, _ in loaded])
         grids = np.array([grid for _, grid in loaded], np.int32)
         return packed.with_patch_images(patches, grids, [len(c.images) for c in conversations])
@@ -216,8 +220,18 @@ def _token_bound(conversation: Conversation, processing: PatchProcessing) -> int
     )
 
 
+def _check_loaded_bytes(total: int) -> None:
+    if total > MAX_REQUEST_PATCH_BYTES:
+        raise TooLarge(
+            f"the images make {total >> 20} MiB of patches, over the limit of {MAX_REQUEST_PATCH_BYTES >> 20} MiB a "
+            "request: send fewer or smaller images",
+            "payload_too_large",
+        )
+
+
 def _check_patch_bytes(count: int, processing: PatchProcessing) -> None:
-    per_image = 4 * processing.patch_dim * (processing.max_pixels // processing.patch_size**2)
-    limit = max(1, MAX_REQUEST_PIXEL_BYTES // per_image)
+    """Before any decoding: a count of images that could not fit even at the smallest size the config allows."""
+    per_image = 4 * processing.patch_dim * max(1, processing.min_pixels // processing.patch_size**2)
+    limit = max(1, MAX_REQUEST_PATCH_BYTES // per_image)
     if count > limit:
         raise TooLarge(f"{count} images, over the limit of {limit} a request for this model", "too_many_inputs")
