@@ -93,13 +93,13 @@ typedef void (*AttendFn)(const Problem*, const Scratch*, int64_t, int64_t, int, 
 
 __attribute__((noinline)) static void attend_baseline(const Problem* p, const Scratch* w, int64_t start, int64_t len,
                                                       int head, int kv_head) {
-    attend_tiles_4(p, w, start, len, head, kv_head, 8, 4);
+    attend_tiles_4(p, w, start, len, head, kv_head, 4, 4);
 }
 
 #if BOUQUET_X86
 AVX2_TARGET static void attend_avx2(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head,
                                     int kv_head) {
-    attend_tiles_8(p, w, start, len, head, kv_head, 8, 4);
+    attend_tiles_8(p, w, start, len, head, kv_head, 4, 4);
 }
 
 AVX512_TARGET static void attend_avx512(const Problem* p, const Scratch* w, int64_t start, int64_t len, int head,
