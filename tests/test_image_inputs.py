@@ -29,6 +29,8 @@ from PIL import Image
 from test_clip import _clip, _save
 from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
 
+from bouquet.gateway import image_fetch
+
 MAX_IMAGE_BYTES = 200_000
 FETCH_TIMEOUT = 1.0  # the slow route answers after SLOW_SECONDS: the deadline, not the test, ends it
 SLOW_SECONDS = 30.0
@@ -64,6 +66,15 @@ class _Images(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             return self._stream() if self.path == "/endless" else self._write(b"\x89PNG" + b"\0" * 96)
+        if self.path in ("/chunked.png", "/chunked-large"):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            data = PICTURES["/0.png"] if self.path == "/chunked.png" else b"\0" * (MAX_IMAGE_BYTES + 1)
+            for start in range(0, len(data), 1000):
+                self._write(b"%x\r\n%s\r\n" % (len(data[start : start + 1000]), data[start : start + 1000]))
+            self._write(b"0\r\n\r\n")
+            return None
         if self.path == "/slow.png":
             self.stop.wait(SLOW_SECONDS)
             return self._send(200, PICTURES["/0.png"], {})
@@ -229,6 +240,8 @@ def test_an_image_url_on_a_listed_origin_embeds_as_the_same_image_inline(
     _assert_close(inline, _reference("clip", models, [PICTURES[p] for p in paths]))
     fetched = _rows(server.post("/embeddings_image", json={"input": [image_server + p for p in paths]}))
     np.testing.assert_allclose(fetched, inline, atol=1e-6)
+    chunked = _rows(server.post("/embeddings_image", json={"input": f"{image_server}/chunked.png"}))
+    np.testing.assert_allclose(chunked, inline[:1], atol=1e-6)
     content = [{"type": "image_url", "image_url": {"url": f"{image_server}/photo.jpg"}}]
     chat = _rows(server.post("/v1/embeddings", json={"messages": [{"role": "user", "content": content}]}))
     np.testing.assert_allclose(chat, inline[1:2], atol=1e-6)
@@ -265,11 +278,21 @@ def test_a_redirect_off_the_list_is_refused(server: httpx.Client, image_server: 
     assert _Images.asked == ["/redirect-out"]
 
 
-@pytest.mark.parametrize("path", ["/declared-large", "/endless", "/lying-length"])
+@pytest.mark.parametrize("path", ["/declared-large", "/endless", "/chunked-large", "/lying-length"])
 def test_a_body_over_the_cap_is_refused_as_it_streams(server: httpx.Client, image_server: str, path: str) -> None:
     error = _refused(server, image_server + path)
     expected = "image_too_large" if path != "/lying-length" else "unknown_image_format"  # its 100 bytes: no image
     assert error["code"] == expected, error
+
+
+def test_a_request_s_urls_are_bounded_in_bytes_together(
+    server: httpx.Client, image_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each URL within --max-image-bytes, yet more than the request's total: 413 naming the input that passed it."""
+    monkeypatch.setattr(image_fetch, "MAX_REQUEST_FETCH_BYTES", 2 * len(PICTURES["/0.png"]) + 1)
+    answer = server.post("/embeddings_image", json={"input": [f"{image_server}/0.png"] * 3})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"]["param"] in ("input[0]", "input[1]", "input[2]"), answer.text
 
 
 def test_a_slow_image_server_times_out_naming_the_input(server: httpx.Client, image_server: str) -> None:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urljoin, urlsplit
 
-from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.fetch_answer import MAX_HEAD_BYTES, read_answer
 
 if TYPE_CHECKING:
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 MAX_REDIRECTS = 3
 CONCURRENT_FETCHES = 8  # a request's URLs fetched at once
+# A request's fetched bytes: a small body of many URLs must not make the gateway download gigabytes. The bodies in
+# flight when the total passes it add at most CONCURRENT_FETCHES x --max-image-bytes.
+MAX_REQUEST_FETCH_BYTES = 64 * 1024 * 1024
 DEFAULT_PORTS = {"http": 80, "https": 443}
 REDIRECTS = (301, 302, 303, 307, 308)
 PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986's path characters, and escapes kept as sent
@@ -161,6 +164,14 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+def _over_total(name: str) -> TooLarge:
+    return TooLarge(
+        f"{name}: the request's image URLs come to over {MAX_REQUEST_FETCH_BYTES} bytes; send fewer a request",
+        "image_too_large",
+        name,
+    )
+
+
 def _failed(name: str, where: str, what: str) -> InvalidRequest:
     return InvalidRequest(f"{name}: {where} {what}", "image_url_failed", name)
 
@@ -184,11 +195,19 @@ async def fetch_urls(config: GatewayConfig, sources: Sequence[str | bytes], name
     if fetcher is None or not any(is_url(source) for source in sources):
         return list(sources)
     gate = asyncio.Semaphore(CONCURRENT_FETCHES)
+    fetched = 0
 
     async def one(source: str | bytes, name: str) -> str | bytes:
+        nonlocal fetched
         if not isinstance(source, str) or not is_url(source):
             return source
         async with gate:
-            return await fetcher.fetch(source, name)
+            if fetched > MAX_REQUEST_FETCH_BYTES:
+                raise _over_total(name)
+            body = await fetcher.fetch(source, name)
+        fetched += len(body)
+        if fetched > MAX_REQUEST_FETCH_BYTES:
+            raise _over_total(name)
+        return body
 
     return list(await asyncio.gather(*(one(source, name) for source, name in zip(sources, names, strict=True))))

@@ -159,7 +159,6 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
     loop = asyncio.get_running_loop()
 
     async def batch() -> Batch:
-        sources = await fetch_urls(service.config, job.images, job.names)
         pixels = await asyncio.gather(
             *(
                 loop.run_in_executor(service.executor, load_pixels, source, name, processing, limits)
@@ -170,6 +169,7 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
 
     estimate = len(job.images) * images.tokens
     service.check_tokens(estimate)
+    sources = await fetch_urls(service.config, job.images, job.names)  # before admission: a slow server holds none
     rows, tokens = await service.compute(model, estimate, batch, exact=True)
     return model, rows, tokens
 

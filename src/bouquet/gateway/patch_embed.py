@@ -172,8 +172,6 @@ async def embed_conversations(
     loop = asyncio.get_running_loop()
 
     async def batch() -> Batch:
-        sources = await fetch_urls(service.config, [part.source for part in images], [part.name for part in images])
-        fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
         loaded = await asyncio.gather(
             *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in fetched)
         )
@@ -192,6 +190,8 @@ async def embed_conversations(
 
     estimate = sum(_token_bound(c, processing) for c in conversations)
     service.check_tokens(estimate)
+    sources = await fetch_urls(service.config, [part.source for part in images], [part.name for part in images])
+    fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
     return await service.compute(model, estimate, batch)
 
 
