@@ -95,7 +95,8 @@ def _reference_conversation(instruction: str, *parts: str | Image.Image) -> list
 
 def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> None:
     """An image with a text and the request's own instruction (a full stop added, as Qwen3-VL-Embedding's embedder
-    adds it), an image alone, a text alone, and two images of different sizes with a text between."""
+    adds it), an image alone, a text alone, two images of different sizes with a text between, and an instruction
+    alone (the embedder's "NULL" input)."""
     _, model, tokenizer = qwen3_vl
     cat, chart, page = images([(40, 24), (100, 33), (17, 90)], seed=4)
     cases = [
@@ -105,6 +106,7 @@ def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> Non
         ([{"role": "user", "content": "A photo of a cat on a red sofa."}],
          _reference_conversation(DEFAULT, "A photo of a cat on a red sofa.")),
         ([{"role": "user", "content": _wire(page, "and", cat)}], _reference_conversation(DEFAULT, page, "and", cat)),
+        ([{"role": "system", "content": "Find it."}], _reference_conversation("Find it.", "NULL")),  # the embedder's
     ]  # fmt: skip
     rows = np.concatenate(
         [_rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": m})) for m, _ in cases]

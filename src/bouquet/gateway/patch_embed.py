@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from bouquet.gateway.service import Service
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
+EMPTY_INPUT = "NULL"  # Qwen3-VL-Embedding's embedder's text for an input of no text or image
 IMAGE_PAD, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 TEMPLATE_TOKENS = 16  # the template's own tokens, at most: a bound for admission before tokenizing
 # One request's patches, float32: a bound on its memory, and half gRPC's message limit (256 MiB) so that a chunk of
@@ -87,7 +88,7 @@ def prompt(conversation: Conversation, image_tokens: list[int], template: ChatTe
     prompt, each image's one placeholder then repeated for its tokens as Qwen3VLProcessor repeats it."""
     if template is None:
         return _builtin_prompt(conversation, image_tokens)
-    user = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in conversation.parts]
+    user = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in _user_parts(conversation)]
     messages = [
         {"role": "system", "content": [{"type": "text", "text": _instruction(conversation.instruction)}]},
         {"role": "user", "content": user},
@@ -111,12 +112,17 @@ def _builtin_prompt(conversation: Conversation, image_tokens: list[int]) -> str:
     counts = iter(image_tokens)
     content = "".join(
         part if isinstance(part, str) else VISION_START + IMAGE_PAD * next(counts) + VISION_END
-        for part in conversation.parts
+        for part in _user_parts(conversation)
     )
     return (
         f"<|im_start|>system\n{_instruction(conversation.instruction)}<|im_end|>\n"
         f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def _user_parts(conversation: Conversation) -> list[str | ImageInput]:
+    """The user's parts; "NULL" for a conversation of none (an instruction alone), as the embedder writes it."""
+    return conversation.parts or [EMPTY_INPUT]
 
 
 def _instruction(text: str | None) -> str:
