@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import row_cosines
+from google.protobuf import json_format
 from in_process import Served, served
 
 from bouquet.engine.engine import Engine
@@ -118,6 +119,16 @@ def test_parameters(stub: pb_grpc.GRPCInferenceServiceStub, rest_rows: np.ndarra
     request = infer_request(TEXTS)
     request.inputs[0].shape[:] = [2, 2]
     np.testing.assert_array_equal(rows_of(stub.ModelInfer(request, metadata=AUTH, timeout=60)), rest_rows)
+
+
+def test_grpcurls_json_as_the_readme_writes_it(stub: pb_grpc.GRPCInferenceServiceStub, sentence_transformer) -> None:
+    # grpcurl sends the JSON it is given as protobuf's JSON mapping (bytes as base64): README's example, parsed so
+    body = """{"model_name": "all-MiniLM-L6-v2", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+               "contents": {"bytes_contents": ["YSBxdWVyeQ==", "YSBkb2N1bWVudA=="]}}]}"""
+    request = json_format.Parse(body, pb.ModelInferRequest())
+    rows = rows_of(stub.ModelInfer(request, metadata=AUTH, timeout=60))
+    expected = sentence_transformer.encode(["a query", "a document"], normalize_embeddings=True)
+    assert row_cosines(rows, expected).min() > 0.99999
 
 
 def _bad(**changes) -> pb.ModelInferRequest:
