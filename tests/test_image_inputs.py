@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import http.server
+import shutil
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +30,9 @@ from in_process import engines, served
 from PIL import Image
 from test_clip import _clip, _save
 from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
+from test_replica_tls import make_certificates
 
+from bouquet.config import GatewayConfig
 from bouquet.gateway import image_fetch
 
 MAX_IMAGE_BYTES = 200_000
@@ -264,7 +268,12 @@ def _refused(server: httpx.Client, url: str) -> dict:
 
 def test_an_origin_not_listed_is_refused_and_never_asked(server: httpx.Client, image_server: str) -> None:
     port = image_server.rsplit(":", 1)[1]
-    for url in (f"http://127.0.0.2:{port}/0.png", f"https://127.0.0.1:{port}/0.png", f"http://127.0.0.1:1{port}/x"):
+    not_listed = (
+        f"http://127.0.0.2:{port}/0.png", f"https://127.0.0.1:{port}/0.png", f"http://127.0.0.1:1{port}/x",
+        f"http://127.0.0.1:{port}@127.0.0.2:{port}/0.png", f"http://user@127.0.0.1:{port}/0.png",
+        "file:///etc/passwd", f"ftp://127.0.0.1:{port}/0.png",
+    )  # fmt: skip
+    for url in not_listed:
         assert _refused(server, url)["code"] == "image_url_refused"
         assert _Images.asked == []
     error = _refused(server, f"http://localhost:{port}/0.png")  # listed, but by a name that resolves inward
@@ -316,3 +325,51 @@ def test_with_no_origin_listed_a_url_is_refused_and_nothing_fetched(built, image
         chat = running.client.post("/v1/embeddings", json={"messages": [{"role": "user", "content": content}]})
         assert chat.status_code == 400 and chat.json()["error"]["code"] == "image_url_refused", chat.text
         assert _Images.asked == []
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_https_verifies_the_certificate_against_the_listed_host(
+    built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, models
+) -> None:
+    """Two https image servers on 127.0.0.1, certificates signed by the test's CA (trusted through SSL_CERT_FILE, as
+    an operator points the gateway at an internal CA): one for 127.0.0.1, fetched; one for another name, refused."""
+    certificates = make_certificates(tmp_path)
+    servers = [_https_server(certificates, name) for name in ("replica", "named")]
+    origins = tuple(f"https://127.0.0.1:{server.server_port}" for server in servers)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificates / "ca.pem"))
+    try:
+        with served(built, max_image_bytes=MAX_IMAGE_BYTES, image_url_origins=origins) as running:
+            client = running.client
+            fetched = _rows(client.post("/embeddings_image", json={"input": f"{origins[0]}/photo.jpg"}))
+            inline = _rows(client.post("/embeddings_image", json={"input": _data_uri(PICTURES["/photo.jpg"])}))
+            np.testing.assert_allclose(fetched, inline, atol=1e-6)
+            _assert_close(fetched, _reference("clip", models, [PICTURES["/photo.jpg"]]))
+            refused = client.post("/embeddings_image", json={"input": f"{origins[1]}/photo.jpg"})
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "image_url_failed" and "certificate" in error["message"].lower(), error
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def _https_server(certificates: Path, name: str) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Images)
+    server.daemon_threads = True
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certificates / f"{name}.pem", certificates / f"{name}.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.handle_error = lambda *args: None  # the refused handshake: the client's refusal, not the server's error
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_origin_is_scheme_host_and_port_only() -> None:
+    for origin in ("https://images.example.com", "http://10.0.0.5:8000", "http://[::1]:9000", "HTTPS://A.example"):
+        assert GatewayConfig(replicas=("127.0.0.1:1",), image_url_origins=(origin,)).image_url_origins == (origin,)
+    bad = ("ftp://a.example", "https://a.example/images", "https://a.example?x=1", "https://u:p@a.example", "a.example",
+           "https://a.example:99999", "file:///etc")  # fmt: skip
+    for origin in bad:
+        with pytest.raises(ValueError, match="image-url-origin"):
+            GatewayConfig(replicas=("127.0.0.1:1",), image_url_origins=(origin,))

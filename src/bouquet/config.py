@@ -329,7 +329,10 @@ def check_origin(text: str) -> None:
         raise ValueError(f"--image-url-origin takes http[s]://host[:port], got {text!r}")
     if parts.username is not None or parts.password is not None:
         raise ValueError(f"--image-url-origin takes no credentials, got {text!r}")
-    parts.port  # noqa: B018 (a malformed port raises ValueError)
+    try:
+        parts.port  # noqa: B018 (a malformed port raises ValueError)
+    except ValueError as error:
+        raise ValueError(f"--image-url-origin {text!r}: {error}") from None
 
 
 @dataclass(frozen=True)
