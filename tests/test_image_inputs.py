@@ -373,3 +373,15 @@ def test_an_origin_is_scheme_host_and_port_only() -> None:
     for origin in bad:
         with pytest.raises(ValueError, match="image-url-origin"):
             GatewayConfig(replicas=("127.0.0.1:1",), image_url_origins=(origin,))
+
+
+def test_an_image_body_is_bounded_by_the_image_limit_not_the_json_one(built) -> None:
+    """A lone image's body may pass --max-payload-bytes up to --max-image-bytes; the same image in JSON may not."""
+    image = _file(Image.fromarray(NOISE[:150, :150]))
+    assert 50_000 < len(image) < MAX_IMAGE_BYTES
+    with served(built, max_image_bytes=MAX_IMAGE_BYTES, max_payload_bytes=50_000) as running:
+        raw = running.client.post("/embeddings_image", content=image, headers={"Content-Type": "image/png"})
+        form = running.client.post("/embeddings_image", files=[("input", ("noise.png", image))])
+        np.testing.assert_allclose(_rows(raw), _rows(form), atol=1e-6)
+        as_json = running.client.post("/embeddings_image", json={"input": _data_uri(image)})
+        assert as_json.status_code == 413 and as_json.json()["error"]["code"] == "payload_too_large", as_json.text
