@@ -6,6 +6,7 @@ each bad request its status code and message. Triton's own gRPC client against p
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
@@ -19,9 +20,11 @@ from conftest import row_cosines
 from google.protobuf import json_format
 from in_process import Served, served
 
+from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
-from bouquet.gateway.api.kserve_grpc import status_code
+from bouquet.gateway.api.kserve_grpc import drainable, status_code
 from bouquet.gateway.errors import ClientClosed, InvalidRequest, NotFound, Overloaded, TooLarge, Unavailable
+from bouquet.gateway.service import Service
 from bouquet.proto import open_inference_pb2 as pb
 from bouquet.proto import open_inference_pb2_grpc as pb_grpc
 
@@ -232,6 +235,43 @@ def test_a_drain_refuses_new_calls_unavailable(minilm_path: Path, minilm_fp32: E
                 time.sleep(0.01)
             error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), ())
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
+
+
+def test_calls_are_counted_beside_the_http_routes(running: Served, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    stub.ModelInfer(infer_request(TEXTS[:1]), metadata=AUTH, timeout=60)
+    refusal(stub.ModelMetadata, pb.ModelMetadataRequest(name="no-such-model"))
+    metrics = running.client.get("/metrics").text
+    assert 'bouquet_gateway_requests_total{route="/inference.GRPCInferenceService/ModelInfer",status="200"}' in metrics
+    assert 'route="/inference.GRPCInferenceService/ModelMetadata",status="404"' in metrics
+
+
+def test_work_in_hand_at_the_drains_end_is_unavailable_and_a_gone_client_cancels_it() -> None:
+    # the service's own drain (begin_drain, as SIGTERM calls it) ends the work of a call, which is then told to
+    # retry; a call its client cancels cancels its work
+    async def run() -> None:
+        service = Service(GatewayConfig(replicas=("127.0.0.1:9",)))
+        work = asyncio.ensure_future(asyncio.sleep(60))
+        call = asyncio.ensure_future(drainable(service, work))
+        await asyncio.sleep(0)
+        assert service.work == {work}
+        service.begin_drain(0.0)
+        with pytest.raises(Unavailable, match="shutting down"):
+            await call
+        assert work.cancelled() and not service.work
+        await service.close()
+
+        service = Service(GatewayConfig(replicas=("127.0.0.1:9",)))
+        work = asyncio.ensure_future(asyncio.sleep(60))
+        call = asyncio.ensure_future(drainable(service, work))
+        await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0)
+        assert work.cancelled() and not service.work
+        await service.close()
+
+    asyncio.run(run())
 
 
 def test_status_codes_follow_the_rest_statuses() -> None:

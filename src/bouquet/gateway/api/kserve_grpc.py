@@ -135,7 +135,7 @@ class OpenInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             model=request.model_name, texts=texts, token_ids=None, options=RowOptions(dimensions, normalize),
             prompt_name=prompt_name,
         )  # fmt: skip
-        _, rows, _ = await _drainable(self.service, self.service.embed(job))
+        _, rows, _ = await drainable(self.service, self.service.embed(job))
         rows = np.ascontiguousarray(rows, dtype="<f4")
         output = pb.ModelInferResponse.InferOutputTensor(name=OUTPUT_NAME, datatype="FP32", shape=list(rows.shape))
         return pb.ModelInferResponse(
@@ -245,7 +245,7 @@ def _authorize(service: Service, context: grpc.aio.ServicerContext) -> None:
         )
 
 
-async def _drainable(service: Service, work: Awaitable[_T]) -> _T:
+async def drainable(service: Service, work: Awaitable[_T]) -> _T:
     """`work`, cancelled with the rest of the work in hand when the gateway's drain ends: then UNAVAILABLE, which a
     client retries. A client that goes away cancels the call, and with it `work` and its chunks at the replicas."""
     task = asyncio.ensure_future(work)
