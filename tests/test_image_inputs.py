@@ -28,6 +28,7 @@ import requests
 import torch
 from in_process import engines, served
 from PIL import Image
+from qwen3_vl_models import save_qwen3_vl_with_tokenizer
 from test_clip import _clip, _save
 from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
 from test_replica_tls import make_certificates
@@ -385,3 +386,28 @@ def test_an_image_body_is_bounded_by_the_image_limit_not_the_json_one(built) -> 
         np.testing.assert_allclose(_rows(raw), _rows(form), atol=1e-6)
         as_json = running.client.post("/embeddings_image", json={"input": _data_uri(image)})
         assert as_json.status_code == 413 and as_json.json()["error"]["code"] == "payload_too_large", as_json.text
+
+
+@pytest.mark.long  # a model of its own to build and load (~15 s)
+def test_a_model_whose_images_enter_its_decoder_takes_urls_and_bytes_alike(tmp_path: Path, image_server: str) -> None:
+    """Qwen3-VL-Embedding (gateway/patch_embed.py): an image fetched from a listed origin inside a conversation, and
+    an image body on /embeddings_image, embed equal to the same images as data URIs."""
+    path = tmp_path / "tiny-qwen3-vl"
+    save_qwen3_vl_with_tokenizer(path)
+    picture, photo = PICTURES["/2.png"], PICTURES["/photo.jpg"]
+
+    def message(url: str) -> dict:
+        content = [{"type": "text", "text": "a chart"}, {"type": "image_url", "image_url": {"url": url}}]
+        return {"messages": [{"role": "user", "content": content}]}
+
+    with engines(path) as built, served(built, image_url_origins=(image_server,)) as running:
+        client = running.client
+        inline = _rows(client.post("/v1/embeddings", json=message(_data_uri(picture))))
+        fetched = _rows(client.post("/v1/embeddings", json=message(f"{image_server}/2.png")))
+        np.testing.assert_allclose(fetched, inline, atol=1e-6)
+        as_json = _rows(client.post("/embeddings_image", json={"input": _data_uri(photo)}))
+        raw = _rows(client.post("/embeddings_image", content=photo, headers={"Content-Type": "image/jpeg"}))
+        np.testing.assert_allclose(raw, as_json, atol=1e-6)
+        refused = client.post("/v1/embeddings", json=message(f"{_Images.other_origin}/2.png"))
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "messages[0].content[1].image_url.url", refused.text
