@@ -82,16 +82,16 @@ class UrlFetcher:
                     if status not in REDIRECTS:
                         break
                     if location is None:
-                        raise _failed(name, url, f"answered {status} without a Location")
+                        raise _failed(name, _shown(url), f"answered {status} without a Location")
                     url = urljoin(url, location)
                 else:
-                    raise _failed(name, url, f"redirected more than {MAX_REDIRECTS} times")
+                    raise _failed(name, _shown(url), f"redirected more than {MAX_REDIRECTS} times")
         except TimeoutError:
             raise InvalidRequest(
-                f"{name}: fetching {url} took over {self.timeout:g} s", "image_url_timeout", name
+                f"{name}: fetching {_shown(url)} took over {self.timeout:g} s", "image_url_timeout", name
             ) from None
         if status != 200:
-            raise _failed(name, url, f"answered HTTP {status}")
+            raise _failed(name, _shown(url), f"answered HTTP {status}")
         return body
 
     def _allowed(self, url: str, name: str) -> tuple[Origin, str]:
@@ -103,8 +103,8 @@ class UrlFetcher:
             origin = None
         if origin is None or origin not in self.origins:
             raise InvalidRequest(
-                f"{name}: {url} is not on an origin this server fetches images from (--image-url-origin); send the "
-                "image inline, as a data URI or base64",
+                f"{name}: {_shown(url)} is not on an origin this server fetches images from (--image-url-origin); "
+                "send the image inline, as a data URI or base64",
                 "image_url_refused",
                 name,
             )
@@ -170,6 +170,11 @@ def _over_total(name: str) -> TooLarge:
         "image_too_large",
         name,
     )
+
+
+def _shown(url: str) -> str:
+    """A URL as an error message quotes it: a client's URL may be as long as its body."""
+    return url if len(url) <= 200 else url[:200] + "..."
 
 
 def _failed(name: str, where: str, what: str) -> InvalidRequest:
