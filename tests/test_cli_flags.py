@@ -250,6 +250,7 @@ GATEWAY_SAMPLES = {
     "--header-timeout": "20.0", "--body-timeout": "20.0", "--body-min-rate": "500", "--idle-timeout": "60.0",
     "--token-id-input": "",
     "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example", "--long-input": "chunk",
+    "--grpc-port": str(free_port()),  # the gateway listens there: a free one
 }  # fmt: skip
 
 
