@@ -2,7 +2,8 @@
 and a `bouquet replica` of the bundled MiniLM, as processes: the client's messages have bouquet's field names and
 numbers (the wire is the same); health, server and model metadata; infer with a BYTES input (the client sends it as
 `raw_input_contents`) equal to the REST infer route's rows (cosine 1 within 1e-6), `dimensions` as a request
-parameter; each error as the client raises it (status code and message), overload included."""
+parameter; each error as the client raises it (status code and message), overload included; and `--workers 2`
+gateway processes sharing the gRPC port, each answering."""
 
 from __future__ import annotations
 
@@ -10,17 +11,20 @@ import json
 import re
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from conftest import row_cosines
 from google.protobuf import descriptor_pb2
 
 from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
-from bouquet.proto import open_inference_pb2
+from bouquet.proto import open_inference_pb2 as pb
+from bouquet.proto import open_inference_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.long, pytest.mark.process]
 
@@ -94,7 +98,7 @@ def rest_rows(url: str, **parameters: object) -> np.ndarray:
 
 def ours() -> dict[str, list[list[object]]]:
     proto = descriptor_pb2.FileDescriptorProto()
-    open_inference_pb2.DESCRIPTOR.CopyToProto(proto)
+    pb.DESCRIPTOR.CopyToProto(proto)
     found: dict[str, list[list[object]]] = {}
 
     def walk(messages: object, prefix: str) -> None:
@@ -112,7 +116,7 @@ def test_the_wire_is_tritons(answer: dict) -> None:
     # every message and field bouquet declares is Triton's, by name, number, type and label (Triton has more:
     # calls and fields bouquet does not serve, which the wire skips)
     triton = answer["triton_proto"]
-    assert triton["package"] == open_inference_pb2.DESCRIPTOR.package == "inference"
+    assert triton["package"] == pb.DESCRIPTOR.package == "inference"
     for message, fields in ours().items():
         assert message in triton["messages"], message
         for field in fields:
@@ -153,6 +157,37 @@ def test_errors_as_the_client_raises_them(answer: dict, case: str, status: str, 
     error = answer["errors"][case]
     assert error is not None, f"{case} was answered"
     assert error["status"] == status and message in error["message"], error
+
+
+def test_workers_share_the_grpc_port(replica: str) -> None:
+    # each of --workers 2 gateway processes binds the port (SO_REUSEPORT, as the HTTP one); each connection lands on
+    # one of them, and every one answers
+    grpc_port = free_port()
+    process = start_gateway(free_port(), [replica], "--workers", "2", "--api-key", KEY, "--grpc-port", str(grpc_port))
+    try:
+        process.wait_ready()
+        for _ in range(600):
+            if sum("Open Inference Protocol (gRPC) on" in line for line in process.lines) == 2:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("".join(process.lines[-20:]))
+        contents = pb.InferTensorContents(bytes_contents=[b"one"])
+        tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[1], contents=contents)
+        request = pb.ModelInferRequest(model_name=MODEL, inputs=[tensor])
+        for _ in range(8):  # a connection each
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                for _ in range(100):  # a worker answers once it has found the replica
+                    try:
+                        answer = stub.ModelInfer(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60)
+                        break
+                    except grpc.RpcError as error:
+                        assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+                        time.sleep(0.1)
+                assert list(answer.outputs[0].shape) == [1, 384]
+    finally:
+        assert process.stop() == 0
 
 
 def test_overload_is_resource_exhausted(gateway: tuple[str, str]) -> None:
