@@ -251,6 +251,7 @@ GATEWAY_SAMPLES = {
     "--token-id-input": "",
     "--allow-unknown-fields": "", "--cors-allow-origin": "http://a.example", "--long-input": "chunk",
     "--grpc-port": str(free_port()),  # the gateway listens there: a free one
+    "--image-url-origin": "https://images.example", "--image-url-timeout": "5.0",
 }  # fmt: skip
 
 
