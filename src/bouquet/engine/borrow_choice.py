@@ -8,15 +8,15 @@ every region waits for it: a lone query or image then took ten times longer than
 lags by seconds and counts our own threads), so the lead times what it does: lone steps that borrowed and lone
 steps that did not, per size class, and borrows while borrowing is the faster of the two.
 
-- Borrowing is tried first, as it wins on an idle machine.
-- While it wins, every `refresh_every`-th lone step of a class runs on the lead's own thread, so that the other
-  estimate stays current (on an idle machine this costs a fraction of a millisecond a step on average).
-- Once it loses, the class stops borrowing; borrowing is tried again after `first_backoff` seconds, doubling
-  up to `max_backoff` while it keeps losing (and never sooner than 50 times what a retry is expected to lose),
-  so a machine that stays busy pays one slow step a minute at most.
-- The way not in use is sampled by single steps (a retry, or the periodic own-thread step), and each such sample
-  replaces its estimate, as does a sample after `stale_after` seconds without one: the machine the old estimate
-  described may be gone. The way in use is estimated by the median of its last few steps.
+- Borrowing is tried first, as it wins on an idle machine; the second lone step of a class runs on the lead's own
+  thread, and every `refresh_every`-th after it, so that the other estimate stays current (on an idle machine this
+  costs a fraction of a millisecond a step on average).
+- Each estimate is the median of its way's last few steps, so that one step that met a page fault or a collection
+  decides nothing; an estimate not updated for `stale_after` seconds is replaced by the next sample.
+- Borrowing stops once its steps take 10% longer than the own thread's. It is then retried after `first_backoff`
+  seconds, doubling up to `max_backoff` while it keeps losing (and never sooner than 50 times what a retry is
+  expected to lose), so a machine that stays busy pays one slow step a minute at most. A retry's step replaces
+  the borrowed estimate (the machine it measured may be gone) and brings borrowing back if it beats the own thread.
 
 Only steps that ran alone from start to end are recorded (the caller says so): a step that met another one
 shared the cores and says nothing about borrowing. One thread (the lead worker) calls this object.
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 # A retry is spaced at least this many times what it is expected to lose, so retries cost at most ~2% of the time
 # (a lone CLIP image that borrows beside a co-tenant loses seconds, not milliseconds).
 _RETRY_SPACING = 50
+_MARGIN = 1.1  # borrowing stops once its steps take this much longer than the lead's own thread's
 _WINDOW = 5  # samples an estimate keeps: its median shrugs off a step that met a page fault or a collection
 
 
@@ -44,8 +45,8 @@ class _Estimate:
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))
     updated: float = -float("inf")  # clock time of the last sample; -inf: never sampled
 
-    def add(self, seconds: float, now: float, stale_after: float, probe: bool) -> None:
-        if probe or now - self.updated > stale_after:
+    def add(self, seconds: float, now: float, stale_after: float, replace: bool) -> None:
+        if replace or now - self.updated > stale_after:
             self.samples.clear()
         self.samples.append(seconds)
         self.updated = now
@@ -67,6 +68,7 @@ class _SizeClass:
     lone_steps: int = 0  # lone steps decided while borrowing wins, for the periodic own-thread refresh
     retry_at: float = 0.0  # clock time from which a class that stopped borrowing tries it again
     backoff: float = 0.0  # seconds to the next retry once borrowing loses again
+    held: int = 0  # borrowed lone steps since borrowing (re)started without losing
 
 
 class BorrowChoice:
@@ -99,24 +101,32 @@ class BorrowChoice:
         """A lone step's wall time, borrowed or on the lead's own threads, that ran alone from start to end."""
         now = self._clock()
         size = self._class(num_tokens)
-        probe = borrowed != size.borrowing  # a retry, or the periodic own-thread step
-        (size.borrowed if borrowed else size.own).add(seconds, now, self.stale_after, probe)
+        retry = borrowed and not size.borrowing
+        (size.borrowed if borrowed else size.own).add(seconds, now, self.stale_after, replace=retry)
         if not (size.borrowed.known and size.own.known):
             return
-        wins = size.borrowed.seconds <= size.own.seconds
-        if wins and borrowed and not size.borrowing:  # only a fresh borrowed step brings borrowing back
-            size.borrowing, size.backoff, size.lone_steps = True, 0.0, 0
-            logger.info("lone steps of <= %d tokens borrow every thread again: %s", _bound(num_tokens), _vs(size))
-        elif not wins and (size.borrowing or borrowed):  # it lost, or lost its retry
-            loss = size.borrowed.seconds - size.own.seconds  # what the next retry is expected to cost
-            size.backoff = min(self.max_backoff, max(self.first_backoff, 2 * size.backoff, _RETRY_SPACING * loss))
-            size.retry_at = now + size.backoff
-            if size.borrowing:
-                logger.info(
-                    "lone steps of <= %d tokens stop borrowing threads (another process holds a core?): %s; "
-                    "retried in %.0f s", _bound(num_tokens), _vs(size), size.backoff,
-                )  # fmt: skip
+        if retry:
+            if size.borrowed.seconds <= size.own.seconds:
+                size.borrowing, size.lone_steps, size.held = True, 0, 0
+                logger.info("lone steps of <= %d tokens borrow every thread again: %s", _bound(num_tokens), _vs(size))
+            else:
+                self._back_off(size, now)
+        elif size.borrowing and size.borrowed.seconds > _MARGIN * size.own.seconds:
+            self._back_off(size, now)
             size.borrowing = False
+            logger.info(
+                "lone steps of <= %d tokens stop borrowing threads (another process holds a core?): %s; retried in "
+                "%.0f s", _bound(num_tokens), _vs(size), size.backoff,
+            )  # fmt: skip
+        elif size.borrowing and borrowed:
+            size.held += 1
+            if size.held >= self.refresh_every:  # borrowing has held a while: the next loss starts a new backoff
+                size.backoff = 0.0
+
+    def _back_off(self, size: _SizeClass, now: float) -> None:
+        loss = size.borrowed.seconds - size.own.seconds  # what the next retry is expected to cost
+        size.backoff = min(self.max_backoff, max(self.first_backoff, 2 * size.backoff, _RETRY_SPACING * loss))
+        size.retry_at = now + size.backoff
 
     def borrowing(self, num_tokens: int) -> bool:
         """Whether lone steps of this size currently borrow (retries aside)."""
