@@ -19,6 +19,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from ray_actors import DyingEmbedder  # noqa: E402
+from ray_start import init_local_ray  # noqa: E402
 
 import bouquet  # noqa: E402
 from bouquet.cli import main  # noqa: E402
@@ -32,8 +33,7 @@ from bouquet.ray import Embedder  # noqa: E402
 def cluster() -> Iterator[None]:
     # The workers import this bouquet, and tests/ray_actors.py, whatever their sys.path.
     paths = [Path(bouquet.__file__).resolve().parent.parent, Path(__file__).resolve().parent]
-    ray.init(
-        address="local",  # a cluster of its own, whatever else runs on this machine
+    init_local_ray(
         num_cpus=2,
         object_store_memory=500 * 2**20,
         include_dashboard=False,

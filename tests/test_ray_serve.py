@@ -32,6 +32,8 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ray[
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ray[serve]'")
 openai = pytest.importorskip("openai")
 
+from ray_start import init_local_ray  # noqa: E402
+
 import bouquet  # noqa: E402
 from bouquet.gateway.testing import free_port  # noqa: E402
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc  # noqa: E402
@@ -51,8 +53,8 @@ ARGS = {"dtype": "float32", "device": "cpu", "cpu_warmup_tokens": "0", "min_repl
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A Ray cluster of its own with Ray Serve's proxy on a free port: the URL."""
-    ray.init(
-        address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False,
+    init_local_ray(
+        num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False,
         runtime_env={"env_vars": {"PYTHONPATH": _source()}},  # the workers import this bouquet
     )  # fmt: skip
     try:
