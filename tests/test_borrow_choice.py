@@ -7,6 +7,7 @@ import itertools
 import threading
 
 import pytest
+from test_cpu_threads import _on_thread
 
 from bouquet.engine.borrow_choice import BorrowChoice
 from bouquet.engine.cpu_threads import StepThreads
@@ -127,22 +128,6 @@ class _Recording(BorrowChoice):
     def record(self, num_tokens: int, borrowed: bool, seconds: float) -> None:
         assert seconds >= 0
         self.recorded.append((num_tokens, borrowed))
-
-
-def _on_thread(fn) -> None:
-    errors: list[BaseException] = []
-
-    def run_it() -> None:
-        try:
-            fn()
-        except BaseException as error:
-            errors.append(error)
-
-    thread = threading.Thread(target=run_it)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
 
 
 def test_the_lead_asks_and_reports_only_for_lone_short_steps_that_ran_alone_throughout() -> None:
