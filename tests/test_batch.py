@@ -83,3 +83,22 @@ def test_count_within_budget_from_a_sequence_on() -> None:
     assert count_within_budget(cu_seqlens, 1, 100, max_seqs=2) == 2
     assert count_within_budget(cu_seqlens, 3, 100) == 1
     assert count_within_budget(cu_seqlens, 0, 2**40) == 4  # no overflow past int32
+
+
+def test_patch_images_count_their_patches_in_the_budget() -> None:
+    """Qwen3-VL's vision tower runs on every patch before its merger makes 2 x 2 of them one token: a sequence's
+    share of the budget is its tokens plus its images' patches, through slices and concatenations; a batch without
+    patch images counts its tokens alone."""
+    grids = np.array([[1, 4, 4], [1, 2, 4], [1, 4, 6]])  # 16, 8 and 24 patches: 4, 2 and 6 tokens
+    sequences = [[1] * 8, [2] * 3, [3] * 14, [4] * 5]  # 0: one image in 8 tokens, 2: two images in 14
+    batch = Batch.pack(sequences).with_patch_images(np.zeros((48, 12), np.float32), grids, [1, 0, 2, 0])
+    assert batch.cu_budget.tolist() == [0, 8 + 16, 27, 27 + 14 + 8 + 24, 78] and batch.budget_tokens == 78
+    assert batch.slice(1, 4).cu_budget.tolist() == [0, 3, 49, 54]
+    assert Batch.concat([batch.slice(2, 4), batch.slice(0, 2)]).cu_budget.tolist() == [0, 46, 51, 75, 78]
+    # 30 tokens: one run of 30 by tokens alone; by the budget's count the images take most of it
+    assert token_budget_runs(batch.cu_seqlens, 30) == [(0, 4)]
+    assert token_budget_runs(batch.cu_budget, 30) == [(0, 2), (2, 3), (3, 4)]
+    texts = Batch.pack(sequences)
+    assert texts.cu_budget is texts.cu_seqlens and texts.budget_tokens == 30
+    images = Batch.pack_images(np.zeros((2, 3, 4, 4), np.float32), tokens_per_image=5)
+    assert images.cu_budget.tolist() == [0, 5, 10]  # CLIP's image tokens are its tower's: counted once

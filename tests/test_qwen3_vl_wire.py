@@ -1,7 +1,7 @@
 """Qwen3-VL's images on the wire: token sequences holding images of any size (EmbedRequest.image_grid_thw) through
 a real replica (gRPC on loopback, the scheduler) against the engine's own rows; the scheduler packs text-only and
-image sequences into one step under the token budget, image tokens counted like text's; malformed requests are
-InvalidInput and never reach the engine."""
+image sequences into one step under the token budget, an image counting its tokens and the vision tower's patches;
+malformed requests are InvalidInput and never reach the engine."""
 
 from __future__ import annotations
 
@@ -68,9 +68,40 @@ def test_texts_and_images_share_steps_through_a_replica(stub, recorder: Recordin
     for batch, rows in zip(batches, results, strict=True):
         np.testing.assert_allclose(rows, vl_engine.embed(batch), rtol=1e-4, atol=2e-5)
     steps = recorder.batches
-    assert all(step.num_tokens <= 64 or step.num_seqs == 1 for step in steps)
+    assert all(step.budget_tokens <= 64 or step.num_seqs == 1 for step in steps)
     mixed = [s for s in steps if s.cu_images is not None and (np.diff(s.cu_images) == 0).any()]
     assert mixed, "no step held a text-only sequence beside an image sequence"
+
+
+def test_a_step_counts_the_vision_towers_patches_in_its_budget(
+    stub, replica: ReplicaThread, recorder: RecordingEngine, vl_engine: Engine
+) -> None:
+    """Five sequences of 43 tokens, which by tokens alone fit one 64-token step; their 56 patches (4 for each image
+    token, before the 2 x 2 merger) count too, so the scheduler cuts two steps, each within 64 of tokens and patches
+    together."""
+    import torch
+
+    generator = torch.Generator().manual_seed(7)
+    (small, small_grid), (wide, wide_grid) = (preprocess(picture) for picture in images([(32, 32), (48, 32)]))
+    assert small_grid.tolist() == [1, 4, 4] and wide_grid.tolist() == [1, 4, 6]  # 16 and 24 patches
+    sequences = [
+        [*_words(generator, 2), *image_tokens(small_grid), *_words(generator, 1)],  # 9 tokens + 16 patches
+        _words(generator, 10),
+        [*_words(generator, 1), *image_tokens(wide_grid), *_words(generator, 1)],  # 10 tokens + 24 patches
+        _words(generator, 6),
+        [*_words(generator, 1), *image_tokens(small_grid), *_words(generator, 1)],  # 8 tokens + 16 patches
+    ]
+    batch = Batch.pack(sequences).with_patch_images(
+        np.concatenate([small, wide, small]), np.stack([small_grid, wide_grid, small_grid]), [1, 0, 1, 0, 1]
+    )
+    assert batch.num_tokens == 43 and batch.budget_tokens == 43 + 56
+    rows = response_rows(stub.Embed(embed_request(batch), timeout=120))
+    np.testing.assert_allclose(rows, vl_engine.embed(batch), rtol=1e-4, atol=2e-5)
+    steps = recorder.batches
+    assert [step.num_seqs for step in steps] == [2, 3]  # 25 + 10 = 35, then 34 + 6 + 24 = 64
+    assert [step.num_tokens + len(step.pixel_values) for step in steps] == [35, 64]
+    assert [step.budget_tokens for step in steps] == [35, 64]
+    assert replica.scheduler.metrics.value("bouquet_batch_tokens_sum") == 99  # the step metrics count alike
 
 
 def _message(**change) -> embedding_pb2.EmbedRequest:

@@ -60,8 +60,8 @@ class Batch:
     `image_grid_thw` (optional, with `pixel_values` and `cu_images`): images of any size inside token sequences
     (Qwen3-VL). `pixel_values` is then every image's patches end to end ([P, patch_dim], image j's are
     prod(image_grid_thw[j]) rows), sequence i's images are image_grid_thw[cu_images[i]:cu_images[i + 1]], and
-    `input_ids` are real tokens with each image's placeholder tokens, so its tokens count in the budget as text's
-    do; text-only sequences (no images) share such a batch.
+    `input_ids` are real tokens with each image's placeholder tokens; its tokens and its images' patches (the
+    vision tower's tokens) count in the budget (`cu_budget`); text-only sequences (no images) share such a batch.
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -189,6 +189,23 @@ class Batch:
     @property
     def seq_lens(self) -> np.ndarray:  # [B] int32
         return np.diff(self.cu_seqlens)
+
+    @property
+    def cu_budget(self) -> np.ndarray:  # [B + 1] int32 or int64
+        """Where each sequence starts in the token budget's units: its tokens, plus the patches of its patch images
+        (Qwen3-VL), since the vision tower runs on every patch before its merger makes each 2 x 2 block one token;
+        counting only the tokens, a step of images would hold 4 times the vision work the budget allows. The same
+        array as `cu_seqlens` for any other batch."""
+        if self.image_grid_thw is None or self.cu_images is None:
+            return self.cu_seqlens
+        cu_patches = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.image_grid_thw.prod(1, dtype=np.int64))])
+        cu_budget: np.ndarray = self.cu_seqlens + cu_patches[self.cu_images]
+        return cu_budget
+
+    @property
+    def budget_tokens(self) -> int:
+        """Its work in the token budget's units (`cu_budget`): the tokens, plus the patches of patch images."""
+        return int(self.cu_budget[-1])
 
     @property
     def cu_rows(self) -> np.ndarray:  # [B + 1] int64: sequence i's rows are cu_rows[i]:cu_rows[i + 1]
@@ -371,22 +388,23 @@ def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | Non
     }
 
 
-def count_within_budget(cu_seqlens: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:
+def count_within_budget(cu_budget: np.ndarray, first: int, max_tokens: float, max_seqs: int | None = None) -> int:
     """How many sequences from `first` on, in order, fit together in `max_tokens` tokens (and `max_seqs`
-    sequences); 0 when sequence `first` alone is over the budget."""
-    ends = cu_seqlens[first + 1 :]
-    count = int(np.searchsorted(ends, int(cu_seqlens[first]) + max_tokens, side="right"))
+    sequences); 0 when sequence `first` alone is over the budget. `cu_budget`: where each sequence starts in the
+    budget's units (a batch's `cu_budget`; `cu_seqlens` for token ids alone)."""
+    ends = cu_budget[first + 1 :]
+    count = int(np.searchsorted(ends, int(cu_budget[first]) + max_tokens, side="right"))
     return count if max_seqs is None else max(0, min(count, max_seqs))
 
 
-def token_budget_runs(cu_seqlens: np.ndarray, max_tokens: float, max_seqs: int | None = None) -> list[tuple[int, int]]:
+def token_budget_runs(cu_budget: np.ndarray, max_tokens: float, max_seqs: int | None = None) -> list[tuple[int, int]]:
     """[start, stop) runs of consecutive sequences covering them all in order, each as long as the budget
     allows: at most `max_tokens` tokens and `max_seqs` sequences; a sequence over the budget is a run alone."""
-    num_seqs = len(cu_seqlens) - 1
+    num_seqs = len(cu_budget) - 1
     runs: list[tuple[int, int]] = []
     start = 0
     while start < num_seqs:
-        stop = start + max(1, count_within_budget(cu_seqlens, start, max_tokens, max_seqs))
+        stop = start + max(1, count_within_budget(cu_budget, start, max_tokens, max_seqs))
         runs.append((start, stop))
         start = stop
     return runs

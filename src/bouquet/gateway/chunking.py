@@ -19,9 +19,11 @@ from bouquet.replica.client import Reply
 def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) -> list[tuple[int, int]]:
     """[start, stop) runs of sequences in order, evened out so that none is a small leftover: the fewest chunks
     of `chunk_tokens` there can be, each given an equal share of the tokens as its budget (and at most
-    `max_seqs` sequences: a sparse request's rows are vocabulary wide on the replica)."""
-    target = batch.num_tokens / max(1, math.ceil(batch.num_tokens / chunk_tokens))
-    return token_budget_runs(batch.cu_seqlens, target, max_seqs)
+    `max_seqs` sequences: a sparse request's rows are vocabulary wide on the replica). Tokens as the replica's
+    budget counts them (`Batch.cu_budget`: patch images' patches too)."""
+    total = batch.budget_tokens
+    target = total / max(1, math.ceil(total / chunk_tokens))
+    return token_budget_runs(batch.cu_budget, target, max_seqs)
 
 
 async def embed_chunked(
@@ -44,7 +46,7 @@ async def maxsim_chunked(
     chunked as an embedding batch is, each chunk sent with its own copy of the query (a few dozen tokens), so that
     token vectors never leave the replica."""
     query, documents = batch.slice(0, 1), batch.slice(1, batch.num_seqs)
-    spans = chunk_spans(documents, max(1, chunk_tokens - query.num_tokens))
+    spans = chunk_spans(documents, max(1, chunk_tokens - query.budget_tokens))
     chunks = [Batch.concat([query, documents.slice(start, stop)]) for start, stop in spans]
     parts = await _all_or_none([pool.embed(model, chunk, priority, maxsim=True) for chunk in chunks])
     return np.concatenate(parts)  # type: ignore[arg-type]

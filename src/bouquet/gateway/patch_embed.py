@@ -198,7 +198,8 @@ async def embed_conversations(
     service.check_tokens(estimate)
     sources = await fetch_urls(service.config, [part.source for part in images], [part.name for part in images])
     fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
-    return await service.compute(model, estimate, batch)
+    work = estimate + len(images) * (processing.max_pixels // processing.patch_size**2)  # the vision tower's patches
+    return await service.compute(model, work, batch)
 
 
 def _check_sequences(sequences: list[list[int]], conversations: list[Conversation], pad: list[int], limit: int) -> None:

@@ -160,7 +160,8 @@ class Service:
     ) -> tuple[Any, int]:
         """The rows of the batch `prepare` tokenizes (with `maxsim`, its first sequence's MaxSim scores against the
         others), admitted on `estimate` (an upper bound of its tokens, from its bytes; `exact` when counted from
-        token ids) before any work; and the tokens they took."""
+        token ids; patch images' patches included, as `Batch.cu_budget` counts work) before any work; and the
+        tokens they took."""
         if not self.pool.any_healthy(model.name):
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         async with self.admission.admit(
@@ -169,7 +170,7 @@ class Service:
             batch = await prepare()
             tokens = batch.num_tokens
             self.check_tokens(tokens)
-            ticket.tokenized(tokens)
+            ticket.tokenized(batch.budget_tokens)
             chunk_tokens = self.config.chunk_tokens or 2 * max(1, model.max_batch_tokens)
             priority = 0 if ticket.short else 1  # queries first; among the rest, first come first served
             max_seqs = max_sparse_rows(model.sparse_dimension) if batch.any_sparse else None

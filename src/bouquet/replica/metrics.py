@@ -16,11 +16,13 @@ class ReplicaMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.queue_tokens = Gauge("bouquet_queue_tokens", "Tokens waiting, not yet in a step", registry=r)
+        self.queue_tokens = Gauge(
+            "bouquet_queue_tokens", "Tokens waiting, not yet in a step (images' patches included)", registry=r
+        )
         self.queue_seqs = Gauge("bouquet_queue_seqs", "Sequences waiting, not yet in a step", registry=r)
         self.steps_in_flight = Gauge("bouquet_steps_in_flight", "Steps submitted to the engine, not done", registry=r)
         self.batch_tokens = Histogram(
-            "bouquet_batch_tokens", "Tokens per step", buckets=_TOKEN_BUCKETS, registry=r
+            "bouquet_batch_tokens", "Tokens per step (images' patches included)", buckets=_TOKEN_BUCKETS, registry=r
         )  # fmt: skip
         self.batch_seqs = Histogram("bouquet_batch_seqs", "Sequences per step", buckets=_SEQ_BUCKETS, registry=r)
         self.step_seconds = Histogram(

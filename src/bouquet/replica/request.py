@@ -334,8 +334,9 @@ class Request:
         return self.batch.num_seqs
 
     @property
-    def queued_tokens(self) -> int:
-        return self.batch.num_tokens - int(self.batch.cu_seqlens[self.next_seq])
+    def queued_tokens(self) -> int:  # in the budget's units (Batch.cu_budget)
+        cu_budget = self.batch.cu_budget
+        return int(cu_budget[-1] - cu_budget[self.next_seq])
 
     @property
     def queued_seqs(self) -> int:

@@ -2,7 +2,9 @@
 
 One queue of requests, served in arrival order one sequence at a time: a request's sequences may span several
 batches, and a later small request never overtakes an earlier large one. A batch is cut when the next sequence
-would pass `max_batch_tokens` or `max_batch_seqs`; a sequence larger than the budget runs alone. Everything
+would pass `max_batch_tokens` or `max_batch_seqs`; a sequence larger than the budget runs alone. Tokens are
+counted as `Batch.cu_budget` counts them: a sequence's tokens, plus its patch images' patches (the vision tower's
+tokens), in the budget, the queue and the step metrics alike. Everything
 here runs on the event loop's thread, so the queue needs no lock; only the engine's forward runs elsewhere.
 """
 
@@ -110,10 +112,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         if deadline is not None and loop.time() >= deadline:
             raise DeadlineExpired("deadline passed before the request was queued")
-        if self.queued_tokens + batch.num_tokens > self.config.max_queue_tokens:
+        tokens = batch.budget_tokens
+        if self.queued_tokens + tokens > self.config.max_queue_tokens:
             raise QueueFull(
                 f"queue full: {self.queued_tokens} of {self.config.max_queue_tokens} tokens are waiting and this "
-                f"request has {batch.num_tokens}; retry later or on another replica"
+                f"request has {tokens}; retry later or on another replica"
             )
         raw = batch.raw_spans is not None and bool(batch.raw_spans.any())
         vectors = batch.token_vectors is not None and bool(batch.token_vectors.any())
@@ -122,7 +125,7 @@ class Scheduler:
         rows = np.empty((batch.num_rows, batch.width(full_width)), np.float32)
         request = Request(batch, deadline, loop.create_future(), rows, on_rows, rows_left=batch.num_rows)
         self._queue.append(request)
-        self._count_queued(batch.num_tokens, batch.num_seqs)
+        self._count_queued(tokens, batch.num_seqs)
         self._submit_ready()
         return request
 
@@ -155,7 +158,7 @@ class Scheduler:
             if not parts:
                 return
             batch = Batch.concat([request.batch.slice(first, first + count) for request, first, count in parts])
-            self.metrics.batch_tokens.observe(batch.num_tokens)
+            self.metrics.batch_tokens.observe(batch.budget_tokens)
             self.metrics.batch_seqs.observe(batch.num_seqs)
             try:
                 lazy = self.engine.step(batch)
@@ -188,13 +191,13 @@ class Scheduler:
                 break  # fixed-size images never share a step with texts (Batch)
             if request.batch.any_sparse:
                 max_seqs = min(max_seqs, max_sparse_rows(self.limits.sparse_dimension, SPARSE_STEP_BYTES))
-            first = request.next_seq
-            count = count_within_budget(request.batch.cu_seqlens, first, max_tokens - tokens, max_seqs - seqs)
+            first, cu_budget = request.next_seq, request.batch.cu_budget
+            count = count_within_budget(cu_budget, first, max_tokens - tokens, max_seqs - seqs)
             if count == 0:
                 if parts:
                     break
                 count = 1  # longer than the whole budget: it runs alone rather than wait forever
-            num_tokens = int(request.batch.cu_seqlens[first + count] - request.batch.cu_seqlens[first])
+            num_tokens = int(cu_budget[first + count] - cu_budget[first])
             parts.append((request, first, count))
             tokens, seqs = tokens + num_tokens, seqs + count
             request.next_seq += count

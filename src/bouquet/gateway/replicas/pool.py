@@ -171,7 +171,7 @@ class ReplicaPool:
         all outputs); `priority` orders chunks waiting
         for a replica (lower first, then by arrival)."""
         request = embed_request(batch, maxsim)
-        tokens = batch.num_tokens
+        tokens = batch.budget_tokens  # the work it brings, as the replica's budget counts it
         tried: set[Replica] = set()
         last_code: grpc.StatusCode | None = None
         deadline = time.monotonic() + self._timeout
