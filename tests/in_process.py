@@ -31,7 +31,7 @@ from bouquet import event_loop
 from bouquet.config import EngineConfig, GatewayConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
-from bouquet.gateway.http.server import bind_socket, uvicorn_config
+from bouquet.gateway.http.server import bind_socket, scheme, uvicorn_config
 from bouquet.replica.server import ReplicaServer
 
 BASE_URL = "http://testserver"
@@ -43,7 +43,7 @@ T = TypeVar("T")
 class Served:
     client: httpx.Client  # ASGI: no socket
     replicas: tuple[str, ...]  # each replica's gRPC address, in the order of the engines
-    url: str = ""  # http://127.0.0.1:PORT with `listen`, else empty
+    url: str = ""  # http://127.0.0.1:PORT with `listen` (https:// with `tls_cert`), else empty
     app: Starlette | None = None
     loop: asyncio.AbstractEventLoop | None = None  # the one the app and the replicas run on
 
@@ -155,7 +155,7 @@ async def _listen(stack: AsyncExitStack, app: Starlette, config: GatewayConfig) 
         if task.done():
             task.result()  # its error
         await asyncio.sleep(0.01)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"{scheme(config)}://127.0.0.1:{sock.getsockname()[1]}"
 
 
 async def _stop(server: uvicorn.Server, task: asyncio.Future[None]) -> None:

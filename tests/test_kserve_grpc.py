@@ -2,11 +2,14 @@
 routes, real replicas in this process (tests/in_process.py; the bundled MiniLM), called through the stub generated
 from proto/open_inference.proto: health and metadata; infer with the texts as `raw_input_contents` and as
 `contents.bytes_contents`, equal to the REST infer route's rows and to sentence-transformers'; request parameters;
-each bad request its status code and message. Triton's own gRPC client against processes: test_kserve_grpc_client.py."""
+each bad request its status code and message; readiness on both twins while no replica is healthy and while the
+gateway drains; the service listed, described and called through gRPC server reflection alone, as grpcurl does (README's
+example). Triton's own gRPC client against processes: test_kserve_grpc_client.py; TLS: test_kserve_grpc_tls.py."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import struct
 import time
@@ -14,17 +17,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 from conftest import row_cosines
-from google.protobuf import json_format
+from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from in_process import Served, served
 
 from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.api.kserve_grpc import drainable, status_code
+from bouquet.gateway.app import create_app
 from bouquet.gateway.errors import ClientClosed, InvalidRequest, NotFound, Overloaded, TooLarge, Unavailable
 from bouquet.gateway.service import Service
+from bouquet.gateway.testing import free_port
 from bouquet.proto import open_inference_pb2 as pb
 from bouquet.proto import open_inference_pb2_grpc as pb_grpc
 
@@ -124,12 +132,53 @@ def test_parameters(stub: pb_grpc.GRPCInferenceServiceStub, rest_rows: np.ndarra
     np.testing.assert_array_equal(rows_of(stub.ModelInfer(request, metadata=AUTH, timeout=60)), rest_rows)
 
 
-def test_grpcurls_json_as_the_readme_writes_it(stub: pb_grpc.GRPCInferenceServiceStub, sentence_transformer) -> None:
-    # grpcurl sends the JSON it is given as protobuf's JSON mapping (bytes as base64): README's example, parsed so
-    body = """{"model_name": "all-MiniLM-L6-v2", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
-               "contents": {"bytes_contents": ["YSBxdWVyeQ==", "YSBkb2N1bWVudA=="]}}]}"""
-    request = json_format.Parse(body, pb.ModelInferRequest())
-    rows = rows_of(stub.ModelInfer(request, metadata=AUTH, timeout=60))
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_grpcurl_body() -> str:
+    """The JSON of README's `grpcurl ... -d '...' ... ModelInfer` example."""
+    text = README.read_text()
+    start = text.index("-d '", text.index("grpcurl -plaintext -d")) + len("-d '")
+    return text[start : text.index("'", start)]
+
+
+def reflected(channel: grpc.Channel) -> tuple[list[str], ServiceDescriptor]:
+    """What grpcurl reads from the server's reflection: the services listed, and the protocol's, described."""
+    database = ProtoReflectionDescriptorDatabase(channel)
+    services = list(database.get_services())
+    return services, descriptor_pool.DescriptorPool(database).FindServiceByName("inference.GRPCInferenceService")
+
+
+def test_reflection_lists_and_describes_the_service(running: Served) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        services, service = reflected(channel)
+    assert sorted(services) == ["grpc.reflection.v1alpha.ServerReflection", "inference.GRPCInferenceService"]
+    methods = {method.name: (method.input_type.full_name, method.output_type.full_name) for method in service.methods}
+    assert methods == {
+        name: (f"inference.{name}Request", f"inference.{name}Response")
+        for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+    }
+    reflected_fields = {f.name: f.number for f in service.methods_by_name["ModelInfer"].input_type.fields}
+    assert reflected_fields == {f.name: f.number for f in pb.ModelInferRequest.DESCRIPTOR.fields}
+
+
+def test_readmes_grpcurl_call_through_reflection_alone(running: Served, sentence_transformer) -> None:
+    # as grpcurl runs it: the messages built from the reflected descriptors (no generated code, no .proto), the body
+    # parsed from README's JSON by protobuf's JSON mapping (bytes as base64), the answer printed back as JSON
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        method = reflected(channel)[1].methods_by_name["ModelInfer"]
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        request = json_format.Parse(readme_grpcurl_body(), request_class())
+        request.model_name = MODEL  # README's serve names it minilm
+        call = channel.unary_unary(
+            f"/{method.containing_service.full_name}/{method.name}",
+            request_serializer=request_class.SerializeToString, response_deserializer=response_class.FromString,
+        )  # fmt: skip
+        printed = json_format.MessageToDict(call(request, metadata=AUTH, timeout=60))
+    (output,) = printed["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("embedding", "FP32", ["2", "384"])
+    rows = np.frombuffer(base64.b64decode(printed["rawOutputContents"][0]), "<f4").reshape(2, 384)
     expected = sentence_transformer.encode(["a query", "a document"], normalize_embeddings=True)
     assert row_cosines(rows, expected).min() > 0.99999
 
@@ -187,7 +236,9 @@ def test_unknown_model_version_and_key(stub: pb_grpc.GRPCInferenceServiceStub) -
     assert error.code() == grpc.StatusCode.NOT_FOUND and "no-such-model" in error.details()
     error = refusal(stub.ModelMetadata, pb.ModelMetadataRequest(name=MODEL, version="2"))
     assert error.code() == grpc.StatusCode.NOT_FOUND and "one version, '1', not '2'" in error.details()
-    assert refusal(stub.ModelReady, pb.ModelReadyRequest(name="no-such-model")).code() == grpc.StatusCode.NOT_FOUND
+    # readiness is an answer, not an error (the protocol's, and Triton's): a model or version not served is not ready
+    assert not stub.ModelReady(pb.ModelReadyRequest(name="no-such-model")).ready
+    assert not stub.ModelReady(pb.ModelReadyRequest(name=MODEL, version="2")).ready
     for metadata in ((), (("authorization", "Bearer wrong"),)):
         error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), metadata)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "API key" in error.details()
@@ -222,19 +273,67 @@ def test_overload_is_resource_exhausted(running: Served, stub: pb_grpc.GRPCInfer
         raise AssertionError("the slot was never given back")
 
 
-def test_a_drain_refuses_new_calls_unavailable(minilm_path: Path, minilm_fp32: Engine) -> None:
+def readiness(client: httpx.Client, stub: pb_grpc.GRPCInferenceServiceStub) -> dict[str, object]:
+    """The server's and the model's readiness on both twins: REST's status and error, gRPC's `ready`."""
+    answers: dict[str, object] = {}
+    for name, path in (("server", "/v2/health/ready"), ("model", f"/v2/models/{MODEL}/ready")):
+        reply = client.get(path)
+        answers[f"rest {name}"] = (reply.status_code, reply.json().get("error"))
+    answers["grpc server"] = stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready
+    answers["grpc model"] = stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=30).ready
+    return answers
+
+
+def test_a_drain_is_not_ready_and_refuses_new_calls_unavailable(minilm_path: Path, minilm_fp32: Engine) -> None:
     with served([minilm_fp32], model_dirs=(minilm_path,), grpc_port=0) as running:
         assert running.app is not None and running.loop is not None
         service = running.app.state.service
-        running.loop.call_soon_threadsafe(service.begin_drain, 30.0)  # as SIGTERM starts it
         with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            before = readiness(running.client, stub)
+            running.loop.call_soon_threadsafe(service.begin_drain, 30.0)  # as SIGTERM starts it
             for _ in range(100):  # until the loop has run the drain's start
                 if service.draining:
                     break
                 time.sleep(0.01)
+            during = readiness(running.client, stub)
             error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), ())
+    assert before == {"rest server": (200, None), "rest model": (200, None), "grpc server": True, "grpc model": True}
+    shutting_down = (400, "the gateway is shutting down")  # the protocol's "false" on REST: a 4xx (Triton's 400)
+    assert during == {"rest server": shutting_down, "rest model": shutting_down, "grpc server": False,
+                      "grpc model": False}  # fmt: skip
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
+
+
+def test_not_ready_while_no_replica_is_healthy(running: Served) -> None:
+    # a gateway whose one replica never answers, as before any replica reports: not ready on either twin, yet live
+    async def answers() -> tuple[dict[str, object], bool, grpc.StatusCode]:
+        config = GatewayConfig(replicas=(f"127.0.0.1:{free_port()}",), grpc_port=0, drain_seconds=1.0)
+        app = create_app(config)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                rest = {path: await client.get(path) for path in ("/v2/health/ready", f"/v2/models/{MODEL}/ready")}
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{app.state.grpc_port}") as channel:
+                stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                live = (await stub.ServerLive(pb.ServerLiveRequest(), timeout=30)).live
+                ready = (await stub.ServerReady(pb.ServerReadyRequest(), timeout=30)).ready
+                model = (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=30)).ready
+                try:
+                    await stub.ModelInfer(infer_request(TEXTS[:1]), timeout=30)
+                    code = grpc.StatusCode.OK
+                except grpc.aio.AioRpcError as error:
+                    code = error.code()
+        status = {path: (reply.status_code, reply.json()["error"]) for path, reply in rest.items()}
+        return {**status, "grpc server": ready, "grpc model": model}, live, code
+
+    found, live, infer = asyncio.run_coroutine_threadsafe(answers(), running.loop).result(120)
+    assert found == {
+        "/v2/health/ready": (400, "no replica is healthy"),
+        f"/v2/models/{MODEL}/ready": (400, "no replica has reported its model yet"),
+        "grpc server": False, "grpc model": False,
+    }  # fmt: skip
+    assert live and infer == grpc.StatusCode.UNAVAILABLE
 
 
 def test_calls_are_counted_beside_the_http_routes(running: Served, stub: pb_grpc.GRPCInferenceServiceStub) -> None:

@@ -282,7 +282,7 @@ def test_probes_and_metrics_hit_the_gateways_routes(docs: list[Doc], tmp_path: P
     """The probes go to --port, on the Open Inference Protocol's health routes, which are routes of the gateway app
     that `serve` starts with these flags (its config as serve hands it to its gateway, built by `bouquet gateway
     --config`), answered without an API key even where one is set (the kubelet sends none). With no replica
-    reachable, readiness is 503 (out of the Service) while startup and liveness pass (no restart while the replica
+    reachable, readiness is 400 (the protocol's 4xx: out of the Service) while startup and liveness pass (no restart while the replica
     reloads). KServe's metrics annotations name /metrics on --port; /v2/models/{name}/infer is a POST route."""
     from starlette.routing import Match
     from starlette.testclient import TestClient
@@ -309,7 +309,7 @@ def test_probes_and_metrics_hit_the_gateways_routes(docs: list[Doc], tmp_path: P
         assert config.api_key == "test-api-key" and config.port == args.port
         asyncio.set_event_loop(asyncio.new_event_loop())  # grpc.aio channels need one
         client = TestClient(create_app(config))  # not started (no lifespan): no replica is reached
-        expected = {"startupProbe": 200, "readinessProbe": 503, "livenessProbe": 200}
+        expected = {"startupProbe": 200, "readinessProbe": 400, "livenessProbe": 200}
         for probe, status in expected.items():
             get = container[probe]["httpGet"]
             assert get["port"] == args.port and get.get("scheme", "HTTP") == "HTTP", probe

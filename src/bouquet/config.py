@@ -355,6 +355,15 @@ class GatewayConfig:
         None, help="port for KServe's Open Inference Protocol over gRPC (inference.GRPCInferenceService), on --host "
         "(default: off)",
     )  # fmt: skip
+    # Clients reach both ports over TLS with these (HTTPS on --port, TLS on --grpc-port): one certificate, as the
+    # replicas' --tls-cert is theirs. `serve` takes none: its health probe and its replicas are its own, on loopback.
+    tls_cert: Path | None = flag(
+        None, help="PEM certificate: serve HTTPS on --port and gRPC over TLS on --grpc-port (with --tls-key)"
+    )
+    tls_key: Path | None = flag(None, help="PEM private key of --tls-cert")
+    tls_client_ca: Path | None = flag(
+        None, help="PEM CA: clients of both ports must present a certificate it signed (mutual TLS)"
+    )
     # Every route but /health and the docs needs `Authorization: Bearer KEY`; set by --api-key, --api-key-file or
     # $BOUQUET_API_KEY (cli.py), never handed to a child process in its arguments.
     api_key: str | None = None
@@ -447,6 +456,9 @@ class GatewayConfig:
             name, _, port = target.rpartition(":")
             if not name or not port.isdigit():
                 raise ValueError(f"--replicas-dns takes NAME:PORT, got {target!r}")
+        check_pair(self.tls_cert, self.tls_key, "gateway TLS")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first")
         check_pair(self.replica_tls_cert, self.replica_tls_key, "gateway TLS to replicas")
         if self.replica_tls_cert is not None and self.replica_tls_ca is None:
             raise ValueError("--replica-tls-cert needs --replica-tls-ca: a client certificate is sent over TLS only")

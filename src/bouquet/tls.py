@@ -1,6 +1,7 @@
-"""TLS between gateways and replicas on other hosts: the replica presents a certificate (and, given a client CA,
-asks the gateway for one: mutual TLS); the gateway checks it against a CA it is given. `serve`'s own replicas
-need none: they listen on Unix sockets only their user can reach."""
+"""TLS on the gRPC ports: between gateways and replicas on other hosts, the replica presents a certificate (and,
+given a client CA, asks the gateway for one: mutual TLS) and the gateway checks it against a CA it is given; and
+on the gateway's own Open Inference Protocol port, towards its clients. `serve`'s own replicas need none: they
+listen on Unix sockets only their user can reach."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def _read(path: Path | None) -> bytes | None:
 
 
 def server_credentials(cert: Path, key: Path, client_ca: Path | None) -> grpc.ServerCredentials:
-    """The replica's side; with `client_ca`, a gateway must present a certificate that CA signed."""
+    """A server's side (a replica's, or the gateway's OIP port); with `client_ca`, a client must present a
+    certificate that CA signed."""
     return grpc.ssl_server_credentials(
         [(key.read_bytes(), cert.read_bytes())],
         root_certificates=_read(client_ca),

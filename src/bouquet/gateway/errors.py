@@ -71,6 +71,11 @@ class Overloaded(ApiError):
     type = "rate_limit_error"
 
 
+class NotReady(ApiError):
+    """The Open Inference Protocol's health answer "false" on REST: a 4xx, as the protocol's health API says (400, as
+    Triton answers); its gRPC twin answers `ready: false` instead."""
+
+
 class Unavailable(ApiError):
     """No healthy replica can serve the model now (503)."""
 

@@ -34,7 +34,8 @@ class GatewayWorkers(Supervisor):
         path = write_config_file(Path(self._config_dir.name) / "gateway.json", worker_sections(c))
         if not self.start_gateways(path, c.workers, c.api_key):
             return False
-        print(f"bouquet gateway: listening on http://{c.host}:{c.port} ({c.workers} workers)", file=sys.stderr)
+        scheme = "https" if c.tls_cert is not None else "http"
+        print(f"bouquet gateway: listening on {scheme}://{c.host}:{c.port} ({c.workers} workers)", file=sys.stderr)
         return True
 
 

@@ -32,8 +32,9 @@ _REPLICA_SETS = {"listen", "metrics_port", "drain_seconds", "token", "insecure"}
 _GATEWAY_SETS = {
     "replicas", "replicas_dns", "dns_interval", "model_dirs", "host", "port", "workers", "drain_seconds", "api_key",
     "replica_token", "replicas_followed",
-    # Ray Serve's proxy holds the HTTP connections (its port, timeouts and limits), not bouquet's server.
+    # Ray Serve's proxy holds the HTTP connections (its port, TLS, timeouts and limits), not bouquet's server.
     "max_connections", "max_header_bytes", "header_timeout", "body_timeout", "body_min_rate", "idle_timeout",
+    "tls_cert", "tls_key", "tls_client_ca",
 }  # fmt: skip
 
 

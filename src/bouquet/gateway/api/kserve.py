@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from bouquet.batch import RowOptions
 from bouquet.gateway.api.fields import Count, Dimensions, Text, described
-from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
+from bouquet.gateway.errors import InvalidRequest, NotFound, NotReady, Unavailable
 from bouquet.gateway.http.body import read_body
 from bouquet.gateway.http.decode import BodyDecoder, ResponseBody
 from bouquet.gateway.http.endpoint import Handler, endpoint, json_response, unless_disconnected
@@ -172,8 +172,7 @@ async def _live(service: Service, request: Request) -> Response:
 
 
 async def _ready(service: Service, request: Request) -> Response:
-    if not service.pool.any_healthy():
-        raise Unavailable("no replica is healthy", "no_healthy_replica")
+    check_server_ready(service)
     return json_response(KServeReady())
 
 
@@ -181,18 +180,46 @@ async def _server_metadata(service: Service, request: Request) -> Response:
     return json_response(KServeServerMetadata("bouquet", "0.1.0", ["binary_tensor_data"]))
 
 
-def _model(service: Service, request: Request) -> ServedModel:
-    version = request.path_params.get("version")
-    if version is not None and version != VERSION:
+def served_model(service: Service, name: str, version: str | None) -> ServedModel:
+    """The embedding model `name` at `version` (none or "": its one version)."""
+    if version and version != VERSION:
         raise NotFound(f"the model has one version, {VERSION!r}, not {version!r}", "not_found", "version")
-    return embedding_model(service, request.path_params["model"])
+    return embedding_model(service, name)
+
+
+def _model(service: Service, request: Request) -> ServedModel:
+    return served_model(service, request.path_params["model"], request.path_params.get("version"))
 
 
 async def _model_ready(service: Service, request: Request) -> Response:
-    model = _model(service, request)
-    if not service.pool.any_healthy(model.name):
-        raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
+    model = check_model_ready(service, request.path_params["model"], request.path_params.get("version"))
     return json_response(KServeModelReady(model.id))
+
+
+# Readiness, as a Kubernetes readinessProbe reads it: false while the gateway drains (it takes no new work) and while
+# no replica is healthy, before any has reported as after the last has gone. A gateway fronting several models is
+# ready while any of them is (the protocol's server readiness is all of them): its sibling gateways see the same
+# replicas, so leaving a Service would stop the models that do serve and help none that do not.
+def check_server_ready(service: Service) -> None:
+    """Returns if the server is ready for inference; else NotReady, saying why."""
+    if service.draining:
+        raise NotReady("the gateway is shutting down", "shutting_down")
+    if not service.pool.any_healthy():
+        raise NotReady("no replica is healthy", "no_healthy_replica")
+
+
+def check_model_ready(service: Service, name: str, version: str | None) -> ServedModel:
+    """The model, if it is ready for inference; else NotReady saying why (NotFound for a name or version never
+    served, a 4xx too)."""
+    if service.draining:
+        raise NotReady("the gateway is shutting down", "shutting_down")
+    try:
+        model = served_model(service, name, version)
+    except Unavailable as error:  # no replica has reported the model yet: not an error, not ready
+        raise NotReady(error.message, error.code, error.param) from None
+    if not service.pool.any_healthy(model.name):
+        raise NotReady(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
+    return model
 
 
 async def _model_metadata(service: Service, request: Request) -> Response:

@@ -8,7 +8,12 @@ embedding job as the REST route (Service.embed). Request parameters `dimensions`
 
 Errors are the status codes of their kind (`status_code`): a model not served NOT_FOUND, a bad tensor or parameter
 INVALID_ARGUMENT, overload RESOURCE_EXHAUSTED, no healthy replica or a drain that ended UNAVAILABLE (both worth a
-retry), a missing API key UNAUTHENTICATED; each with the message the REST route gives."""
+retry), a missing API key UNAUTHENTICATED; each with the message the REST route gives. ServerReady and ModelReady
+answer `ready: false` (status OK) where the REST routes answer a 4xx, as the protocol and Triton do: while the
+gateway drains, while no replica (of the model) is healthy, and for a model or version not served.
+
+Over TLS with the gateway's --tls-cert (mutual with --tls-client-ca), as its HTTPS port; with gRPC server reflection
+(grpc.reflection.v1alpha), so grpcurl and grpcui list and call the service without the .proto file."""
 
 from __future__ import annotations
 
@@ -18,18 +23,24 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from grpc_reflection.v1alpha import reflection
 
 from bouquet.batch import RowOptions
+from bouquet.config import GatewayConfig
 from bouquet.gateway.api.kserve import (
     INPUT_NAME,
     OUTPUT_NAME,
     VERSION,
     KServeInferInput,
     KServeTensorParameters,
+    check_model_ready,
+    check_server_ready,
+    served_model,
     tensor_texts,
 )
 from bouquet.gateway.errors import (
@@ -46,9 +57,10 @@ from bouquet.gateway.errors import (
 )
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.replicas.catalog import ServedModel
-from bouquet.gateway.service import Service, embedding_model
+from bouquet.gateway.service import Service
 from bouquet.proto import open_inference_pb2 as pb
 from bouquet.proto import open_inference_pb2_grpc as pb_grpc
+from bouquet.tls import server_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +100,15 @@ class OpenInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
-        return pb.ServerReadyResponse(ready=self.service.pool.any_healthy())
+        async def ready() -> Any:
+            return pb.ServerReadyResponse(ready=_ready(partial(check_server_ready, self.service)))
+
+        return await self._answer("ServerReady", context, ready, public=True)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
         async def ready() -> Any:
-            model = self._model(request.name, request.version)
-            return pb.ModelReadyResponse(ready=self.service.pool.any_healthy(model.name))
+            check = partial(check_model_ready, self.service, request.name, request.version)
+            return pb.ModelReadyResponse(ready=_ready(check))
 
         return await self._answer("ModelReady", context, ready, public=True)
 
@@ -119,9 +134,7 @@ class OpenInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer("ModelInfer", context, lambda: self._infer(request), work=True)
 
     def _model(self, name: str, version: str) -> ServedModel:
-        if version not in ("", VERSION):
-            raise NotFound(f"the model has one version, {VERSION!r}, not {version!r}", "not_found", "version")
-        return embedding_model(self.service, name)
+        return served_model(self.service, name, version)
 
     async def _infer(self, request: pb.ModelInferRequest) -> Any:
         model = self._model(request.model_name, request.model_version)
@@ -177,6 +190,17 @@ class OpenInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             service.metrics.in_flight.dec()
             service.metrics.requests.labels(route, str(status)).inc()
             service.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+
+
+def _ready(check: Callable[[], object]) -> bool:
+    """True if `check` passes; False where the REST route answers a 4xx for it (the protocol's "false")."""
+    try:
+        check()
+    except ApiError as error:
+        if error.status >= 500:
+            raise
+        return False
+    return True
 
 
 def request_texts(request: pb.ModelInferRequest) -> list[str]:
@@ -262,7 +286,7 @@ async def drainable(service: Service, work: Awaitable[_T]) -> _T:
 
 class OpenInferenceServer:
     """The gRPC server of the protocol, on `host:port` (SO_REUSEPORT, gRPC's default, so a gateway's workers share
-    the port as they share the HTTP one)."""
+    the port as they share the HTTP one), over TLS when the gateway has a certificate."""
 
     def __init__(self, service: Service, host: str, port: int):
         self.service = service
@@ -272,18 +296,30 @@ class OpenInferenceServer:
         ]
         self.server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(OpenInferenceServicer(service), self.server)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), self.server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self.server.add_insecure_port(address)
+        self.tls = service.config.tls_cert is not None
+        self.port = _add_port(self.server, address, service.config)
         if self.port == 0:
             raise ValueError(f"cannot listen for gRPC on {address}")
         self.host = host
 
     async def start(self) -> None:
         await self.server.start()
+        over = " over TLS" if self.tls else ""
         print(
-            f"bouquet gateway: Open Inference Protocol (gRPC) on {self.host}:{self.port}", file=sys.stderr, flush=True
-        )
+            f"bouquet gateway: Open Inference Protocol (gRPC{over}) on {self.host}:{self.port}",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
 
     async def stop(self, grace: float) -> None:
         """New calls refused; the calls in hand go on within `grace` (the drain's end answers them UNAVAILABLE)."""
         await self.server.stop(grace)
+
+
+def _add_port(server: grpc.aio.Server, address: str, config: GatewayConfig) -> int:
+    """The port bound: with the HTTPS port's certificate and client CA when the gateway has them."""
+    if config.tls_cert is None or config.tls_key is None:
+        return int(server.add_insecure_port(address))
+    credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    return int(server.add_secure_port(address, credentials))

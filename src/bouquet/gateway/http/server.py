@@ -11,6 +11,7 @@ import gc
 import math
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -37,9 +38,23 @@ def uvicorn_config(app: Starlette, config: GatewayConfig, **overrides: Any) -> u
     return uvicorn.Config(
         app, **{"http": protocol, "ws": "none", "lifespan": "on", "access_log": False, "log_level": "warning",
         "timeout_graceful_shutdown": math.ceil(config.drain_seconds) + _ANSWER_SECONDS, "server_header": False,
-        "date_header": False,
+        "date_header": False, **_tls(config),
         **overrides},
     )  # fmt: skip
+
+
+def _tls(config: GatewayConfig) -> dict[str, Any]:
+    """uvicorn's HTTPS settings for --tls-cert (the gRPC port uses the same files: api/kserve_grpc.py)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return {}
+    settings: dict[str, Any] = {"ssl_certfile": str(config.tls_cert), "ssl_keyfile": str(config.tls_key)}
+    if config.tls_client_ca is not None:
+        settings.update(ssl_ca_certs=str(config.tls_client_ca), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return settings
+
+
+def scheme(config: GatewayConfig) -> str:
+    return "https" if config.tls_cert is not None else "http"
 
 
 class _Server(uvicorn.Server):
@@ -85,6 +100,6 @@ async def serve_gateway(config: GatewayConfig) -> int:
     # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).
     gc.collect()
     gc.freeze()
-    print(f"bouquet gateway: listening on http://{config.host}:{port}", file=sys.stderr, flush=True)
+    print(f"bouquet gateway: listening on {scheme(config)}://{config.host}:{port}", file=sys.stderr, flush=True)
     await server.serve(sockets=[sock])
     return 0

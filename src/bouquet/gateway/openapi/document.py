@@ -265,8 +265,8 @@ OPERATIONS: tuple[Operation, ...] = (
     # KServe's Open Inference Protocol (v2), with its error body
     Operation("/v2/health/live", "get", "KServe v2: the server is live", "KServe", _json(KSERVE_LIVE), public=True,
               errors="kserve"),
-    Operation("/v2/health/ready", "get", "KServe v2: a replica is healthy", "KServe", _json(KSERVE_READY),
-              statuses=frozenset({503}), public=True, errors="kserve"),
+    Operation("/v2/health/ready", "get", "KServe v2: a replica is healthy and the gateway is not draining (else 400)",
+              "KServe", _json(KSERVE_READY), statuses=frozenset({400}), public=True, errors="kserve"),
     Operation("/v2", "get", "KServe v2: the server's metadata", "KServe", _json(KSERVE_SERVER_METADATA),
               errors="kserve"),
     *(
@@ -276,9 +276,9 @@ OPERATIONS: tuple[Operation, ...] = (
         for version, parameters in _KSERVE_VERSIONS
     ),
     *(
-        Operation(f"/v2/models/{{model}}{version}/ready", "get", "KServe v2: a healthy replica serves the model",
-                  "KServe", _json(KSERVE_MODEL_READY), statuses=MODEL_LOOKUP | {400}, errors="kserve", public=True,
-                  parameters=parameters)
+        Operation(f"/v2/models/{{model}}{version}/ready", "get",
+                  "KServe v2: a healthy replica serves the model (else 4xx)", "KServe", _json(KSERVE_MODEL_READY),
+                  statuses=MODEL_LOOKUP | {400}, errors="kserve", public=True, parameters=parameters)
         for version, parameters in _KSERVE_VERSIONS
     ),
     *(
