@@ -1,6 +1,7 @@
 """Triton's gRPC client (`tritonclient.grpc`) calling a gateway's Open Inference Protocol port, run by
 tests/test_kserve_grpc_client.py under .venv-oip's python (tritonclient pins a protobuf bouquet's own environment
-cannot take). Reads a JSON job on stdin ({"url", "model", "key", "texts", "mode"}) and prints one JSON object: what
+cannot take). Reads a JSON job on stdin ({"url", "model", "key", "texts", "mode"}, and "tls": the PEM files' paths
+{"ca", "cert", "key"} for a gateway serving TLS) and prints one JSON object: what
 the client got from each call, its errors as the client raises them (status and message), and the fields of
 tritonclient's own messages (names, numbers, types) for the test to compare with bouquet's proto."""
 
@@ -56,12 +57,25 @@ def fields():
     return {"package": proto.package, "messages": found}
 
 
+def connect(job):
+    tls = job.get("tls")
+    if tls is None:
+        return triton.InferenceServerClient(job["url"])
+    return triton.InferenceServerClient(  # the client takes the PEM files' paths
+        job["url"], ssl=True, root_certificates=tls["ca"], private_key=tls["key"], certificate_chain=tls["cert"]
+    )
+
+
 def main() -> None:
     job = json.load(sys.stdin)
-    client = triton.InferenceServerClient(job["url"])
+    client = connect(job)
     auth = {"authorization": f"Bearer {job['key']}"}
     if job["mode"] == "overload":
         print(json.dumps({"overload": refusal(lambda: infer(client, job, job["texts"]))}))
+        return
+    if job["mode"] == "tls":
+        ready = {"ready": client.is_server_ready(), "model_ready": client.is_model_ready(job["model"])}
+        print(json.dumps({**ready, "infer": infer(client, job, job["texts"])}))
         return
     metadata = client.get_model_metadata(job["model"], headers=auth, as_json=True)
     answer = {

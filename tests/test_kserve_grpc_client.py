@@ -2,16 +2,19 @@
 and a `bouquet replica` of the bundled MiniLM, as processes: the client's messages have bouquet's field names and
 numbers (the wire is the same); health, server and model metadata; infer with a BYTES input (the client sends it as
 `raw_input_contents`) equal to the REST infer route's rows (cosine 1 within 1e-6), `dimensions` as a request
-parameter; each error as the client raises it (status code and message), overload included; and `--workers 2`
-gateway processes sharing the gRPC port, each answering."""
+parameter; each error as the client raises it (status code and message), overload included; `--workers 2`
+gateway processes sharing the gRPC port, each answering; and a gateway with `--tls-cert` and `--tls-client-ca`
+(openssl's CA) called over mutual TLS, its rows the HTTPS route's."""
 
 from __future__ import annotations
 
 import json
 import re
 import socket
+import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ import numpy as np
 import pytest
 from conftest import row_cosines
 from google.protobuf import descriptor_pb2
+from test_replica_tls import make_certificates
 
 from bouquet.gateway.testing import Process, free_port, start_gateway, start_replica, wait_healthy
 from bouquet.proto import open_inference_pb2 as pb
@@ -72,8 +76,8 @@ def gateway(replica: str) -> Iterator[tuple[str, str]]:
         assert process.stop() == 0
 
 
-def run_client(address: str, mode: str = "calls") -> dict:
-    job = {"url": address, "model": MODEL, "key": KEY, "texts": TEXTS, "mode": mode}
+def run_client(address: str, mode: str = "calls", tls: dict[str, str] | None = None) -> dict:
+    job = {"url": address, "model": MODEL, "key": KEY, "texts": TEXTS, "mode": mode, "tls": tls}
     done = subprocess.run(
         [str(OIP_PYTHON), str(CLIENT)], input=json.dumps(job), capture_output=True, text=True, timeout=300
     )
@@ -86,12 +90,12 @@ def answer(gateway: tuple[str, str]) -> dict:
     return run_client(gateway[1])
 
 
-def rest_rows(url: str, **parameters: object) -> np.ndarray:
+def rest_rows(url: str, context: ssl.SSLContext | None = None, **parameters: object) -> np.ndarray:
     body = {"inputs": [{"name": "text", "shape": [len(TEXTS)], "datatype": "BYTES", "data": TEXTS}]}
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
     body |= {"parameters": parameters} if parameters else {}
     request = urllib.request.Request(f"{url}/v2/models/{MODEL}/infer", json.dumps(body).encode(), headers)
-    with urllib.request.urlopen(request, timeout=120) as reply:
+    with urllib.request.urlopen(request, timeout=120, context=context) as reply:
         output = json.loads(reply.read())["outputs"][0]
     return np.array(output["data"], np.float32).reshape(output["shape"])
 
@@ -201,3 +205,32 @@ def test_overload_is_resource_exhausted(gateway: tuple[str, str]) -> None:
         error = run_client(gateway[1], "overload")["overload"]
     assert error is not None and error["status"] == "StatusCode.RESOURCE_EXHAUSTED", error
     assert "its limit" in error["message"]
+
+
+def test_tritons_client_over_mutual_tls(replica: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # `bouquet gateway` with a server certificate for 127.0.0.1 and a client CA: HTTPS on --port, TLS on --grpc-port
+    certs = make_certificates(tmp_path_factory.mktemp("gateway-tls"))
+    port, grpc_port = free_port(), free_port()
+    tls_args = ["--tls-cert", str(certs / "replica.pem"), "--tls-key", str(certs / "replica.key"),
+                "--tls-client-ca", str(certs / "ca.pem")]  # fmt: skip
+    process = start_gateway(port, [replica], "--api-key", KEY, "--grpc-port", str(grpc_port), *tls_args)
+    context = ssl.create_default_context(cafile=certs / "ca.pem")
+    context.load_cert_chain(certs / "gateway.pem", certs / "gateway.key")
+    url = f"https://127.0.0.1:{port}"
+    try:
+        process.wait_ready()
+        assert any(f"listening on {url}" in line for line in process.lines)
+        for _ in range(600):  # until the gateway has the replica's model
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5, context=context):
+                    break
+            except urllib.error.HTTPError:
+                time.sleep(0.1)
+        assert any(f"(gRPC over TLS) on 127.0.0.1:{grpc_port}" in line for line in process.lines)
+        tls = {"ca": str(certs / "ca.pem"), "cert": str(certs / "gateway.pem"), "key": str(certs / "gateway.key")}
+        found = run_client(f"127.0.0.1:{grpc_port}", "tls", tls)
+        assert found["ready"] and found["model_ready"]
+        rows = np.array(found["infer"]["rows"], np.float32)
+        assert np.abs(row_cosines(rows, rest_rows(url, context)) - 1).max() < 1e-6
+    finally:
+        assert process.stop() == 0
