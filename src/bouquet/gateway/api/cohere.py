@@ -1,11 +1,14 @@
 """Cohere's API, as its SDK calls it: v1's `POST /v1/rerank` (also Jina's and vLLM's shape, and TEI's /rerank with
 `documents`), and v2's `POST /v2/embed` and `POST /v2/rerank` (`ClientV2`).
 
-`/v2/embed` takes `texts` (or `inputs` of text content), `input_type` (search_query, search_document,
-classification, clustering: the model's sentence-transformers prompt of that role where it has one, else none),
+`/v2/embed` takes `texts`, `images` (data URIs; a URL only on an origin the server lists) or `inputs` (each a
+`content` list of `{"type": "text", "text"}` and `{"type": "image_url", "image_url": {"url"}}` parts), exactly one
+of them; texts and images of one model come back in one space (gateway/mixed_inputs.py: a text model refuses
+images, 400). `input_type` (search_query, search_document, classification, clustering: the model's
+sentence-transformers prompt of that role for texts where it has one, else none; image: none),
 `embedding_types` (any of float, int8, uint8, binary, ubinary, base64: each computed from the same float rows,
-in bouquet's encodings), `output_dimension`, `max_tokens` (keep the first N tokens) and `truncate` (END, the
-default; START; NONE: an input over the limit is an error). Images are refused: no image model is served yet.
+in bouquet's encodings), `output_dimension`, `max_tokens` (keep the first N tokens of a text) and `truncate` (END,
+the default; START; NONE: an input over the limit is an error).
 `/v2/rerank` takes `query`, `documents` (strings) and `top_n`, and answers the results without documents, as v2 does.
 Errors have Cohere's body, `{"message": ...}` (http/error_responses.py), with the status of the error."""
 
@@ -36,6 +39,7 @@ from bouquet.gateway.api.fields import (
     described,
     mode_weights,
 )
+from bouquet.gateway.api.multimodal import Image, ImageUrl
 from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.api.vllm import Activation, raw_scores
 from bouquet.gateway.errors import InvalidRequest
@@ -44,6 +48,8 @@ from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import cohere_error_response
 from bouquet.gateway.jobs import EmbedJob, RerankJob
+from bouquet.gateway.mixed_inputs import MixedJob, embed_mixed
+from bouquet.gateway.patch_embed import Conversation, ImageInput
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
 
@@ -70,29 +76,31 @@ class CohereRerankRequest(RequestBody):
     weights_for_different_modes: ModeWeights = None
 
 
-class CohereContent(msgspec.Struct):
-    """A part of an input's content: only text is embedded here."""
-
-    type: Annotated[str, Meta(extra_json_schema={"enum": ["text"]})]
+class CohereText(msgspec.Struct, tag="text", tag_field="type"):
     text: str
 
 
+class CohereImage(msgspec.Struct, tag="image_url", tag_field="type"):
+    image_url: ImageUrl
+
+
 class CohereInput(msgspec.Struct):
-    content: Annotated[list[CohereContent], Meta(min_length=1)]
+    content: Annotated[list[CohereText | CohereImage], Meta(min_length=1)]
 
 
 class CohereV2EmbedRequest(RequestBody):
-    """Exactly one of texts and inputs."""
+    """Exactly one of texts, images and inputs."""
 
     model: Model = None
-    texts: Annotated[Texts, described("the texts (or `inputs`)")] | None = None
-    inputs: Annotated[
-        list[CohereInput], Meta(min_length=1, description="each input's text content, joined (images are refused)")
-    ] | None = None  # fmt: skip
-    images: Annotated[list[str], described("refused unless empty: no image model", maxItems=0)] | None = None
+    texts: Annotated[Texts, described("the texts (or `images`, or `inputs`)")] | None = None
+    images: Annotated[list[Image], Meta(min_length=1, description="images to embed, each alone")] | None = None
+    inputs: Annotated[list[CohereInput], Meta(min_length=1, description=(
+        "each input's parts: its texts joined; a text or an image alone, or (a model whose images enter its "
+        "decoder) texts and images together"
+    ))] | None = None  # fmt: skip
     input_type: Annotated[str, described(
-        "the model's prompt of that role (query, document / passage, ...)",
-        enum=["search_query", "search_document", "classification", "clustering"],
+        "the model's prompt of that role for texts (query, document / passage, ...); image: none",
+        enum=["search_query", "search_document", "classification", "clustering", "image"],
     )] | None = None  # fmt: skip
     embedding_types: Annotated[list[Annotated[str, Meta(extra_json_schema={"enum": [
         "float", "int8", "uint8", "binary", "ubinary", "base64"]})]], Meta(min_length=1, description="default: float")
@@ -102,7 +110,9 @@ class CohereV2EmbedRequest(RequestBody):
     truncate: Annotated[str, Meta(extra_json_schema={"enum": ["NONE", "START", "END"], "default": "END"})] | None = None
     priority: Refused = None
 
-    __openapi__: ClassVar[dict[str, Any]] = {"oneOf": [{"required": ["texts"]}, {"required": ["inputs"]}]}
+    __openapi__: ClassVar[dict[str, Any]] = {
+        "oneOf": [{"required": ["texts"]}, {"required": ["images"]}, {"required": ["inputs"]}]
+    }
 
 
 class CohereV2RerankRequest(RequestBody):
@@ -133,6 +143,7 @@ INPUT_TYPE_PROMPTS: dict[str, tuple[str, ...]] = {
     "search_document": ("document", "passage", "search_document", "doc"),
     "classification": ("classification",),
     "clustering": ("clustering",),
+    "image": (),
 }
 TRUNCATE = ("NONE", "START", "END")
 
@@ -163,7 +174,8 @@ async def _v2_embed(service: Service, request: Request) -> Response:
     parsed = embed_request(await read_request(service, request, V2_EMBED))
     model = service.catalog.get(parsed.job.model)
     job = replace(parsed.job, prompt_name=prompt_name(model.prompts, parsed.input_type))
-    _, rows, tokens = await unless_disconnected(request, service.embed(job))
+    work = service.embed(job) if parsed.inputs is None else embed_mixed(service, MixedJob(parsed.inputs, job))
+    _, rows, tokens = await unless_disconnected(request, work)
     return json_response(embed_response(rows, parsed, tokens))
 
 
@@ -267,16 +279,15 @@ class CohereV2Ranking(ResponseBody):
 
 @dataclass(frozen=True)
 class CohereEmbed:
-    job: EmbedJob  # float32 rows; each embedding type is encoded from them
+    job: EmbedJob  # float32 rows; each embedding type is encoded from them; its texts, or those of `inputs`
     input_type: str | None
     embedding_types: tuple[str, ...]
+    inputs: list[Conversation] | None = None  # `images` or `inputs`: each input's parts; None: `texts`
 
 
 def embed_request(body: CohereV2EmbedRequest) -> CohereEmbed:
     _refuse_priority(body.priority)
-    if body.images:
-        raise InvalidRequest("images are not supported: no image model is served", "unsupported_parameter", "images")
-    texts = _texts(body)
+    texts, inputs = _texts_or_inputs(body)
     input_type = body.input_type
     if input_type is not None and input_type not in INPUT_TYPE_PROMPTS:
         known = ", ".join(INPUT_TYPE_PROMPTS)
@@ -295,7 +306,7 @@ def embed_request(body: CohereV2EmbedRequest) -> CohereEmbed:
         truncate_field="max_tokens",
         long_input="truncate" if truncate == "NONE" else None,  # over the limit stays an error, never chunked
     )
-    return CohereEmbed(job, input_type, _embedding_types(body.embedding_types))
+    return CohereEmbed(job, input_type, _embedding_types(body.embedding_types), inputs)
 
 
 def prompt_name(prompts: dict[str, str], input_type: str | None) -> str | None:
@@ -340,29 +351,40 @@ def _refuse_priority(priority: Any) -> None:
         raise InvalidRequest(message, "unsupported_parameter", "priority")
 
 
-def _texts(body: CohereV2EmbedRequest) -> list[str]:
-    """`texts`, or `inputs`' text content (each input a `content` list of `{"type": "text", "text": ...}`): exactly
+def _texts_or_inputs(body: CohereV2EmbedRequest) -> tuple[list[str] | None, list[Conversation] | None]:
+    """`texts`, or `images` and `inputs` as each input's parts (and their texts, which the answer echoes): exactly
     one of them, as the SDK sends (it leaves out what is not given, so a null is a client's mistake here)."""
-    if body.texts is not None and body.inputs is not None:
-        raise InvalidRequest("give 'texts' or 'inputs', not both", "invalid_value", "inputs")
+    given = [name for name in ("texts", "images", "inputs") if getattr(body, name) is not None]
+    if len(given) > 1:
+        raise InvalidRequest(f"give one of 'texts', 'images' and 'inputs', not {given}", "invalid_value", given[-1])
+    if body.texts is not None:
+        return body.texts, None
+    if body.images is not None:
+        return None, [_image_input(image, f"images[{index}]") for index, image in enumerate(body.images)]
     if body.inputs is None:
-        if body.texts is None:
-            raise InvalidRequest("'texts' (or 'inputs') is required", "missing_required_parameter", "texts")
-        return body.texts
-    return [_input_text(item, index) for index, item in enumerate(body.inputs)]
+        raise InvalidRequest("'texts' (or 'images', or 'inputs') is required", "missing_required_parameter", "texts")
+    inputs = [_input_parts(item, index) for index, item in enumerate(body.inputs)]
+    return [part for item in inputs for part in item.parts if isinstance(part, str)], inputs  # texts echoed
 
 
-def _input_text(item: CohereInput, index: int) -> str:
-    parts = []
-    for part in item.content:
-        if part.type != "text":
-            message = f"'inputs[{index}]': only text content ({{'type': 'text', 'text': ...}}) is supported"
-            raise InvalidRequest(message, "unsupported_parameter", "inputs")
-        parts.append(part.text)
-    text = " ".join(parts)
-    if not text:
-        raise InvalidRequest(f"'inputs[{index}]' holds no text", "empty_input", "inputs")
-    return text
+def _image_input(image: str, name: str) -> Conversation:
+    return Conversation([ImageInput(image, name)], name)
+
+
+def _input_parts(item: CohereInput, index: int) -> Conversation:
+    """An input's parts in order, each image named by its field's path; adjacent texts joined by a space (a text
+    model embeds an input's text content as one text)."""
+    parts: list[str | ImageInput] = []
+    for number, part in enumerate(item.content):
+        if isinstance(part, CohereImage):
+            parts.append(ImageInput(part.image_url.url, f"inputs[{index}].content[{number}].image_url.url"))
+        elif parts and isinstance(parts[-1], str):
+            parts[-1] = f"{parts[-1]} {part.text}"
+        else:
+            parts.append(part.text)
+    if parts == [""]:
+        raise InvalidRequest(f"'inputs[{index}]' holds no text", "empty_input", f"inputs[{index}]")
+    return Conversation(parts, f"inputs[{index}]")
 
 
 def _embedding_types(value: list[str] | None) -> tuple[str, ...]:

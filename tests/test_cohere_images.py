@@ -1,0 +1,142 @@
+"""Cohere v2's image inputs through the real `cohere` SDK's `ClientV2` over real HTTP on loopback: a tiny CLIP
+(random weights, saved by transformers with its image processor) and the bundled MiniLM behind the real gateway.
+`images` (data URIs) and `inputs` (text and `image_url` parts) against transformers' processor,
+`get_image_features` and `get_text_features` (float32, cosine >= 0.99999), texts and images of one request in input
+order and in one space; an image URL only from an origin the server lists (a loopback http.server), equal to the
+same image inline; refusals in Cohere's body: images on a text model, a text and an image in one input of CLIP, a
+URL off the list, a bad image, two of texts, images and inputs."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import cohere
+import numpy as np
+import pytest
+import torch
+from conftest import row_cosines
+from in_process import engines, served
+from test_clip import _clip, _save
+from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference
+
+from bouquet.engine.engine import Engine
+
+CLIP, TEXT_MODEL = "tiny-clip", "all-MiniLM-L6-v2"
+FILES = [_file(_image(50, 80, 0)), _file(_image(300, 120, 1)), _file(_image(90, 61, 2), "JPEG")]
+TEXTS = ["a photo of a small cat", "a chart of quarterly revenue"]
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory, minilm_path: Path) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("cohere-images") / CLIP
+    model = _save(_clip(eos_token_id=102), path, minilm_path)
+    _processor("clip").save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def image_origin(tmp_path_factory) -> Iterator[str]:
+    """A loopback http.server over a directory holding the test's images."""
+    root = tmp_path_factory.mktemp("cohere-image-files")
+    for index, data in enumerate(FILES):
+        (root / f"{index}.png").write_bytes(data)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(clip, minilm_fp32: Engine, minilm_path: Path, image_origin: str) -> Iterator[cohere.ClientV2]:
+    with (
+        engines(clip[0]) as built,
+        served(
+            [*built, minilm_fp32], listen=True, model_dirs=(minilm_path,), image_url_origins=(image_origin,)
+        ) as running,
+    ):
+        yield cohere.ClientV2(api_key="unused", base_url=running.url, timeout=120)
+
+
+def _floats(response) -> np.ndarray:
+    return np.array(response.embeddings.float_, np.float32)
+
+
+def test_images_embed_as_transformers_clip(client: cohere.ClientV2, clip) -> None:
+    expected = _reference("clip", {"clip": clip}, FILES)
+    images = [_data_uri(data, "jpeg" if index == 2 else "png") for index, data in enumerate(FILES)]
+    response = client.embed(model=CLIP, images=images, input_type="image", embedding_types=["float", "int8"])
+    _assert_close(_floats(response), expected)
+    assert len(response.embeddings.int8) == len(FILES) and response.meta.billed_units.input_tokens == 3 * 17
+
+
+def test_inputs_mix_texts_and_images_in_order_in_one_space(client: cohere.ClientV2, clip, minilm_path: Path) -> None:
+    """Text inputs and image inputs in one request: each row where its input was, equal to the texts and the
+    images embedded apart, and transformers' cosine between a text and an image."""
+    from transformers import AutoTokenizer
+
+    image_part = {"type": "image_url", "image_url": {"url": _data_uri(FILES[0])}}
+    inputs = [
+        {"content": [{"type": "text", "text": TEXTS[0]}]},
+        {"content": [image_part]},
+        {"content": [{"type": "text", "text": "a chart of"}, {"type": "text", "text": "quarterly revenue"}]},
+    ]
+    rows = _floats(client.embed(model=CLIP, inputs=inputs, input_type="search_document"))  # type: ignore[arg-type]
+    texts = _floats(client.embed(model=CLIP, texts=TEXTS, input_type="search_document"))
+    image = _floats(client.embed(model=CLIP, images=[_data_uri(FILES[0])], input_type="image"))
+    np.testing.assert_allclose(rows, np.concatenate([texts[:1], image, texts[1:]]), atol=1e-6)
+    ids = AutoTokenizer.from_pretrained(minilm_path)(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        features = clip[1].get_text_features(**ids).pooler_output.numpy()
+    _assert_close(texts, features)
+    expected_image = _reference("clip", {"clip": clip}, FILES[:1])
+    assert abs(float(row_cosines(texts[:1], image)[0]) - float(row_cosines(features[:1], expected_image)[0])) < 1e-5
+
+
+def test_an_image_url_on_a_listed_origin_embeds_as_the_same_image_inline(
+    client: cohere.ClientV2, image_origin: str
+) -> None:
+    by_url = client.embed(model=CLIP, images=[f"{image_origin}/1.png"], input_type="image")
+    part = {"type": "image_url", "image_url": {"url": f"{image_origin}/1.png"}}
+    in_inputs = client.embed(model=CLIP, inputs=[{"content": [part]}], input_type="image")  # type: ignore[list-item]
+    inline = client.embed(model=CLIP, images=[_data_uri(FILES[1])], input_type="image")
+    np.testing.assert_allclose(_floats(by_url), _floats(inline), atol=1e-6)
+    np.testing.assert_allclose(_floats(in_inputs), _floats(inline), atol=1e-6)
+
+
+def _image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda c, o: c.embed(model=TEXT_MODEL, images=[_data_uri(FILES[0])], input_type="image"),
+         "takes no images"),
+        (lambda c, o: c.embed(model=TEXT_MODEL, inputs=[{"content": [{"type": "text", "text": "a"}]},
+                                                        {"content": [_image_part(_data_uri(FILES[0]))]}],
+                              input_type="search_document"), "takes no images"),
+        (lambda c, o: c.embed(model=CLIP, inputs=[{"content": [{"type": "text", "text": "a cat"},
+                                                               _image_part(_data_uri(FILES[0]))]}],
+                              input_type="search_document"), "'inputs[0]' holds 1 texts and 1 images"),
+        (lambda c, o: c.embed(model=CLIP, images=["http://127.0.0.2:9/cat.png"], input_type="image"),
+         "images[0]"),
+        (lambda c, o: c.embed(model=CLIP, inputs=[{"content": [_image_part(f"{o}/nothing.png")]}],
+                              input_type="image"), "inputs[0].content[0].image_url.url"),
+        (lambda c, o: c.embed(model=CLIP, images=["data:image/png;base64,AAAA"], input_type="image"),
+         "images[0]"),
+        (lambda c, o: c.embed(model=CLIP, texts=["a"], images=[_data_uri(FILES[0])], input_type="image"),
+         "not ['texts', 'images']"),
+    ],
+)  # fmt: skip
+def test_refusals_are_400_in_coheres_body(client: cohere.ClientV2, image_origin: str, call, says: str) -> None:
+    with pytest.raises(cohere.BadRequestError) as raised:
+        call(client, image_origin)
+    assert set(raised.value.body) == {"message"} and says in raised.value.body["message"], raised.value.body
+    assert client.embed(model=CLIP, texts=["still answering"], input_type="search_query").embeddings.float_
