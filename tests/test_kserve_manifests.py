@@ -282,8 +282,9 @@ def test_probes_and_metrics_hit_the_gateways_routes(docs: list[Doc], tmp_path: P
     """The probes go to --port, on the Open Inference Protocol's health routes, which are routes of the gateway app
     that `serve` starts with these flags (its config as serve hands it to its gateway, built by `bouquet gateway
     --config`), answered without an API key even where one is set (the kubelet sends none). With no replica
-    reachable, readiness is 400 (the protocol's 4xx: out of the Service) while startup and liveness pass (no restart while the replica
-    reloads). KServe's metrics annotations name /metrics on --port; /v2/models/{name}/infer is a POST route."""
+    reachable, readiness is 400 (the protocol's 4xx: out of the Service) while startup and liveness pass (no
+    restart while the replica reloads). KServe's metrics annotations name /metrics on --port;
+    /v2/models/{name}/infer is a POST route."""
     from starlette.routing import Match
     from starlette.testclient import TestClient
 
