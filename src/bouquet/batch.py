@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,9 @@ class Batch:
     prod(image_grid_thw[j]) rows), sequence i's images are image_grid_thw[cu_images[i]:cu_images[i + 1]], and
     `input_ids` are real tokens with each image's placeholder tokens; its tokens and its images' patches (the
     vision tower's tokens) count in the budget (`cu_budget`); text-only sequences (no images) share such a batch.
+    For a model whose images are sequences of their own (SigLIP 2: `Batch.image_sequences`), an image's sequence
+    is its patches, one token each, its `input_ids` zeros that only count them, and its only image (`image_sequences`
+    set: the tokens are the vision tower's, so the budget counts them alone); texts share such a batch too.
     """
 
     input_ids: np.ndarray  # [T] int32
@@ -81,6 +85,7 @@ class Batch:
     all_outputs: np.ndarray | None = None  # [B] bool; None: no sequence asks for them
     image_grid_thw: np.ndarray | None = None  # [N, 3] int32 (frames, rows, columns) in patches; set with cu_images
     cu_images: np.ndarray | None = None  # [B + 1] int32; set with image_grid_thw
+    image_sequences: bool = False  # with image_grid_thw: each image a sequence of its own (SigLIP 2)
     # the options every sequence shares, as packed (the arrays above are filled from them); None: a step mixing
     # requests, whose sequences each keep their own
     row_options: RowOptions | None = None
@@ -116,6 +121,17 @@ class Batch:
         cu_seqlens = np.arange(len(pixel_values) + 1, dtype=np.int32) * tokens_per_image
         batch = cls.from_packed(np.zeros(int(cu_seqlens[-1]), np.int32), cu_seqlens, options)
         return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32))
+
+    @classmethod
+    def image_sequences(
+        cls, pixel_values: np.ndarray, grids: np.ndarray, options: RowOptions = RowOptions()
+    ) -> Batch:
+        """Images of any size as patches, each a sequence of its own (SigLIP 2): `pixel_values` [P, patch_dim]
+        float32, image after image, `grids` [N, 3] each image's (1, rows, columns) in patches."""
+        grids = np.asarray(grids, dtype=np.int32).reshape(-1, 3)
+        cu_seqlens = np.concatenate([np.zeros(1, np.int32), np.cumsum(grids.prod(1), dtype=np.int32)])
+        batch = cls.from_packed(np.zeros(int(cu_seqlens[-1]), np.int32), cu_seqlens, options)
+        return replace(batch.with_patch_images(pixel_values, grids, [1] * len(grids)), image_sequences=True)
 
     def with_patch_images(self, pixel_values: np.ndarray, grids: np.ndarray, images_per_seq: Sequence[int]) -> Batch:
         """These token sequences with their images as patches (the class describes the fields): `grids` [N, 3] in
@@ -196,7 +212,7 @@ class Batch:
         (Qwen3-VL), since the vision tower runs on every patch before its merger makes each 2 x 2 block one token;
         counting only the tokens, a step of images would hold 4 times the vision work the budget allows. The same
         array as `cu_seqlens` for any other batch."""
-        if self.image_grid_thw is None or self.cu_images is None:
+        if self.image_grid_thw is None or self.cu_images is None or self.image_sequences:
             return self.cu_seqlens
         cu_patches = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.image_grid_thw.prod(1, dtype=np.int64))])
         cu_budget: np.ndarray = self.cu_seqlens + cu_patches[self.cu_images]
@@ -262,7 +278,7 @@ class Batch:
             **self._span_slice(start, stop),
         )
 
-    def _image_slice(self, start: int, stop: int) -> dict[str, np.ndarray | None]:
+    def _image_slice(self, start: int, stop: int) -> dict[str, Any]:
         if self.pixel_values is None or self.image_grid_thw is None or self.cu_images is None:
             return {"pixel_values": None if self.pixel_values is None else self.pixel_values[start:stop]}
         first, last = int(self.cu_images[start]), int(self.cu_images[stop])
@@ -271,6 +287,7 @@ class Batch:
             "pixel_values": self.pixel_values[int(cu_patches[first]) : int(cu_patches[last])],
             "image_grid_thw": self.image_grid_thw[first:last],
             "cu_images": self.cu_images[start : stop + 1] - first,
+            "image_sequences": self.image_sequences,
         }
 
     def _span_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -376,7 +393,7 @@ def _concat_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
     return {"pixel_values": np.concatenate(images)}
 
 
-def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
+def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, Any]:
     if any(batch.fixed_images for batch in batches):
         raise ValueError("fixed-size images and patch images never share a batch")
     with_images = [batch for batch in batches if batch.patch_images]
@@ -385,6 +402,7 @@ def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | Non
         "pixel_values": np.concatenate([b.pixel_values for b in with_images if b.pixel_values is not None]),
         "image_grid_thw": np.concatenate([b.image_grid_thw for b in with_images if b.image_grid_thw is not None]),
         "cu_images": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
+        "image_sequences": any(batch.image_sequences for batch in with_images),
     }
 
 

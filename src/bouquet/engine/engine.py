@@ -221,12 +221,13 @@ class Engine:
         return int(getattr(self.model, "image_tokens", 0))
 
     @property
-    def image_patches(self) -> tuple[int, int, int] | tuple[()]:
-        """(patch values, merge size, placeholder token id) of a model that takes images of any size inside token
-        sequences (Batch.image_grid_thw); () when it takes none."""
+    def image_patches(self) -> tuple[int, int, int, bool, int] | tuple[()]:
+        """(patch values, merge size, placeholder token id, whether each image is a sequence of its own, most
+        patches an image) of a model that takes images of any size as patches (Batch.image_grid_thw), as the model
+        declares them (replica/patch_images.PatchImageLimits); () when it takes none."""
         if not getattr(self.model, "variable_images", False):
             return ()
-        return (self.model.image_patch_dim, self.model.config.vision.merge_size, self.model.config.image_token_id)
+        return tuple(self.model.image_patches)
 
     def _load(self) -> ModelRunner:
         model = load_model(self.spec, getattr(torch, self.config.float_dtype), self.device)

@@ -33,6 +33,7 @@ class ModelInputs:
     key_lens: list[int] | None = None  # host copy of Batch.key_lens; eager batches only
     pixel_values: torch.Tensor | None = None  # [B, C, H, W] or [P, patch_dim] float32 (Batch); eager batches only
     image_grid_thw: torch.Tensor | None = None  # [N, 3] int64 with patch images (Batch); eager batches only
+    cu_images: torch.Tensor | None = None  # [B + 1] int64 with patch images (Batch); eager batches only
 
     def context(self) -> ForwardContext:
         return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, key_lens=self.key_lens)
@@ -56,8 +57,9 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
     input_ids, positions, cu_seqlens, dimensions, normalize, prompt_lens, *token_types = upload(hosts, device)
     # A copy: the batch's arrays may be read-only views of a message's bytes, which torch does not wrap.
     pixel_values = None if batch.pixel_values is None else torch.tensor(batch.pixel_values, device=device)
-    grids = (
-        None if batch.image_grid_thw is None else torch.tensor(batch.image_grid_thw, dtype=torch.long, device=device)
+    grids, cu_images = (
+        None if array is None else torch.tensor(array, dtype=torch.long, device=device)
+        for array in (batch.image_grid_thw, batch.cu_images)
     )
     return ModelInputs(
         input_ids,
@@ -74,6 +76,7 @@ def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | No
         None if batch.key_lens is None else batch.key_lens.tolist(),
         pixel_values,
         grids,
+        cu_images,
     )
 
 

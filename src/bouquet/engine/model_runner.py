@@ -77,7 +77,10 @@ class ModelRunner:
         ctx.attn_metadata = prepare(ctx)
         with forward_context(ctx):
             if inputs.image_grid_thw is not None:  # patch images inside token sequences (Batch)
-                images = {"pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw}
+                images = {
+                    "pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw,
+                    "cu_images": inputs.cu_images,
+                }  # fmt: skip
                 return self.model(inputs.input_ids, inputs.positions, **images)
             if inputs.pixel_values is not None:  # only models that declare `takes_images` get here
                 return self.model(inputs.input_ids, inputs.positions, pixel_values=inputs.pixel_values)

@@ -42,6 +42,7 @@ _ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3:Gemma3Model",
     "CLIPModel": "clip:ClipModel",
     "SiglipModel": "siglip:SiglipModel",
+    "Siglip2Model": "siglip2:Siglip2Model",
     "Qwen3VLModel": "qwen3_vl:Qwen3VLModel",
     "Qwen3VLForConditionalGeneration": "qwen3_vl:Qwen3VLModel",
 }

@@ -135,6 +135,12 @@ class Qwen3VLModel(nn.Module):
     def image_patch_dim(self) -> int:
         return self.config.vision.patch_dim
 
+    @property
+    def image_patches(self) -> tuple[int, int, int, bool, int]:
+        """(patch values, merge size, placeholder token id, each image a sequence of its own, most patches an
+        image): images inside token sequences, bounded by the text's limit."""
+        return (self.image_patch_dim, self.config.vision.merge_size, self.config.image_token_id, False, 0)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]: text and each image's placeholder tokens
@@ -142,6 +148,7 @@ class Qwen3VLModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,  # unused
         pixel_values: torch.Tensor | None = None,  # [P, patch_dim] float32: every image's patches, in token order
         image_grid_thw: torch.Tensor | None = None,  # [N, 3] each image's (frames, rows, columns) in patches
+        cu_images: torch.Tensor | None = None,  # unused: image tokens are the placeholder's
     ) -> torch.Tensor:  # [T, D] float32
         hidden = self.language_model.embed_tokens(input_ids).float()
         if pixel_values is None or image_grid_thw is None:

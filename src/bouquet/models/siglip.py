@@ -213,20 +213,24 @@ class SiglipModel(TwoTowerModel):
         return self.vision_model(pixel_values, positions)
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        state = drop_ignored(state, _IGNORED)
-        for tower, config in (("text_model", self.config.text), ("vision_model", self.config.vision)):
-            for i in range(config.num_layers):
-                prefix = f"{tower}.encoder.layers.{i}.self_attn"
-                for kind in ("weight", "bias"):
-                    fuse(state, f"{prefix}.qkv_proj.{kind}", [f"{prefix}.{p}_proj.{kind}" for p in "qkv"])
-        for name in (_PATCH_WEIGHT, f"{_MAP_PREFIX}.in_proj_weight", f"{_MAP_PREFIX}.in_proj_bias"):
-            if name not in state:
-                raise ValueError(f"missing weight: {name}")
-        state[_PATCH_WEIGHT] = state[_PATCH_WEIGHT].flatten(1)  # [D, C, p, p] -> [D, C * p * p]
-        width = self.config.vision.hidden_size
-        for kind in ("weight", "bias"):  # torch packs the query's, keys' and values' projections in one
-            packed = state.pop(f"{_MAP_PREFIX}.in_proj_{kind}")
-            state[f"{_MAP_PREFIX}.q_proj.{kind}"], state[f"{_MAP_PREFIX}.kv_proj.{kind}"] = packed.split(
-                [width, 2 * width]
-            )
-        return state
+        return convert_siglip_checkpoint(state, self.config)
+
+
+def convert_siglip_checkpoint(state: dict[str, torch.Tensor], config: SiglipConfig) -> dict[str, torch.Tensor]:
+    """SigLIP's and SigLIP 2's checkpoints to these modules: q/k/v fused, the patch kernel flattened (SigLIP 2's is
+    a Linear already), the MAP head's packed projection split."""
+    state = drop_ignored(state, _IGNORED)
+    for tower, tower_config in (("text_model", config.text), ("vision_model", config.vision)):
+        for i in range(tower_config.num_layers):
+            prefix = f"{tower}.encoder.layers.{i}.self_attn"
+            for kind in ("weight", "bias"):
+                fuse(state, f"{prefix}.qkv_proj.{kind}", [f"{prefix}.{p}_proj.{kind}" for p in "qkv"])
+    for name in (_PATCH_WEIGHT, f"{_MAP_PREFIX}.in_proj_weight", f"{_MAP_PREFIX}.in_proj_bias"):
+        if name not in state:
+            raise ValueError(f"missing weight: {name}")
+    state[_PATCH_WEIGHT] = state[_PATCH_WEIGHT].flatten(1)  # [D, C, p, p] -> [D, C * p * p]
+    width = config.vision.hidden_size
+    for kind in ("weight", "bias"):  # torch packs the query's, keys' and values' projections in one
+        packed = state.pop(f"{_MAP_PREFIX}.in_proj_{kind}")
+        state[f"{_MAP_PREFIX}.q_proj.{kind}"], state[f"{_MAP_PREFIX}.kv_proj.{kind}"] = packed.split([width, 2 * width])
+    return state

@@ -1,0 +1,232 @@
+"""SigLIP 2 (transformers' Siglip2Model, the NaFlex variant): SigLIP's two towers (models/siglip.py) with a vision
+tower that takes each image at its own aspect ratio. The processor resizes an image so that its patch grid (rows x
+columns of p x p patches) fits `max_num_patches`, and hands over the flattened patches; the tower embeds them with a
+Linear, adds the learned square position table resized to the image's grid (bilinear with antialiasing, as
+F.interpolate does it), runs a bidirectional ViT and pools with SigLIP's MAP head.
+
+Packed, padding-free: an image is a sequence of its own, one token per patch, of whatever length its grid gives
+(Batch.image_sequences); attention stays within each image, and the MAP head's one query attends over each image's
+tokens alone. A step may mix texts and images: each tower runs on its own sequences (an attention plan of its
+own), and every sequence's row is put at its first token, where the engine's CLS pooling reads it.
+
+Parameter names follow the Hugging Face checkpoint, converted as SigLIP's are.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
+from bouquet.layers.linear import Linear
+from bouquet.layers.norms import LayerNorm
+from bouquet.model_dir import PoolingMethod
+from bouquet.models.clip import ClipEncoder
+from bouquet.models.siglip import (
+    MapAttention,
+    SiglipConfig,
+    SiglipPoolingHead,
+    SiglipTextTransformer,
+    convert_siglip_checkpoint,
+)
+
+# The most patches one image may make: a 2,048 x 2,048 image at patch 16. The processor's max_num_patches (256 by
+# default; 1,024 in the largest published settings) is far below it; the bound keeps a request's one image within
+# what a step's attention can hold.
+MAX_IMAGE_PATCHES = 16384
+
+
+def siglip2_config(config: dict[str, Any]) -> SiglipConfig:
+    """SigLIP's config read from SigLIP 2's: its square position table of `num_patches` entries is the table of a
+    square image of side sqrt(num_patches) patches."""
+    vision = dict(config.get("vision_config") or {})
+    num_patches = int(vision.pop("num_patches", 256))
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise ValueError(f"vision_config.num_patches {num_patches} is not a square: no square position table")
+    vision["image_size"] = side * int(vision.get("patch_size", 16))
+    return SiglipConfig.from_hf({**config, "vision_config": vision})
+
+
+def antialias_weights(size: int, side: int, device: torch.device) -> torch.Tensor:  # [size, side] float32
+    """The weights F.interpolate(mode="bilinear", align_corners=False, antialias=True) gives the `side` entries of
+    one axis for each of `size` outputs: a triangle as wide as the scale when shrinking, each row summing to 1."""
+    scale = torch.tensor(side / size, dtype=torch.float32)
+    center = (torch.arange(size, device=device, dtype=torch.float32) + 0.5) * scale - 0.5
+    source = torch.arange(side, device=device, dtype=torch.float32)
+    weights = (1 - (source - center[:, None]).abs() / scale.clamp(min=1)).clamp(min=0)
+    return weights / weights.sum(-1, keepdim=True)
+
+
+class Siglip2VisionEmbeddings(nn.Module):
+    def __init__(self, config: SiglipConfig):
+        super().__init__()
+        width = config.vision.hidden_size
+        self.side = config.image_size // config.patch_size
+        self.patch_embedding = Linear(config.num_channels * config.patch_size**2, width)
+        self.position_embedding = nn.Embedding(self.side**2, width)
+
+    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:  # [P, D] float32
+        patches = self.patch_embedding(pixel_values).float()
+        return patches + torch.cat([self.positions(rows, columns) for rows, columns in grids])
+
+    def positions(self, rows: int, columns: int) -> torch.Tensor:  # [rows * columns, D] float32, row by row
+        """The position table resized to a rows x columns grid, one axis at a time (resizing is separable)."""
+        table = self.position_embedding.weight.float().view(self.side, self.side, -1)
+        device = table.device
+        resized = torch.einsum("ri,ijd->rjd", antialias_weights(rows, self.side, device), table)
+        resized = torch.einsum("cj,rjd->rcd", antialias_weights(columns, self.side, device), resized)
+        return resized.flatten(0, 1)
+
+
+class PackedMapAttention(MapAttention):
+    """SigLIP's MAP attention over packed images: the probe's one query per head against each image's own tokens,
+    a softmax per image (its largest score subtracted), in float32."""
+
+    def forward(  # type: ignore[override]
+        self,
+        probe: torch.Tensor,  # [1, D]
+        hidden: torch.Tensor,  # [P, D] every image's tokens
+        image_of: torch.Tensor,  # [P] int64 each token's image
+        num_images: int,
+    ) -> torch.Tensor:  # [N, D] float32
+        width = hidden.shape[1]
+        query = self.q_proj(probe).float().view(self.num_heads, -1)  # [H, hd]
+        key, value = self.kv_proj(hidden).float().view(len(hidden), 2, self.num_heads, -1).unbind(1)  # [P, H, hd]
+        scores = (key * query).sum(-1) / math.sqrt(query.shape[1])  # [P, H]
+        index = image_of[:, None].expand_as(scores)
+        peak = scores.new_full((num_images, self.num_heads), -torch.inf).scatter_reduce(0, index, scores, "amax")
+        weights = (scores - peak[image_of]).exp()
+        total = scores.new_zeros(num_images, self.num_heads).index_add(0, image_of, weights)
+        summed = value.new_zeros(num_images, self.num_heads, value.shape[2]).index_add(0, image_of, weights[..., None] * value)
+        return self.out_proj((summed / total[..., None]).view(num_images, width)).float()
+
+
+class PackedPoolingHead(SiglipPoolingHead):
+    def __init__(self, config: SiglipConfig):
+        super().__init__(config.vision)
+        self.attention = PackedMapAttention(config.vision)
+
+    def forward(self, hidden: torch.Tensor, image_of: torch.Tensor, num_images: int) -> torch.Tensor:  # [N, D]
+        pooled = self.attention(self.probe[0], hidden, image_of, num_images)
+        return pooled + self.mlp(self.layernorm(pooled))
+
+
+class Siglip2VisionTransformer(nn.Module):
+    def __init__(self, config: SiglipConfig):
+        super().__init__()
+        self.embeddings = Siglip2VisionEmbeddings(config)
+        self.encoder = ClipEncoder(config.vision, causal=False)
+        self.post_layernorm = LayerNorm(config.vision.hidden_size, eps=config.vision.layer_norm_eps)
+        self.head = PackedPoolingHead(config)
+
+    def forward(self, pixel_values: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:  # [P, D] float32
+        """Each image's pooled row at its first patch (the others are never read); the forward context is the
+        images' (one sequence each)."""
+        hidden = self.post_layernorm(self.encoder(self.embeddings(pixel_values, grids)))
+        counts = torch.tensor([rows * columns for rows, columns in grids], device=hidden.device)
+        image_of = torch.repeat_interleave(torch.arange(len(grids), device=hidden.device), counts)
+        pooled = self.head(hidden, image_of, len(grids))
+        rows = hidden.new_zeros(hidden.shape)
+        rows[torch.cumsum(counts, 0) - counts] = pooled
+        return rows
+
+
+class Siglip2Model(nn.Module):
+    task = "embed"
+    default_pooling = PoolingMethod.CLS  # each sequence's features are at its first token (module docstring)
+    takes_images = True
+    variable_images = True  # images of any size, as patches (Batch.image_grid_thw)
+
+    def __init__(self, config: SiglipConfig):
+        super().__init__()
+        self.config = config
+        self.text_model = SiglipTextTransformer(config)
+        self.vision_model = Siglip2VisionTransformer(config)
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict[str, Any]) -> Siglip2Model:
+        return cls(siglip2_config(hf_config))
+
+    @property
+    def max_seq_length(self) -> int:
+        """The longest text its position table holds."""
+        return self.config.max_positions
+
+    @property
+    def image_patches(self) -> tuple[int, int, int, bool, int]:
+        """(patch values, merge size, placeholder token id, each image a sequence of its own, most patches an
+        image): an image's tokens are its patches, one each, in a sequence of zeros that only count them."""
+        return (self.config.num_channels * self.config.patch_size**2, 1, 0, True, MAX_IMAGE_PATCHES)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]; for an image, zeros that only count its patches
+        positions: torch.Tensor,  # [T]
+        token_type_ids: torch.Tensor | None = None,  # unused: SigLIP 2 has no token types
+        pixel_values: torch.Tensor | None = None,  # [P, C * p * p] float32: every image's patches, row by row
+        image_grid_thw: torch.Tensor | None = None,  # [N, 3] each image's (1, rows, columns) in patches
+        cu_images: torch.Tensor | None = None,  # [B + 1] sequence i's images: cu_images[i]..cu_images[i + 1]
+    ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
+        if pixel_values is None or image_grid_thw is None or cu_images is None:
+            return self.text_model(input_ids, positions)
+        ctx = get_forward_context()
+        is_image = [count == 1 for count in torch.diff(cu_images).tolist()]
+        grids = [(rows, columns) for _, rows, columns in image_grid_thw.tolist()]
+        self._check_images(pixel_values, grids, ctx.seq_lens, is_image)
+        if all(is_image):  # the step's context is the images' already
+            return self.vision_model(pixel_values, grids)
+        return self._mixed(input_ids, positions, pixel_values, grids, ctx.seq_lens, is_image)
+
+    def _mixed(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        pixel_values: torch.Tensor,
+        grids: list[tuple[int, int]],
+        seq_lens: list[int],
+        is_image: list[bool],
+    ) -> torch.Tensor:  # [T, D] float32
+        """A step of texts and images: each tower on its own sequences, in a forward context of their own."""
+        device = input_ids.device
+        token_is_image = torch.repeat_interleave(
+            torch.tensor(is_image, device=device), torch.tensor(seq_lens, device=device)
+        )
+        image_rows, text_rows = token_is_image.nonzero().flatten(), (~token_is_image).nonzero().flatten()
+        text_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if not image]
+        with forward_context(self._context(text_lens, device)):
+            texts = self.text_model(input_ids[text_rows], positions[text_rows])
+        with forward_context(self._context([rows * columns for rows, columns in grids], device)):
+            images = self.vision_model(pixel_values, grids)
+        rows = texts.new_empty(len(input_ids), texts.shape[1])
+        rows[text_rows], rows[image_rows] = texts, images
+        return rows
+
+    def _context(self, seq_lens: list[int], device: torch.device) -> ForwardContext:
+        """Attention within each of these sequences, on the backend the engine bound to the layers."""
+        lengths = torch.tensor([0, *seq_lens], dtype=torch.int32)
+        ctx = ForwardContext(lengths.cumsum(0, dtype=torch.int32).to(device), max(seq_lens), seq_lens)
+        backend = self.text_model.encoder.layers[0].self_attn.attn.backend
+        assert backend is not None, "attention ran before the engine bound a backend"
+        ctx.attn_metadata = backend.prepare(ctx)
+        return ctx
+
+    def _check_images(
+        self, pixel_values: torch.Tensor, grids: list[tuple[int, int]], seq_lens: list[int], is_image: list[bool]
+    ) -> None:
+        """One image a sequence that holds any, as long as its patches; the patches fill the grids."""
+        patch_dim = self.image_patches[0]
+        patches = sum(rows * columns for rows, columns in grids)
+        if tuple(pixel_values.shape) != (patches, patch_dim):
+            raise ValueError(
+                f"pixel_values of shape {tuple(pixel_values.shape)}; the image grids make ({patches}, {patch_dim})"
+            )
+        image_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if image]
+        if image_lens != [rows * columns for rows, columns in grids]:
+            raise ValueError("each image must be a sequence of its own, one token per patch")
+
+    def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return convert_siglip_checkpoint(state, self.config)
