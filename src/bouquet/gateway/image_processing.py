@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from bouquet.chat_templates import ChatTemplate
+from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
 from bouquet.gateway.patch_images import PatchProcessing, parse_patch_config
 from bouquet.gateway.pixel_steps import RESAMPLE_FILTERS, rescale_normalize, to_rgb
 
@@ -132,12 +133,14 @@ def _per_channel(config: dict[str, Any], key: str) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class ModelImages:
     """What a model that takes images takes, from its replica's Info: the tokens one image counts for, its (C, H, W),
-    and how to preprocess one; `processing` None when the gateway cannot (`unusable` says why). A model that takes
-    images of any size inside token sequences (Qwen3-VL) has `patch_dim` and `patches` instead."""
+    and how to preprocess one; `processing` None when the gateway cannot (`unusable` says why). A model whose
+    images are sequences of their own, each of its own size (SigLIP 2), has a NaflexProcessing, `tokens` the most
+    patches one makes and no shape. A model that takes images of any size inside token sequences (Qwen3-VL) has
+    `patch_dim` and `patches` instead."""
 
     tokens: int
     shape: tuple[int, ...]
-    processing: ImageProcessing | None
+    processing: ImageProcessing | NaflexProcessing | None
     unusable: str = ""
     patch_dim: int = 0  # the values of one patch; 0: fixed-size images (tokens and shape)
     patches: PatchProcessing | None = None  # set with patch_dim when the gateway can preprocess them
@@ -147,16 +150,27 @@ class ModelImages:
     def usable(self) -> bool:
         return (self.patches if self.patch_dim else self.processing) is not None
 
+    @property
+    def max_image_bytes(self) -> int:
+        """An image's float32 values at most, preprocessed."""
+        if isinstance(self.processing, NaflexProcessing):
+            return 4 * self.tokens * self.processing.patch_dim
+        return 4 * int(np.prod(self.shape))
+
 
 def model_images(
-    shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0, chat_template: str = ""
-) -> ModelImages | None:
+    shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0, chat_template: str = "",
+    image_sequences: bool = False,
+) -> ModelImages | None:  # fmt: skip
     """A model's images (None: it takes none), preprocessed as its preprocessor_config.json says; a config the
     gateway cannot follow, or one whose images are not the shape the model takes, leaves images unusable."""
     if not tokens and not patch_dim:
         return None
     if not processor_json:
+        patch_dim = 0 if image_sequences else patch_dim  # its images are embedded each alone, as CLIP's are
         return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json", patch_dim)
+    if image_sequences:
+        return _image_sequences(processor_json, patch_dim)
     if patch_dim:
         return _patch_images(processor_json, patch_dim, chat_template)
     try:
@@ -167,6 +181,18 @@ def model_images(
         why = f"its preprocessor_config.json makes images of shape {list(processing.shape)}, not {list(shape)}"
         return ModelImages(tokens, shape, None, why)
     return ModelImages(tokens, shape, processing)
+
+
+def _image_sequences(processor_json: str, patch_dim: int) -> ModelImages:
+    """SigLIP 2's: each image embedded alone, a sequence of at most `max_num_patches` tokens."""
+    try:
+        processing = parse_naflex_config(processor_json)
+    except (ValueError, TypeError, KeyError) as error:
+        return ModelImages(0, (), None, f"its preprocessor_config.json cannot be followed: {error}")
+    if processing.patch_dim != patch_dim:
+        why = f"its preprocessor_config.json makes patches of {processing.patch_dim} values, not {patch_dim}"
+        return ModelImages(0, (), None, why)
+    return ModelImages(processing.max_num_patches, (), processing)
 
 
 def _patch_images(processor_json: str, patch_dim: int, chat_template: str) -> ModelImages:

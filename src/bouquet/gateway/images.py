@@ -1,8 +1,9 @@
 """Image inputs: each a data URI (`data:image/png;base64,...`) or plain base64 of an image file, or its raw bytes
 (a body of its own or a multipart upload: api/image_upload.py), or a URL on an origin the operator lists (fetched by
 image_fetch.py), decoded and
-preprocessed as the model's processor does (image_processing.py) on the gateway's executor, never on the event loop,
-then sent to a replica as float32 pixels (Batch.pack_images) and embedded like texts (`Service.compute`).
+preprocessed as the model's processor does (image_processing.py; naflex_images.py for SigLIP 2) on the gateway's
+executor, never on the event loop, then sent to a replica as float32 pixels (Batch.pack_images), or as patches each
+image a sequence of its own (Batch.image_sequences), and embedded like texts (`Service.compute`).
 
 Unless the operator lists origins to fetch from (--image-url-origin), nothing is fetched: a URL is refused
 (server-side request forgery), whatever its scheme. Before any decoding an
@@ -26,6 +27,7 @@ from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.image_processing import ImageProcessing, ModelImages
+from bouquet.gateway.naflex_images import NaflexProcessing
 from bouquet.gateway.jobs import AS_THE_MODEL
 from bouquet.gateway.service import complete_options, embedding_model
 
@@ -122,13 +124,27 @@ def _too_many_pixels(name: str, size: tuple[int, int] | None, limit: int) -> Inv
     return InvalidRequest(f"{name} is {what}, over the limit of {limit} pixels", "image_too_large", name)
 
 
-def load_pixels(source: str | bytes, name: str, processing: ImageProcessing, limits: ImageLimits) -> np.ndarray:
-    """One input to the model's pixels [C, H, W] float32: on the executor (decoding and resizing hold the GIL
-    little, and never the event loop)."""
+Processing = ImageProcessing | NaflexProcessing
+Pixels = np.ndarray | tuple[np.ndarray, tuple[int, int, int]]  # [C, H, W], or SigLIP 2's patches and grid
+
+
+def load_pixels(source: str | bytes, name: str, processing: Processing, limits: ImageLimits) -> Pixels:
+    """One input to the model's pixels [C, H, W] float32 (or its patches and grid): on the executor (decoding and
+    resizing hold the GIL little, and never the event loop)."""
     return processing(open_image(image_file(source, name, limits.max_bytes), name, limits))
 
 
-def require_images(model: ServedModel) -> tuple[ModelImages, ImageProcessing]:
+def pack(loaded: list[Pixels], images: ModelImages, options: RowOptions) -> Batch:
+    """The images as the model takes them: one fixed-size image a sequence, or SigLIP 2's patches, each image a
+    sequence as long as its own."""
+    if isinstance(images.processing, NaflexProcessing):
+        patches = [item for item in loaded if isinstance(item, tuple)]
+        grids = np.array([grid for _, grid in patches], np.int32).reshape(-1, 3)
+        return Batch.image_sequences(np.concatenate([values for values, _ in patches]), grids, options)
+    return Batch.pack_images(np.stack([item for item in loaded if isinstance(item, np.ndarray)]), images.tokens, options)
+
+
+def require_images(model: ServedModel) -> tuple[ModelImages, Processing]:
     if model.images is None:
         raise InvalidRequest(f"the model {model.id!r} takes no images; it embeds text", "no_image_input", "model")
     if model.images.patch_dim:  # its images enter its decoder, in its template (patch_embed.py)
@@ -165,17 +181,17 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
                 for source, name in zip(sources, job.names, strict=True)
             )
         )
-        return Batch.pack_images(np.stack(pixels), images.tokens, options)
+        return pack(list(pixels), images, options)
 
-    estimate = len(job.images) * images.tokens
+    estimate = len(job.images) * images.tokens  # exact, or SigLIP 2's most patches an image
     service.check_tokens(estimate)
     sources = await fetch_urls(service.config, job.images, job.names)  # before admission: a slow server holds none
-    rows, tokens = await service.compute(model, estimate, batch, exact=True)
+    exact = not isinstance(processing, NaflexProcessing)
+    rows, tokens = await service.compute(model, estimate, batch, exact=exact)
     return model, rows, tokens
 
 
 def _check_pixel_bytes(count: int, images: ModelImages) -> None:
-    per_image = 4 * int(np.prod(images.shape))
-    limit = max(1, MAX_REQUEST_PIXEL_BYTES // per_image)
+    limit = max(1, MAX_REQUEST_PIXEL_BYTES // images.max_image_bytes)
     if count > limit:
         raise TooLarge(f"{count} images, over the limit of {limit} a request for this model", "too_many_inputs")

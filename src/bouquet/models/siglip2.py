@@ -159,8 +159,9 @@ class Siglip2Model(nn.Module):
     @property
     def image_patches(self) -> tuple[int, int, int, bool, int]:
         """(patch values, merge size, placeholder token id, each image a sequence of its own, most patches an
-        image): an image's tokens are its patches, one each, in a sequence of zeros that only count them."""
-        return (self.config.num_channels * self.config.patch_size**2, 1, 0, True, MAX_IMAGE_PATCHES)
+        image): an image's tokens are its patches, one each, in a sequence of zeros that only count them (no
+        placeholder)."""
+        return (self.config.num_channels * self.config.patch_size**2, 1, -1, True, MAX_IMAGE_PATCHES)
 
     def forward(
         self,

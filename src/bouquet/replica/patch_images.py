@@ -1,6 +1,7 @@
-"""A request's images of any size inside its token sequences (Qwen3-VL; EmbedRequest.image_grid_thw): read in
-place from the message's bytes and checked against its sequences, so that a step sliced from it anywhere holds
-each sequence's images whole and every image fills its placeholder tokens exactly."""
+"""A request's images of any size as patches (EmbedRequest.image_grid_thw): inside its token sequences (Qwen3-VL),
+or each a sequence of its own (SigLIP 2); read in place from the message's bytes and checked against its sequences,
+so that a step sliced from it anywhere holds each sequence's images whole and every image fills its placeholder
+tokens (or its own sequence) exactly."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class PatchImageLimits:
     patch_dim: int = 0  # the values of one patch
     merge_size: int = 1  # rows and columns of patches merged into one token
     image_token_id: int = -1  # the placeholder token an image's merged tokens replace
+    image_sequences: bool = False  # each image a sequence of its own, one token a patch, its input_ids zeros
+    max_patches: int = 0  # with image_sequences: the most patches one image may have
 
 
 def attach_patch_images(batch: Batch, message: embedding_pb2.EmbedRequest, limits: PatchImageLimits) -> Batch:
@@ -49,7 +52,10 @@ def attach_patch_images(batch: Batch, message: embedding_pb2.EmbedRequest, limit
             f"pixel_values has {len(message.pixel_values)} bytes; the grids make {patches} float32 patches of "
             f"{limits.patch_dim} values"
         )
-    _check_placeholders(batch, grids, cu_images, limits)
+    if limits.image_sequences:
+        _check_image_sequences(batch, grids, cu_images, limits.max_patches)
+    else:
+        _check_placeholders(batch, grids, cu_images, limits)
     pixels = np.frombuffer(message.pixel_values, "<f4").reshape(patches, limits.patch_dim)
     return batch.with_patch_images(pixels, grids, np.diff(cu_images).tolist())
 
@@ -63,6 +69,32 @@ def _check_placeholders(batch: Batch, grids: np.ndarray, cu_images: np.ndarray, 
     if (held != wanted).any():
         seq = int(np.argmax(held != wanted))
         raise InvalidImages(f"sequence {seq} has {held[seq]} image tokens; its images make {wanted[seq]}")
+
+
+def _check_image_sequences(batch: Batch, grids: np.ndarray, cu_images: np.ndarray, max_patches: int) -> None:
+    """A sequence holding an image holds it alone: as many tokens as its patches, all zeros."""
+    counts = np.diff(cu_images)
+    if counts.max() > 1:
+        raise InvalidImages(f"sequence {int(np.argmax(counts > 1))} holds {counts.max()} images; an image is a "
+                            "sequence of its own")  # fmt: skip
+    patches = grids.prod(1, dtype=np.int64)
+    if patches.max() > max_patches:
+        raise InvalidImages(f"image {int(np.argmax(patches))} has {patches.max()} patches; at most {max_patches}")
+    lengths = batch.seq_lens[counts == 1]
+    if (lengths != patches).any():
+        index = int(np.argmax(lengths != patches))
+        raise InvalidImages(f"image {index} has {patches[index]} patches in a sequence of {lengths[index]} tokens")
+    marks = np.concatenate([[0], np.cumsum(batch.input_ids != 0)])
+    if np.diff(marks[batch.cu_seqlens])[counts == 1].any():
+        raise InvalidImages("an image's sequence holds only zeros (its tokens are its patches)")
+
+
+def image_sequence_flags(cu_images: bytes, num_seqs: int) -> np.ndarray | None:  # [B] bool
+    """Which sequences hold an image, for the length checks of texts only; None when cu_images does not fit the
+    sequences (attach_patch_images then says why)."""
+    if len(cu_images) != 4 * (num_seqs + 1):
+        return None
+    return np.diff(np.frombuffer(cu_images, dtype="<i4")) > 0
 
 
 def _int32s(name: str, data: bytes) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import Encoding
 from bouquet.proto import embedding_pb2
-from bouquet.replica.patch_images import InvalidImages, PatchImageLimits, attach_patch_images
+from bouquet.replica.patch_images import InvalidImages, PatchImageLimits, attach_patch_images, image_sequence_flags
 from bouquet.sparse_rows import max_sparse_rows
 
 if TYPE_CHECKING:
@@ -105,7 +105,8 @@ def decode_request(message: embedding_pb2.EmbedRequest, limits: Limits) -> Batch
     token_type_ids = _int32s("token_type_ids", message.token_type_ids) if message.token_type_ids else None
     _validate_sparse(limits, options, message.cu_spans, len(cu_seqlens) - 1)
     _validate(limits, input_ids, cu_seqlens, token_type_ids)
-    if limits.patch_images.patch_dim and (input_ids == limits.patch_images.image_token_id).any():
+    patches = limits.patch_images
+    if patches.patch_dim and not patches.image_sequences and (input_ids == patches.image_token_id).any():
         raise InvalidInput("the image placeholder token comes only with images (image_grid_thw)")
     batch = Batch.from_packed(input_ids, cu_seqlens, options, token_type_ids)
     if message.key_lens:
@@ -221,7 +222,10 @@ def _decode_patch_images(message: embedding_pb2.EmbedRequest, limits: Limits, op
         raise InvalidInput("a request with image_grid_thw asks for no sparse rows, spans or all_outputs")
     input_ids = _int32s("input_ids", message.input_ids)
     cu_seqlens = _int32s("cu_seqlens", message.cu_seqlens)
-    _validate(limits, input_ids, cu_seqlens, None)
+    images = None  # an image's own sequence is bounded by its patches (attach_patch_images), not the text limit
+    if limits.patch_images.image_sequences:
+        images = image_sequence_flags(message.cu_images, len(cu_seqlens) - 1)
+    _validate(limits, input_ids, cu_seqlens, None, images)
     try:
         return attach_patch_images(Batch.from_packed(input_ids, cu_seqlens, options), message, limits.patch_images)
     except InvalidImages as error:
@@ -254,6 +258,7 @@ def _validate(
     input_ids: np.ndarray,
     cu_seqlens: np.ndarray,
     token_type_ids: np.ndarray | None,
+    images: np.ndarray | None = None,  # [B] bool: the sequences that are images, exempt from the text limit
 ) -> None:
     """Raises InvalidInput naming the first problem; returns quietly when the engine can take the request."""
     if len(cu_seqlens) < 2 or cu_seqlens[0] != 0 or cu_seqlens[-1] != len(input_ids):
@@ -263,8 +268,9 @@ def _validate(
     seq_lens = np.diff(cu_seqlens)
     if seq_lens.min() < 1:
         raise InvalidInput(f"sequence {int(np.argmin(seq_lens))} is empty (cu_seqlens must strictly increase)")
-    if seq_lens.max() > limits.max_seq_length:
-        index = int(np.argmax(seq_lens))
+    texts = seq_lens if images is None else np.where(images, 0, seq_lens)
+    if texts.max() > limits.max_seq_length:
+        index = int(np.argmax(texts))
         raise InvalidInput(
             f"sequence {index} has {int(seq_lens[index])} tokens; this model takes at most {limits.max_seq_length}"
         )

@@ -97,7 +97,8 @@ def _image_processor_json(model_dir: Path, takes_images: bool) -> str:
 
 def _chat_template(model_dir: Path, limits: Limits) -> str:
     """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py)."""
-    return read_chat_template(model_dir) if limits.patch_images.patch_dim else ""
+    conversations = limits.patch_images.patch_dim and not limits.patch_images.image_sequences
+    return read_chat_template(model_dir) if conversations else ""
 
 
 def _takes_images(limits: Limits) -> bool:
@@ -128,6 +129,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             served_names=served_names, multi_vector=multi_vector_info(spec.multi_vector, engine.max_seq_length),
             image_shape=scheduler.limits.image_shape, image_tokens=scheduler.limits.image_tokens,
             image_patch_dim=scheduler.limits.patch_images.patch_dim,
+            image_sequences=scheduler.limits.patch_images.image_sequences,
             chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
         )  # fmt: skip
