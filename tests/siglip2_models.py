@@ -26,8 +26,9 @@ def save_siglip2(path: Path, tokenizer_dir: Path, max_num_patches: int = MAX_NUM
 
     tower = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
     config = Siglip2Config(
-        text_config=dict(tower, vocab_size=30522, max_position_embeddings=64, bos_token_id=101, eos_token_id=102,
-                         pad_token_id=0),
+        text_config=dict(
+            tower, vocab_size=30522, max_position_embeddings=64, bos_token_id=101, eos_token_id=102, pad_token_id=0
+        ),
         vision_config=dict(tower, patch_size=PATCH, num_patches=TABLE_SIDE**2),
     )
     model = Siglip2Model(config)
@@ -88,4 +89,6 @@ def image_features(model: torch.nn.Module, inputs: dict) -> np.ndarray:
 def text_features(model: torch.nn.Module, texts: list[list[int]]) -> np.ndarray:
     """Each text alone, unpadded (bouquet pools each at its own last token)."""
     with torch.no_grad():
-        return torch.cat([model.get_text_features(input_ids=torch.tensor([ids])).pooler_output for ids in texts]).numpy()
+        return torch.cat(
+            [model.get_text_features(input_ids=torch.tensor([ids])).pooler_output for ids in texts]
+        ).numpy()

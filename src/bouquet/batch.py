@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Any
 
 import numpy as np
 
@@ -63,7 +62,7 @@ class Batch:
     prod(image_grid_thw[j]) rows), sequence i's images are image_grid_thw[cu_images[i]:cu_images[i + 1]], and
     `input_ids` are real tokens with each image's placeholder tokens; its tokens and its images' patches (the
     vision tower's tokens) count in the budget (`cu_budget`); text-only sequences (no images) share such a batch.
-    For a model whose images are sequences of their own (SigLIP 2: `Batch.image_sequences`), an image's sequence
+    For a model whose images are sequences of their own (SigLIP 2: `Batch.pack_image_sequences`), an image's sequence
     is its patches, one token each, its `input_ids` zeros that only count them, and its only image (`image_sequences`
     set: the tokens are the vision tower's, so the budget counts them alone); texts share such a batch too.
     """
@@ -123,7 +122,7 @@ class Batch:
         return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32))
 
     @classmethod
-    def image_sequences(
+    def pack_image_sequences(
         cls, pixel_values: np.ndarray, grids: np.ndarray, options: RowOptions = RowOptions()
     ) -> Batch:
         """Images of any size as patches, each a sequence of its own (SigLIP 2): `pixel_values` [P, patch_dim]
@@ -273,12 +272,13 @@ class Batch:
             sparse=None if self.sparse is None else self.sparse[start:stop],
             key_lens=None if self.key_lens is None else self.key_lens[start:stop],
             **self._image_slice(start, stop),
+            image_sequences=self.image_sequences,
             all_outputs=None if self.all_outputs is None else self.all_outputs[start:stop],
             row_options=self.row_options,
             **self._span_slice(start, stop),
         )
 
-    def _image_slice(self, start: int, stop: int) -> dict[str, Any]:
+    def _image_slice(self, start: int, stop: int) -> dict[str, np.ndarray | None]:
         if self.pixel_values is None or self.image_grid_thw is None or self.cu_images is None:
             return {"pixel_values": None if self.pixel_values is None else self.pixel_values[start:stop]}
         first, last = int(self.cu_images[start]), int(self.cu_images[stop])
@@ -287,7 +287,6 @@ class Batch:
             "pixel_values": self.pixel_values[int(cu_patches[first]) : int(cu_patches[last])],
             "image_grid_thw": self.image_grid_thw[first:last],
             "cu_images": self.cu_images[start : stop + 1] - first,
-            "image_sequences": self.image_sequences,
         }
 
     def _span_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -322,6 +321,7 @@ class Batch:
             sparse=_concat_sparse(batches),
             key_lens=_concat_key_lens(batches),
             **_concat_images(batches),
+            image_sequences=any(batch.image_sequences for batch in batches),
             all_outputs=_concat_all_outputs(batches),
             row_options=_shared_options(batches),
             **_concat_spans(batches),
@@ -393,7 +393,7 @@ def _concat_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
     return {"pixel_values": np.concatenate(images)}
 
 
-def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, Any]:
+def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
     if any(batch.fixed_images for batch in batches):
         raise ValueError("fixed-size images and patch images never share a batch")
     with_images = [batch for batch in batches if batch.patch_images]
@@ -402,7 +402,6 @@ def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, Any]:
         "pixel_values": np.concatenate([b.pixel_values for b in with_images if b.pixel_values is not None]),
         "image_grid_thw": np.concatenate([b.image_grid_thw for b in with_images if b.image_grid_thw is not None]),
         "cu_images": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
-        "image_sequences": any(batch.image_sequences for batch in with_images),
     }
 
 

@@ -3,7 +3,7 @@
 image_fetch.py), decoded and
 preprocessed as the model's processor does (image_processing.py; naflex_images.py for SigLIP 2) on the gateway's
 executor, never on the event loop, then sent to a replica as float32 pixels (Batch.pack_images), or as patches each
-image a sequence of its own (Batch.image_sequences), and embedded like texts (`Service.compute`).
+image a sequence of its own (Batch.pack_image_sequences), and embedded like texts (`Service.compute`).
 
 Unless the operator lists origins to fetch from (--image-url-origin), nothing is fetched: a URL is refused
 (server-side request forgery), whatever its scheme. Before any decoding an
@@ -27,8 +27,8 @@ from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.image_processing import ImageProcessing, ModelImages
-from bouquet.gateway.naflex_images import NaflexProcessing
 from bouquet.gateway.jobs import AS_THE_MODEL
+from bouquet.gateway.naflex_images import NaflexProcessing
 from bouquet.gateway.service import complete_options, embedding_model
 
 if TYPE_CHECKING:
@@ -140,8 +140,10 @@ def pack(loaded: list[Pixels], images: ModelImages, options: RowOptions) -> Batc
     if isinstance(images.processing, NaflexProcessing):
         patches = [item for item in loaded if isinstance(item, tuple)]
         grids = np.array([grid for _, grid in patches], np.int32).reshape(-1, 3)
-        return Batch.image_sequences(np.concatenate([values for values, _ in patches]), grids, options)
-    return Batch.pack_images(np.stack([item for item in loaded if isinstance(item, np.ndarray)]), images.tokens, options)
+        return Batch.pack_image_sequences(np.concatenate([values for values, _ in patches]), grids, options)
+    return Batch.pack_images(
+        np.stack([item for item in loaded if isinstance(item, np.ndarray)]), images.tokens, options
+    )
 
 
 def require_images(model: ServedModel) -> tuple[ModelImages, Processing]:

@@ -9,7 +9,7 @@ the patches are the same bits: an image keeps its aspect ratio, and each image i
 3. rescale and normalise (pixel_steps.py);
 4. patchify: [3, H, W] cut into p x p patches row by row, each flattened as (row, column, channel):
    [rows * columns, p * p * 3], with the grid (1, rows, columns). No padding to `max_num_patches`: an image is
-   sequence of its own, as long as its patches (Batch.image_sequences).
+   sequence of its own, as long as its patches (Batch.pack_image_sequences).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Linear, adds the learned square position table resized to the image's grid (bili
 F.interpolate does it), runs a bidirectional ViT and pools with SigLIP's MAP head.
 
 Packed, padding-free: an image is a sequence of its own, one token per patch, of whatever length its grid gives
-(Batch.image_sequences); attention stays within each image, and the MAP head's one query attends over each image's
+(Batch.pack_image_sequences); attention stays within each image, and the MAP head's one query attends over each image's
 tokens alone. A step may mix texts and images: each tower runs on its own sequences (an attention plan of its
 own), and every sequence's row is put at its first token, where the engine's CLS pooling reads it.
 
@@ -101,7 +101,9 @@ class PackedMapAttention(MapAttention):
         peak = scores.new_full((num_images, self.num_heads), -torch.inf).scatter_reduce(0, index, scores, "amax")
         weights = (scores - peak[image_of]).exp()
         total = scores.new_zeros(num_images, self.num_heads).index_add(0, image_of, weights)
-        summed = value.new_zeros(num_images, self.num_heads, value.shape[2]).index_add(0, image_of, weights[..., None] * value)
+        summed = value.new_zeros(num_images, self.num_heads, value.shape[2]).index_add(
+            0, image_of, weights[..., None] * value
+        )
         return self.out_proj((summed / total[..., None]).view(num_images, width)).float()
 
 
@@ -172,8 +174,8 @@ class Siglip2Model(nn.Module):
         image_grid_thw: torch.Tensor | None = None,  # [N, 3] each image's (1, rows, columns) in patches
         cu_images: torch.Tensor | None = None,  # [B + 1] sequence i's images: cu_images[i]..cu_images[i + 1]
     ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
-        if pixel_values is None or image_grid_thw is None or cu_images is None:
-            return self.text_model(input_ids, positions)
+        if pixel_values is None or image_grid_thw is None or cu_images is None or not len(image_grid_thw):
+            return self.text_model(input_ids, positions)  # a step's slice of a request may hold its texts alone
         ctx = get_forward_context()
         is_image = [count == 1 for count in torch.diff(cu_images).tolist()]
         grids = [(rows, columns) for _, rows, columns in image_grid_thw.tolist()]

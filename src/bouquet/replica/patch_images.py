@@ -5,7 +5,7 @@ tokens (or its own sequence) exactly."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -57,7 +57,8 @@ def attach_patch_images(batch: Batch, message: embedding_pb2.EmbedRequest, limit
     else:
         _check_placeholders(batch, grids, cu_images, limits)
     pixels = np.frombuffer(message.pixel_values, "<f4").reshape(patches, limits.patch_dim)
-    return batch.with_patch_images(pixels, grids, np.diff(cu_images).tolist())
+    batch = batch.with_patch_images(pixels, grids, np.diff(cu_images).tolist())
+    return replace(batch, image_sequences=True) if limits.image_sequences else batch
 
 
 def _check_placeholders(batch: Batch, grids: np.ndarray, cu_images: np.ndarray, limits: PatchImageLimits) -> None:

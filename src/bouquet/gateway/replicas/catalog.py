@@ -211,7 +211,11 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
     if info.image_patch_dim and not info.image_sequences and not chat_template and local is not None:
         chat_template = read_chat_template(local.parent)
     images = model_images(
-        tuple(info.image_shape), info.image_tokens, processor_json, info.image_patch_dim, chat_template,
+        tuple(info.image_shape),
+        info.image_tokens,
+        processor_json,
+        info.image_patch_dim,
+        chat_template,
         info.image_sequences,
     )
     if images is not None and not images.usable:

@@ -1,0 +1,137 @@
+"""SigLIP 2 (NaFlex) over real HTTP on loopback: a tiny random-weight Siglip2Model saved by transformers with its own
+image processor's config (max_num_patches 48, patch 8, its mean and std: not the defaults) behind the real gateway.
+Images of several sizes and aspect ratios in one request on Infinity's `/embeddings_image` (data URIs, base64 and a
+multipart upload) and vLLM's `messages` form of `/v1/embeddings`, against transformers' own processor and
+`get_image_features` (float32, cosine >= 0.99999); the usage is each image's patches; a text and an image in one
+space, as transformers' forward scores them (`/score`); the gateway's preprocessing bit for bit against transformers'
+Siglip2ImageProcessorPil (the default processor where torchvision is absent, as here)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import row_cosines
+from in_process import engines, served
+from siglip2_models import MAX_NUM_PATCHES, image, image_features, png, processed, processor, save_siglip2
+
+from bouquet.gateway.image_processing import model_images
+from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
+
+BOUND = 0.99999
+SIZES = [(50, 80), (300, 120), (32, 32), (17, 9), (9, 300), (1000, 3)]  # (width, height)
+NAME = "tiny-siglip2"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, minilm_path: Path) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("siglip2-api") / NAME
+    return path, save_siglip2(path, minilm_path)
+
+
+@pytest.fixture(scope="module")
+def server(model) -> Iterator[httpx.Client]:
+    with (
+        engines(model[0]) as built,
+        served(built, listen=True) as running,
+        httpx.Client(base_url=running.url, timeout=120) as client,
+    ):
+        yield client
+
+
+def _rows(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
+
+
+def _data_uri(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+def test_images_of_every_size_match_transformers_and_count_their_patches(server: httpx.Client, model) -> None:
+    pictures = [image(w, h, seed) for seed, (w, h) in enumerate(SIZES)]
+    _, grids, inputs = processed(model[0], pictures)
+    expected = image_features(model[1], inputs)
+    files = [png(picture) for picture in pictures]
+    inputs_sent = [
+        _data_uri(data) if index % 2 else base64.b64encode(data).decode() for index, data in enumerate(files)
+    ]
+    answer = server.post("/embeddings_image", json={"model": NAME, "input": inputs_sent})
+    rows = _rows(answer)
+    assert row_cosines(rows, expected).min() >= BOUND, row_cosines(rows, expected)
+    assert answer.json()["usage"]["prompt_tokens"] == int(grids.prod(1).sum())  # each image's patches
+    uploaded = server.post("/embeddings_image", params={"model": NAME}, files=[("file", ("a.png", files[3]))])
+    np.testing.assert_allclose(_rows(uploaded), rows[3:4], atol=1e-6)
+    content = [{"type": "image_url", "image_url": {"url": _data_uri(files[1])}}]
+    chat = server.post("/v1/embeddings", json={"model": NAME, "messages": [{"role": "user", "content": content}]})
+    np.testing.assert_allclose(_rows(chat), rows[1:2], atol=1e-6)
+
+
+def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model) -> None:
+    """The text on /v1/embeddings, the image on /embeddings_image, and /score between them: transformers' rows and
+    the cosine its forward gives (logits_per_text with the scale and bias taken off)."""
+    path, reference = model
+    text, picture = "a photo of a small cat", image(120, 90, 3)
+    text_row = _rows(server.post("/v1/embeddings", json={"model": NAME, "input": text}))
+    ids = [token["id"] for token in server.post("/tokenize", json={"model": NAME, "inputs": text}).json()[0]]
+    _, _, inputs = processed(path, [picture])
+    with torch.no_grad():
+        expected_text = reference.get_text_features(input_ids=torch.tensor([ids])).pooler_output.numpy()
+        logits = reference(input_ids=torch.tensor([ids]), **inputs).logits_per_text[0, 0]
+        cosine = float((logits - reference.logit_bias) / reference.logit_scale.exp())
+    assert row_cosines(text_row, expected_text).min() >= BOUND
+    data_uri = _data_uri(png(picture))
+    image_row = _rows(server.post("/embeddings_image", json={"model": NAME, "input": data_uri}))
+    assert abs(float(row_cosines(text_row, image_row)[0]) - cosine) < 1e-5
+    content = {"content": [{"type": "image_url", "image_url": {"url": data_uri}}]}
+    score = server.post("/score", json={"model": NAME, "text_1": text, "text_2": content})
+    assert score.status_code == 200, score.text
+    assert abs(score.json()["data"][0]["score"] - cosine) < 2e-5
+
+
+def test_a_bad_image_among_good_ones_is_a_400_naming_it(server: httpx.Client) -> None:
+    good = _data_uri(png(image(40, 30, 1)))
+    answer = server.post("/embeddings_image", json={"model": NAME, "input": [good, _data_uri(b"\x89PNG garbage")]})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input[1]", answer.text
+    assert server.post("/embeddings_image", json={"model": NAME, "input": good}).status_code == 200
+
+
+@pytest.mark.parametrize("max_num_patches", [MAX_NUM_PATCHES, 256, 7])
+def test_preprocessing_is_transformers_bit_for_bit(tmp_path: Path, max_num_patches: int) -> None:
+    """Every size (upscaled, downscaled, extreme aspect ratios, smaller than a patch) and mode (alpha, palette,
+    grey, CMYK: transformers converted to RGB first, as the model takes three channels), patches and grids."""
+    reference = processor(max_num_patches)
+    reference.do_convert_rgb = True
+    reference.save_pretrained(tmp_path)
+    reference = type(reference).from_pretrained(tmp_path)
+    ours = parse_naflex_config((tmp_path / "preprocessor_config.json").read_text())
+    for width, height in [*SIZES, (7, 500), (33, 31), (5, 3), (640, 480), (2000, 1)]:
+        for mode in ("RGB", "RGBA", "P", "L", "CMYK"):
+            picture = image(width, height, width * height, "RGBA" if mode != "RGB" else "RGB")
+            picture = picture if mode in ("RGB", "RGBA") else picture.convert(mode)
+            expected = reference(images=picture, return_tensors="np")
+            rows, columns = expected["spatial_shapes"][0]
+            patches, grid = ours(picture)
+            assert grid == (1, rows, columns), (width, height)
+            np.testing.assert_array_equal(patches, expected["pixel_values"][0, : rows * columns])
+
+
+def test_a_default_config_and_configs_the_gateway_cannot_follow() -> None:
+    default = parse_naflex_config(json.dumps({"image_processor_type": "Siglip2ImageProcessor"}))
+    assert default == NaflexProcessing(16, 256, 2, 1 / 255, (0.5,) * 3, (0.5,) * 3)
+    images = model_images((), 0, json.dumps({"patch_size": 8}), 3 * 8 * 8, image_sequences=True)
+    assert images is not None and images.usable and images.tokens == 256 and not images.patch_dim
+    for config, why in [
+        ({"patch_size": 16}, "patches of 768 values, not 192"),
+        ({"patch_size": 8, "resample": 9}, "not one of Pillow's filters"),
+        ({"patch_size": 8, "do_resize": False}, "do_resize false"),
+        ({"patch_size": 8, "image_mean": [0.5, 0.5]}, "one value or three"),
+    ]:
+        unusable = model_images((), 0, json.dumps(config), 3 * 8 * 8, image_sequences=True)
+        assert unusable is not None and not unusable.usable and why in unusable.unusable, unusable
