@@ -16,7 +16,13 @@ Then the routes that take a body in one of two shapes (TEI's `POST /`, `/rerank`
 their one decode (http/decode.EitherDecoder) against looking for the shape's fields first (`present`) and then
 decoding the shape's struct, the two passes they made before.
 
-    .venv/bin/python bench/request_decode.py [--repeats 50]
+Last, `/v1/embeddings`' two forms (the text form's `input`, vLLM's chat form's `messages`), strict and with
+--allow-unknown-fields: the route's one decode (`openai.EMBEDDING_BODIES`) against what it did before, the text
+form's struct, and on its report (`messages` unknown, `input` missing) the chat form's, alternated body by body.
+
+Times are the thread's CPU time (the machine is shared: wall time would count the other processes' turns).
+
+    .venv/bin/python bench/request_decode.py [--repeats 50] [--forms-only]
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ import orjson
 import pydantic
 
 from bouquet.cpu_features import cpu_features
-from bouquet.gateway.api import tei, tei_bodies, tei_scores
+from bouquet.gateway.api import multimodal, openai, tei, tei_bodies, tei_scores
 from bouquet.gateway.api.openai import parse_openai
+from bouquet.gateway.errors import ApiError
 from bouquet.gateway.http.decode import present
 
 INPUTS = 2048
@@ -132,33 +139,81 @@ def two_shapes(texts: list[str]) -> dict[str, tuple[bytes, Callable[[bytes], obj
     }  # fmt: skip
 
 
+def openai_forms(texts: list[str]) -> dict[str, bytes]:
+    """`/v1/embeddings` bodies of both forms, keys in the order vLLM's examples send them."""
+    image = "data:image/png;base64," + "iVBORw0KGgo" * 20_000  # the size of a ~160 KB image, as base64 sends it
+    chat = lambda content: orjson.dumps({"model": "m", "messages": [{"role": "user", "content": content}],  # noqa: E731
+                                         "encoding_format": "float"})  # fmt: skip
+    return {
+        "text form, 1 text": orjson.dumps({"model": "m", "input": texts[0], "encoding_format": "float"}),
+        f"text form, {INPUTS} texts": orjson.dumps({"model": "m", "input": texts, "encoding_format": "float"}),
+        "chat form, 1 text": chat(texts[0]),
+        "chat form, 1 image": chat([{"type": "image_url", "image_url": {"url": image}}]),
+    }
+
+
+def two_passes(strict: bool) -> Callable[[bytes], object]:
+    """`/v1/embeddings`' decode before: the text form's struct, then on its report the chat form's."""
+
+    def decode(body: bytes) -> object:
+        try:
+            return openai.EMBEDDINGS.decode(body, strict)
+        except ApiError:
+            return multimodal.CHAT_EMBEDDINGS.decode(body, strict)
+
+    return decode
+
+
 def median_ms(decode: Callable[[bytes], object], body: bytes, repeats: int) -> float:
-    decode(body)  # warm: caches, lazy schema builds
-    times = []
+    return alternated_ms([decode], body, repeats)[0]
+
+
+def alternated_ms(decodes: list[Callable[[bytes], object]], body: bytes, repeats: int) -> list[float]:
+    """Each decode's median thread CPU time (ms) on `body`, the decodes taking turns on each repeat."""
+    for decode in decodes:
+        decode(body)  # warm: caches, lazy schema builds
+    times: list[list[float]] = [[] for _ in decodes]
     for _ in range(repeats):
-        started = time.perf_counter()
-        decode(body)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+        for decode, spent in zip(decodes, times, strict=True):
+            started = time.thread_time()
+            decode(body)
+            spent.append(time.thread_time() - started)
+    return [1000 * statistics.median(spent) for spent in times]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--forms-only", action="store_true", help="only /v1/embeddings' two forms")
     args = parser.parse_args()
     print(f"CPU: {cpu_features().describe()}; msgspec {msgspec.__version__}, pydantic {pydantic.VERSION}, "
           f"orjson {orjson.__version__}; median of {args.repeats}, ms per body")  # fmt: skip
+    texts = orjson.loads(bodies()["texts"])["input"]
+    if not args.forms_only:
+        compare_decoders(args.repeats, texts)
+    openai_two_forms(args.repeats, texts)
+
+
+def compare_decoders(repeats: int, texts: list[str]) -> None:
     for kind, body in bodies().items():
-        results = {name: median_ms(decode, body, args.repeats) for name, decode in decoders().items()}
+        results = {name: median_ms(decode, body, repeats) for name, decode in decoders().items()}
         first = next(iter(results.values()))
         print(f"\n{kind}: {INPUTS} inputs, {len(body) / 1e6:.2f} MB")
         for name, ms in results.items():
             print(f"  {name:32} {ms:8.2f} ms   {first / ms:5.2f}x the route's")
-    texts = orjson.loads(bodies()["texts"])["input"]
     print(f"\nroutes of two shapes, {INPUTS} texts:")
     for route, (body, once, twice) in two_shapes(texts).items():
-        one, two = median_ms(once, body, args.repeats), median_ms(twice, body, args.repeats)
+        one, two = median_ms(once, body, repeats), median_ms(twice, body, repeats)
         print(f"  {route:20} decoded once {one:6.2f} ms, probed then decoded {two:6.2f} ms: {two / one:5.2f}x")
+
+
+def openai_two_forms(repeats: int, texts: list[str]) -> None:
+    for strict in (True, False):
+        print(f"\n/v1/embeddings' two forms{'' if strict else ', --allow-unknown-fields'} (ms per body):")
+        for form, body in openai_forms(texts).items():
+            once = lambda body, strict=strict: openai.EMBEDDING_BODIES.decode(body, strict)  # noqa: E731
+            one, two = alternated_ms([once, two_passes(strict)], body, repeats)
+            print(f"  {form:22} one decode {one:8.4f}, before {two:8.4f}: {two / one:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bouquet.gateway.api import cohere, jina, openai, perplexity, tei, tei_bodies, tei_scores, vllm
+from bouquet.gateway.api import cohere, jina, multimodal, openai, perplexity, tei, tei_bodies, tei_scores, vllm
 from bouquet.gateway.errors import ApiError, InvalidRequest, Unprocessable
 from bouquet.gateway.http.decode import BodyDecoder, EitherDecoder, present
 
@@ -120,3 +120,82 @@ def test_a_body_of_two_shapes_leniently_ignores_the_other_shapes_fields() -> Non
     parsed = tei_scores.RERANK_BODIES.decode(orjson.dumps(body), strict=False)
     assert isinstance(parsed, tei_bodies.TEIRerankRequest) and parsed.texts == ["a"]
     assert tei.TOKENIZE_BODIES.decode(b'{"prompt": "a", "add_special_tokens": null}').add_special_tokens is None
+
+
+# `/v1/embeddings` takes the text form and vLLM's chat form (`messages`): one decode (openai.EMBEDDING_BODIES), where
+# it took two for the chat form before: the text form's struct, then on its report the chat form's (`two_passes`).
+def two_passes(body: bytes, strict: bool = True) -> object:
+    try:
+        return openai.EMBEDDINGS.decode(body, strict)
+    except ApiError as error:
+        if (error.code, error.param) not in {("unsupported_parameter", "messages"),
+                                             ("missing_required_parameter", "input")}:  # fmt: skip
+            raise
+        try:
+            return multimodal.CHAT_EMBEDDINGS.decode(body, strict)
+        except ApiError as chat_error:
+            if (chat_error.code, chat_error.param) == ("missing_required_parameter", "messages"):
+                raise error from None
+            raise
+
+
+CHAT = {"role": "user", "content": "a query"}
+IMAGE = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBO"}}]}
+BOTH_FORMS = [
+    {"input": "a", "model": "m", "dimensions": 8, "encoding_format": "base64", "normalize": False},
+    {"input": [[1, 2], [3]], "truncate_prompt_tokens": 4},
+    {"model": "m", "messages": [CHAT], "encoding_format": "float", "dimensions": 8, "embed_dtype": "int8"},
+    {"messages": [IMAGE], "user": "u", "normalize": True},
+]
+BOTH_FORMS_REFUSED = [
+    {"model": "m"},  # neither form: the text form's missing input
+    {"messages": [CHAT], "truncate_prompt_tokens": 4},  # the text form's field in the chat form
+    {"input": "a", "x": 1},
+    {"messages": [CHAT], "x": 1},
+    {"x": 1, "messages": [CHAT]},
+    {"messages": []},
+    {"messages": [{"role": "user", "content": []}]},
+    {"messages": [{"content": "a"}]},
+    {"messages": "a"},
+    {"messages": [CHAT], "dimensions": "8"},
+    {"messages": [CHAT], "normalize": 1},
+    {"input": "a", "dimensions": 1.5},
+    {"input": ["a", ""]},
+    {"input": ["a", True]},
+]
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("body", BOTH_FORMS, ids=lambda body: "chat" if "messages" in body else "text")
+def test_both_embedding_forms_decode_once_into_their_struct(body: dict, strict: bool) -> None:
+    raw = orjson.dumps(body)
+    assert openai.EMBEDDING_BODIES.decode(raw, strict) == two_passes(raw, strict)
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+@pytest.mark.parametrize("body", BOTH_FORMS_REFUSED, ids=lambda body: orjson.dumps(body).decode())
+def test_both_embedding_forms_are_refused_as_before(body: dict, strict: bool) -> None:
+    raw = orjson.dumps(body)
+    try:
+        expected: object = two_passes(raw, strict)
+    except ApiError as error:
+        expected = (type(error), error.code, error.param)
+    try:
+        found: object = openai.EMBEDDING_BODIES.decode(raw, strict)
+    except ApiError as error:
+        assert (error.param or "").split(".")[-1].split("[")[0] in error.message  # the message names the field
+        found = (type(error), error.code, error.param)
+    assert found == expected
+
+
+def test_messages_decide_the_form_of_a_body_with_both() -> None:
+    # refused by name as before; with --allow-unknown-fields the chat form is read and `input` ignored (before, the
+    # text form's decode came first and ignored `messages`): `messages` is what tells the forms apart, in one place
+    raw = orjson.dumps({"input": "a", "messages": [CHAT]})
+    with pytest.raises(InvalidRequest) as raised:
+        openai.EMBEDDING_BODIES.decode(raw)
+    assert (raised.value.code, raised.value.param) == ("unsupported_parameter", "input")
+    with pytest.raises(InvalidRequest) as before:
+        two_passes(raw)
+    assert (before.value.code, before.value.param) == ("unsupported_parameter", "input")
+    assert openai.EMBEDDING_BODIES.decode(raw, strict=False) == multimodal.CHAT_EMBEDDINGS.decode(raw, strict=False)

@@ -9,7 +9,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from msgspec import Meta
+from msgspec import UNSET, Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -44,9 +44,9 @@ from bouquet.gateway.api.multimodal import (
     image_job,
     images_job,
 )
-from bouquet.gateway.errors import ApiError, InvalidRequest
+from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
+from bouquet.gateway.http.decode import BodyDecoder, EitherDecoder, RequestBody, ResponseBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.images import ImageEmbedJob
 from bouquet.gateway.jobs import EmbedJob
@@ -90,6 +90,8 @@ class EmbeddingsRequest(RequestBody):
 
 
 EMBEDDINGS = BodyDecoder(EmbeddingsRequest)
+# `/v1/embeddings` takes vLLM's chat form beside the text form, told apart by `messages`: either decoded in one pass.
+EMBEDDING_BODIES = EitherDecoder(EMBEDDINGS, CHAT_EMBEDDINGS, lambda body: body.messages is not UNSET)
 
 
 def routes() -> list[Route]:
@@ -106,31 +108,12 @@ def routes() -> list[Route]:
 async def _embeddings(service: Service, request: Request) -> Response:
     """Texts or token ids in `input`; Infinity's images in `input` with `"modality": "image"`; or vLLM's chat form,
     `messages` holding one text or one image (api/multimodal.py)."""
-    body = await read_body(service, request)
-    try:
-        parsed = EMBEDDINGS.decode(body, strict(service))
-    except ApiError as error:  # only a body with `messages` or without `input` can be vLLM's chat form
-        if (error.code, error.param) not in _CHAT_FORM:
-            raise
-        return await _answer(service, request, chat_job(_chat_body(service, body, error)))
+    parsed = EMBEDDING_BODIES.decode(await read_body(service, request), strict(service))
+    if isinstance(parsed, ChatEmbeddingsRequest):
+        return await _answer(service, request, chat_job(parsed))
     if parsed.modality == "image":
         return await _answer(service, request, _image_input(parsed))
     return await _answer(service, request, embed_job(parsed))
-
-
-# What decoding a chat-form body as `EmbeddingsRequest` reports: `messages` unknown (met first), or, with
-# --allow-unknown-fields, `input` missing; a text body decodes once.
-_CHAT_FORM = {("unsupported_parameter", "messages"), ("missing_required_parameter", "input")}
-
-
-def _chat_body(service: Service, body: bytes | bytearray, no_input: ApiError) -> ChatEmbeddingsRequest:
-    """The body as vLLM's chat form; one without `messages` either is refused as `EmbeddingsRequest` refused it."""
-    try:
-        return CHAT_EMBEDDINGS.decode(body, strict(service))
-    except ApiError as error:
-        if (error.code, error.param) == ("missing_required_parameter", "messages"):
-            raise no_input from None
-        raise
 
 
 async def _embeddings_image(service: Service, request: Request) -> Response:
@@ -180,8 +163,11 @@ def _row_options(body: EmbeddingsRequest, formats: ResponseFormat) -> RowOptions
 
 
 def parse_openai(body: bytes, strict: bool = True) -> EmbedJob:
-    """A `/v1/embeddings` body's job, from its bytes."""
-    return embed_job(EMBEDDINGS.decode(body, strict))
+    """A text-form `/v1/embeddings` body's job, from its bytes, decoded as the route decodes it."""
+    parsed = EMBEDDING_BODIES.decode(body, strict)
+    if isinstance(parsed, ChatEmbeddingsRequest):
+        raise ValueError("a chat-form body: its job is multimodal.chat_job's")
+    return embed_job(parsed)
 
 
 def _normalize(normalize: bool | None, use_activation: bool | None) -> bool | None:

@@ -9,6 +9,7 @@ subclass that ignores them), so the strict path pays nothing for the option."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union, cast
@@ -192,6 +193,7 @@ def _describe(types: str) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
+@functools.cache  # msgspec.structs.fields resolves the struct's type hints on every call
 def field_names(kind: type[msgspec.Struct]) -> tuple[str, ...]:
     """The body's field names, as a client spells them."""
     return tuple(field.encode_name for field in msgspec.structs.fields(kind))
