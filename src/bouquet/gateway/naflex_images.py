@@ -1,6 +1,8 @@
 """SigLIP 2's image processor (transformers' Siglip2ImageProcessor, NaFlex) with Pillow and numpy, no torch, step for
 step as its Pillow backend (Siglip2ImageProcessorPil, transformers' default where torchvision is absent) runs it, so
-the patches are the same bits: an image keeps its aspect ratio, and each image is its own grid of patches.
+the patches are the same bits: an image keeps its aspect ratio, and each image is its own grid of patches. (Where
+torchvision is installed transformers runs its torchvision backend, whose resize differs by a level or two of 255 on
+a few pixels: docs/benchmarks.md.)
 
 1. RGB as transformers makes it (pixel_steps.py; the model takes three channels whatever `do_convert_rgb` says);
 2. the size: transformers' binary search for the largest scale at which both sides, each rounded up to a multiple
