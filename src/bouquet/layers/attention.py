@@ -4,10 +4,11 @@ the forward context."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape
-from bouquet.layers.context import get_forward_context
+from bouquet.layers.context import ForwardContext, get_forward_context
 
 
 class Attention(nn.Module):
@@ -66,6 +67,16 @@ def attention_shape(model: nn.Module, dtype: torch.dtype) -> AttentionShape:
         windows=tuple(sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})),
         position_bias=any(layer.position_bias for layer in layers), softmax_scale=first.scale, uniform=len(kinds) == 1,
     )  # fmt: skip
+
+
+def planned_context(layer: Attention, seq_lens: list[int], device: torch.device) -> ForwardContext:
+    """A forward context of these packed sequences, planned by the backend the engine bound to `layer`: for a part
+    of a model that attends within sequences of its own (a vision tower's images, a step's texts beside them)."""
+    cu_seqlens = F.pad(torch.tensor(seq_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+    ctx = ForwardContext(cu_seqlens.to(device), max(seq_lens), seq_lens)
+    assert layer.backend is not None, "attention ran before the engine bound a backend"
+    ctx.attn_metadata = layer.backend.prepare(ctx)
+    return ctx
 
 
 def bind_backend(model: nn.Module, backend: AttentionBackend) -> None:

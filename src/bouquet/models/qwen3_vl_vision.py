@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bouquet.layers.attention import Attention
+from bouquet.layers.attention import Attention, planned_context
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.linear import Linear, LinearActivation
 from bouquet.layers.norms import LayerNorm
@@ -179,12 +179,7 @@ class VisionModel(nn.Module):
     def _context(self, grid_thw: torch.Tensor) -> ForwardContext:
         """Attention within each frame of each image, on the backend the engine bound to the layers."""
         seq_lens = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).tolist()
-        cu_seqlens = F.pad(torch.tensor(seq_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
-        ctx = ForwardContext(cu_seqlens.to(grid_thw.device), max(seq_lens), seq_lens)
-        backend = self.blocks[0].attn.attn.backend
-        assert backend is not None, "attention ran before the engine bound a backend"
-        ctx.attn_metadata = backend.prepare(ctx)
-        return ctx
+        return planned_context(self.blocks[0].attn.attn, seq_lens, grid_thw.device)
 
 
 def patch_coordinates(grid_thw: torch.Tensor, merge: int) -> tuple[torch.Tensor, torch.Tensor]:  # [P] each

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
+from bouquet.layers.attention import planned_context
+from bouquet.layers.context import forward_context, get_forward_context
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.model_dir import PoolingMethod
@@ -200,22 +201,14 @@ class Siglip2Model(nn.Module):
         )
         image_rows, text_rows = token_is_image.nonzero().flatten(), (~token_is_image).nonzero().flatten()
         text_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if not image]
-        with forward_context(self._context(text_lens, device)):
+        attention = self.text_model.encoder.layers[0].self_attn.attn  # both towers' layers share one backend
+        with forward_context(planned_context(attention, text_lens, device)):
             texts = self.text_model(input_ids[text_rows], positions[text_rows])
-        with forward_context(self._context([rows * columns for rows, columns in grids], device)):
+        with forward_context(planned_context(attention, [rows * columns for rows, columns in grids], device)):
             images = self.vision_model(pixel_values, grids)
         rows = texts.new_empty(len(input_ids), texts.shape[1])
         rows[text_rows], rows[image_rows] = texts, images
         return rows
-
-    def _context(self, seq_lens: list[int], device: torch.device) -> ForwardContext:
-        """Attention within each of these sequences, on the backend the engine bound to the layers."""
-        lengths = torch.tensor([0, *seq_lens], dtype=torch.int32)
-        ctx = ForwardContext(lengths.cumsum(0, dtype=torch.int32).to(device), max(seq_lens), seq_lens)
-        backend = self.text_model.encoder.layers[0].self_attn.attn.backend
-        assert backend is not None, "attention ran before the engine bound a backend"
-        ctx.attn_metadata = backend.prepare(ctx)
-        return ctx
 
     def _check_images(
         self, pixel_values: torch.Tensor, grids: list[tuple[int, int]], seq_lens: list[int], is_image: list[bool]
