@@ -173,7 +173,7 @@ def parse_inputs(value: str | list[Any], param: str) -> tuple[list[str] | None, 
     texts: list[str] = []
     token_ids: list[list[int]] = []
     for index, item in enumerate(value):
-        if type(item) is int:
+        if type(item) not in (str, list):  # an int among texts, or an object where only texts and ids go
             raise Unprocessable(f"'{param}[{index}]' must be a text or a list of token ids", "invalid_type", param)
         (texts if type(item) is str else token_ids).append(item)
     return texts or None, token_ids

@@ -5,7 +5,9 @@ preprocessing gateway/images.py):
   request, as a CLIP or SigLIP model embeds each alone; for a model whose images enter its decoder (Qwen3-VL),
   one conversation: texts and images together, a system message its instruction (gateway/patch_embed.py);
 - Infinity's `/embeddings_image` (`input`: an image or a list of images), and its `/embeddings` with
-  `"modality": "image"`.
+  `"modality": "image"`;
+- Jina's (jina-clip's) objects in `input` of `/v1/embeddings`: `{"text": ...}` or `{"image": ...}` each, beside
+  plain texts, rows in input order in one space (gateway/mixed_inputs.py).
 An image is a data URI (`data:image/png;base64,...`) or base64; a URL is refused unless on an origin the operator
 lists (gateway/image_fetch.py). `/embeddings_image` also takes images as raw bytes (api/image_upload.py)."""
 
@@ -25,6 +27,7 @@ from bouquet.gateway.api.fields import (
     Endianness,
     Model,
     Text,
+    TokenIds,
     described,
     refuse_unless,
     response_format,
@@ -81,6 +84,45 @@ class ChatEmbeddingsRequest(RequestBody):
     normalize: Annotated[bool, described("vLLM's; default: as the model's Normalize module says")] | None = None
     embed_dtype: EmbedDtype = None
     endianness: Endianness = None
+
+
+class InputObject(msgspec.Struct, forbid_unknown_fields=True):
+    """Jina's input object (jina-clip's API): a text or an image, exactly one of them."""
+
+    text: Text | None = None
+    image: Image | None = None
+
+
+# OpenAI's `input` (fields.Input) with Jina's objects among its items.
+EmbeddingsInput = Annotated[
+    Text | Annotated[list[Text | int | TokenIds | InputObject], Meta(min_length=1)],
+    described(
+        "a text, a list of texts, a list of token ids, or a list of texts and lists of token ids; or texts and "
+        'Jina\'s objects, {"text": ...} or {"image": ...} (a data URI, base64, or a URL on a listed origin); never '
+        "empty. Token ids are refused with --no-token-id-input (400 token_ids_refused)."
+    ),
+]
+
+
+def has_objects(value: str | list[Any]) -> bool:
+    return not isinstance(value, str) and any(isinstance(item, InputObject) for item in value)
+
+
+def object_inputs(value: list[Any]) -> list[Conversation]:
+    """Texts and Jina's objects as inputs of one part each, an image named `input[i].image` in a refusal."""
+    inputs = []
+    for index, item in enumerate(value):
+        name = f"input[{index}]"
+        if isinstance(item, str):
+            inputs.append(Conversation([item], name))
+        elif not isinstance(item, InputObject):
+            raise InvalidRequest(f"'{name}': token ids do not mix with Jina's objects", "invalid_type", name)
+        elif (item.text is None) == (item.image is None):
+            raise InvalidRequest(f"'{name}' must hold one of 'text' and 'image'", "invalid_value", name)
+        else:
+            part = item.text if item.text is not None else ImageInput(item.image or "", f"{name}.image")
+            inputs.append(Conversation([part], name))
+    return inputs
 
 
 class ImageEmbeddingsRequest(RequestBody):

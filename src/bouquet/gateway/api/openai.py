@@ -22,7 +22,6 @@ from bouquet.gateway.api.fields import (
     EmbedDtype,
     EncodingFormat,
     Endianness,
-    Input,
     LongInput,
     Model,
     Row,
@@ -39,10 +38,13 @@ from bouquet.gateway.api.multimodal import (
     CHAT_EMBEDDINGS,
     IMAGE_EMBEDDINGS,
     ChatEmbeddingsRequest,
+    EmbeddingsInput,
     chat_job,
     embed_chat,
+    has_objects,
     image_job,
     images_job,
+    object_inputs,
 )
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_body, read_request
@@ -50,6 +52,7 @@ from bouquet.gateway.http.decode import BodyDecoder, EitherDecoder, RequestBody,
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.images import ImageEmbedJob
 from bouquet.gateway.jobs import EmbedJob
+from bouquet.gateway.mixed_inputs import MixedJob, embed_mixed
 from bouquet.gateway.patch_embed import ConversationJob, embed_image_job
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
@@ -59,7 +62,7 @@ class EmbeddingsRequest(RequestBody):
     """Other fields are refused by name (400 unsupported_parameter) unless the server runs with
     --allow-unknown-fields, so a client never gets other vectors than it asked for without being told."""
 
-    input: Input
+    input: EmbeddingsInput
     model: Model = None
     encoding_format: EncodingFormat = None
     dimensions: Dimensions = None
@@ -113,6 +116,8 @@ async def _embeddings(service: Service, request: Request) -> Response:
         return await _answer(service, request, chat_job(parsed))
     if parsed.modality == "image":
         return await _answer(service, request, _image_input(parsed))
+    if has_objects(parsed.input):
+        return await _answer(service, request, _object_input(parsed))
     return await _answer(service, request, embed_job(parsed))
 
 
@@ -124,9 +129,13 @@ async def _embeddings_image(service: Service, request: Request) -> Response:
     return await _answer(service, request, image_job(await read_request(service, request, IMAGE_EMBEDDINGS)))
 
 
-async def _answer(service: Service, request: Request, job: EmbedJob | ImageEmbedJob | ConversationJob) -> Response:
+async def _answer(
+    service: Service, request: Request, job: EmbedJob | ImageEmbedJob | ConversationJob | MixedJob
+) -> Response:
     if isinstance(job, ConversationJob):
         work = embed_chat(service, job)
+    elif isinstance(job, MixedJob):
+        work = embed_mixed(service, job)
     else:
         work = embed_image_job(service, job) if isinstance(job, ImageEmbedJob) else service.embed(job)
     model, rows, tokens = await unless_disconnected(request, work)
@@ -138,14 +147,25 @@ def _image_input(body: EmbeddingsRequest) -> ImageEmbedJob:
     return images_job(body.model, body.input, _row_options(body, formats), formats)
 
 
+def _object_input(body: EmbeddingsRequest) -> MixedJob:
+    """Jina's objects in `input` (with plain texts): each a text or an image, in one space; the texts' job holds
+    the options, checked as for texts, and gets its texts from the objects."""
+    assert not isinstance(body.input, str)
+    return MixedJob(object_inputs(body.input), _texts_job(body, None, None))
+
+
 def embed_job(body: EmbeddingsRequest) -> EmbedJob:
     """What the types leave to check: the values of names, the inputs of one kind, the two switches agreeing."""
+    texts, token_ids = parse_inputs(body.input, "input")
+    return _texts_job(body, texts, token_ids)
+
+
+def _texts_job(body: EmbeddingsRequest, texts: list[str] | None, token_ids: list[list[int]] | None) -> EmbedJob:
     formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
     refuse_unless(
         body.add_special_tokens, "add_special_tokens", True, "special tokens are always added, as the model was trained"
     )
     refuse_unless(body.modality, "modality", "text", "only text is embedded here")
-    texts, token_ids = parse_inputs(body.input, "input")
     return EmbedJob(
         model=body.model,
         texts=texts,

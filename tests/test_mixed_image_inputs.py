@@ -1,13 +1,16 @@
-"""Cohere v2's image inputs through the real `cohere` SDK's `ClientV2` over real HTTP on loopback: a tiny CLIP
-(random weights, saved by transformers with its image processor) and the bundled MiniLM behind the real gateway.
-`images` (data URIs) and `inputs` (text and `image_url` parts) against transformers' processor,
-`get_image_features` and `get_text_features` (float32, cosine >= 0.99999), texts and images of one request in input
-order and in one space; an image URL only from an origin the server lists (a loopback http.server), equal to the
-same image inline; refusals in Cohere's body: images on a text model, a text and an image in one input of CLIP, a
-URL off the list, a bad image, two of texts, images and inputs."""
+"""Texts and images in one request, over real HTTP on loopback to a tiny CLIP (random weights, saved by transformers
+with its image processor) and the bundled MiniLM behind the real gateway:
+- Cohere v2's `images` (data URIs) and `inputs` (text and `image_url` parts) through the real `cohere` SDK's
+  `ClientV2`, against transformers' processor, `get_image_features` and `get_text_features` (float32, cosine >=
+  0.99999), texts and images of one request in input order and in one space; an image URL only from an origin the
+  server lists (a loopback http.server), equal to the same image inline; refusals in Cohere's body: images on a text
+  model, a text and an image in one input of CLIP, a URL off the list, a bad image, two of texts, images and inputs;
+- Jina's (jina-clip's) `{"text"}` and `{"image"}` objects in `input` of `/v1/embeddings`, beside plain texts: the
+  same rows as Cohere's, `dimensions` and base64 applied; refusals in OpenAI's body naming the input."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import threading
@@ -15,13 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cohere
+import httpx
 import numpy as np
 import pytest
 import torch
 from conftest import row_cosines
 from in_process import engines, served
 from test_clip import _clip, _save
-from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference
+from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
 
 from bouquet.engine.engine import Engine
 
@@ -54,14 +58,25 @@ def image_origin(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(clip, minilm_fp32: Engine, minilm_path: Path, image_origin: str) -> Iterator[cohere.ClientV2]:
+def url(clip, minilm_fp32: Engine, minilm_path: Path, image_origin: str) -> Iterator[str]:
     with (
         engines(clip[0]) as built,
         served(
             [*built, minilm_fp32], listen=True, model_dirs=(minilm_path,), image_url_origins=(image_origin,)
         ) as running,
     ):
-        yield cohere.ClientV2(api_key="unused", base_url=running.url, timeout=120)
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> cohere.ClientV2:
+    return cohere.ClientV2(api_key="unused", base_url=url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def web(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        yield client
 
 
 def _floats(response) -> np.ndarray:
@@ -140,3 +155,46 @@ def test_refusals_are_400_in_coheres_body(client: cohere.ClientV2, image_origin:
         call(client, image_origin)
     assert set(raised.value.body) == {"message"} and says in raised.value.body["message"], raised.value.body
     assert client.embed(model=CLIP, texts=["still answering"], input_type="search_query").embeddings.float_
+
+
+def test_jinas_objects_embed_texts_and_images_in_input_order(
+    web: httpx.Client, client: cohere.ClientV2, image_origin: str
+) -> None:
+    """jina-clip's body: objects and plain texts in `input`, each row where its input was, the rows Cohere's route
+    gives the same texts and images (whose agreement with transformers is tested above)."""
+    body = {"model": CLIP, "input": [
+        {"text": TEXTS[0]}, {"image": _data_uri(FILES[0])}, TEXTS[1], {"image": f"{image_origin}/1.png"},
+    ]}  # fmt: skip
+    rows = _rows(web.post("/v1/embeddings", json=body))
+    texts = _floats(client.embed(model=CLIP, texts=TEXTS, input_type="search_document"))
+    images = _floats(client.embed(model=CLIP, images=[_data_uri(FILES[0]), _data_uri(FILES[1])], input_type="image"))
+    np.testing.assert_allclose(rows, np.stack([texts[0], images[0], texts[1], images[1]]), atol=1e-6)
+    cut = web.post("/v1/embeddings", json={**body, "dimensions": 16, "encoding_format": "base64"})
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["prompt_tokens"] == _usage(web, {"model": CLIP, "input": TEXTS}) + 2 * 17
+    decoded = np.stack([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in cut.json()["data"]])
+    np.testing.assert_allclose(decoded, rows[:, :16] / np.linalg.norm(rows[:, :16], axis=1, keepdims=True), atol=1e-6)
+
+
+def _usage(web: httpx.Client, body: dict) -> int:
+    return web.post("/v1/embeddings", json=body).json()["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("model", "items", "code", "param"),
+    [
+        (TEXT_MODEL, [{"text": "a"}, {"image": _data_uri(FILES[0])}], "no_image_input", "model"),
+        (CLIP, [{}], "invalid_value", "input[0]"),
+        (CLIP, [{"text": "a", "image": _data_uri(FILES[0])}], "invalid_value", "input[0]"),
+        (CLIP, [{"text": "a"}, [101, 102]], "invalid_type", "input[1]"),
+        (CLIP, [{"image": "data:image/png;base64,AAAA"}], "unknown_image_format", "input[0].image"),
+        (CLIP, [{"image": "http://127.0.0.2:9/cat.png"}], "image_url_refused", "input[0].image"),
+        (CLIP, [{"video": "clip.mp4"}], "unsupported_parameter", "input[0].video"),
+    ],
+)
+def test_jinas_objects_refused_in_openais_body(web: httpx.Client, model: str, items: list, code: str, param: str):
+    response = web.post("/v1/embeddings", json={"model": model, "input": items})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param), error
+    assert web.post("/v1/embeddings", json={"model": CLIP, "input": [{"text": "still answering"}]}).status_code == 200
