@@ -86,9 +86,15 @@ def image_features(model: torch.nn.Module, inputs: dict) -> np.ndarray:
         return model.get_image_features(**inputs).pooler_output.numpy()
 
 
-def text_features(model: torch.nn.Module, texts: list[list[int]]) -> np.ndarray:
-    """Each text alone, unpadded (bouquet pools each at its own last token)."""
+PAD_ID = 0  # the MiniLM tokenizer's [PAD]
+
+
+def text_features(model: torch.nn.Module, texts: list[list[int]], masked: bool = True) -> np.ndarray:
+    """The texts as Siglip2Processor pads them (padding="max_length", 64, with the tokenizer's pad token; an
+    attention_mask when the tokenizer gives one), through transformers' forward."""
+    length = model.config.text_config.max_position_embeddings
+    ids = torch.tensor([[*text, *[PAD_ID] * (length - len(text))] for text in texts])
+    lengths = torch.tensor([[len(text)] for text in texts])
+    mask = {"attention_mask": (torch.arange(length) < lengths).long()} if masked else {}
     with torch.no_grad():
-        return torch.cat(
-            [model.get_text_features(input_ids=torch.tensor([ids])).pooler_output for ids in texts]
-        ).numpy()
+        return model.get_text_features(input_ids=ids, **mask).pooler_output.numpy()

@@ -7,6 +7,8 @@ lengths; and steps that mix texts and images."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import row_cosines
-from siglip2_models import image, image_features, processed, save_siglip2, text_features
+from siglip2_models import PAD_ID, image, image_features, processed, save_siglip2, text_features
 
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
 from bouquet.models.siglip2 import antialias_weights
+from bouquet.text_padding import TextPadding, read_text_padding
 
 BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
 SIZES = [(50, 80), (300, 120), (32, 32), (17, 9), (9, 300), (640, 480)]  # (width, height)
@@ -72,10 +75,37 @@ def test_images_of_several_sizes_in_one_step_match_transformers(engine: Engine, 
     _assert_close(engine.embed(batch), expected, engine.config.dtype)
 
 
-def test_texts_match_transformers(engine: Engine, siglip2) -> None:
+def test_texts_match_transformers_as_its_processor_pads_them(engine: Engine, siglip2) -> None:
+    """Padded to 64 with the tokenizer's pad token and its attention mask, pooled at the last position (a pad):
+    unpadded rows would be far off (the last check)."""
     texts = _texts()
     assert engine.dimension == 64 and engine.max_seq_length == 64
-    _assert_close(engine.embed(Batch.pack(texts)), text_features(siglip2[1], texts), engine.config.dtype)
+    assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=True)
+    rows = engine.embed(Batch.pack(texts))
+    _assert_close(rows, text_features(siglip2[1], texts), engine.config.dtype)
+    with torch.no_grad():
+        unpadded = siglip2[1].get_text_features(input_ids=torch.tensor([texts[1]])).pooler_output.numpy()
+    assert row_cosines(rows[1:2], unpadded)[0] < 0.99
+
+
+def test_texts_of_a_tokenizer_without_an_attention_mask_attend_to_their_pads(tmp_path: Path, siglip2) -> None:
+    """A tokenizer config that gives input_ids alone (as SigLIP's own do): the pads are keys, every text runs at 64
+    tokens, as transformers runs the processor's output."""
+    path, model = siglip2
+    shutil.copytree(path, tmp_path / "hf")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "model_input_names": ["input_ids"]}))
+    engine = Engine(EngineConfig(model_path=tmp_path / "hf", device="cpu", dtype="float32", cpu_warmup_tokens=0))
+    try:
+        assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=False)
+        texts = _texts()
+        _assert_close(engine.embed(Batch.pack(texts)), text_features(model, texts, masked=False), "float32")
+    finally:
+        engine.close()
+    assert read_text_padding(path) == TextPadding(PAD_ID, masked=True)
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": None}))
+    (tmp_path / "hf" / "special_tokens_map.json").unlink()
+    assert read_text_padding(tmp_path / "hf") is None  # no pad token: texts run as sent
 
 
 def test_a_step_mixing_texts_and_images_gives_each_its_own_row(engine: Engine, siglip2, reference) -> None:

@@ -19,7 +19,17 @@ import pytest
 import torch
 from conftest import row_cosines
 from in_process import engines, served
-from siglip2_models import MAX_NUM_PATCHES, image, image_features, png, processed, processor, save_siglip2
+from siglip2_models import (
+    MAX_NUM_PATCHES,
+    PAD_ID,
+    image,
+    image_features,
+    png,
+    processed,
+    processor,
+    save_siglip2,
+    text_features,
+)
 
 from bouquet.gateway.image_processing import model_images
 from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
@@ -74,18 +84,20 @@ def test_images_of_every_size_match_transformers_and_count_their_patches(server:
 
 
 def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model) -> None:
-    """The text on /v1/embeddings, the image on /embeddings_image, and /score between them: transformers' rows and
-    the cosine its forward gives (logits_per_text with the scale and bias taken off)."""
+    """The text on /v1/embeddings (padded as Siglip2Processor pads it), the image on /embeddings_image, and /score
+    between them: transformers' rows and the cosine its forward gives (logits_per_text with the scale and bias taken
+    off)."""
     path, reference = model
     text, picture = "a photo of a small cat", image(120, 90, 3)
     text_row = _rows(server.post("/v1/embeddings", json={"model": NAME, "input": text}))
     ids = [token["id"] for token in server.post("/tokenize", json={"model": NAME, "inputs": text}).json()[0]]
     _, _, inputs = processed(path, [picture])
     with torch.no_grad():
-        expected_text = reference.get_text_features(input_ids=torch.tensor([ids])).pooler_output.numpy()
-        logits = reference(input_ids=torch.tensor([ids]), **inputs).logits_per_text[0, 0]
+        padded = torch.tensor([[*ids, *[PAD_ID] * (64 - len(ids))]])  # as Siglip2Processor pads it, with its mask
+        mask = (padded != PAD_ID).long()
+        logits = reference(input_ids=padded, attention_mask=mask, **inputs).logits_per_text[0, 0]
         cosine = float((logits - reference.logit_bias) / reference.logit_scale.exp())
-    assert row_cosines(text_row, expected_text).min() >= BOUND
+    assert row_cosines(text_row, text_features(reference, [ids])).min() >= BOUND
     data_uri = _data_uri(png(picture))
     image_row = _rows(server.post("/embeddings_image", json={"model": NAME, "input": data_uri}))
     assert abs(float(row_cosines(text_row, image_row)[0]) - cosine) < 1e-5

@@ -36,6 +36,7 @@ from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
 from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, TokenWeightSpec, read_model_dir
 from bouquet.models import create_model
+from bouquet.text_padding import read_text_padding
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     if spec.multi_vector is not None and spec.multi_vector.source == "model":  # HF_ColBERT: its projection's
         state = {name: tensor for name, tensor in state.items() if not name.startswith(_IN_MODEL_PROJECTION)}
     load_checked(model, model.convert_checkpoint(state))
+    if getattr(model, "pads_texts", False):  # its texts padded as its processor pads them (SigLIP 2)
+        model.text_padding = read_text_padding(spec.tokenizer_file.parent)
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
     for module in model.modules():
@@ -381,6 +384,8 @@ class _CudaRuntime:
         backend = runner.backend
         if runner.pooler.task == "sparse":  # every batch runs the sparse head, which is eager only
             logger.info("CUDA graphs off: a sparse model's rows are pooled eagerly")
+        elif getattr(runner.model, "text_padding", None) is not None:
+            logger.info("CUDA graphs off: the model pads each step's texts on the host (its processor's padding)")
         elif config.enabled and backend.supports_cuda_graphs:
             capturer = CudaCapturer(self.stream)
             runner.graphs = CudaGraphRunner(config, runner.device, backend, runner.forward, capturer)

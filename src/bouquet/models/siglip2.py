@@ -9,6 +9,13 @@ Packed, padding-free: an image is a sequence of its own, one token per patch, of
 tokens alone. A step may mix texts and images: each tower runs on its own sequences (an attention plan of its
 own), and every sequence's row is put at its first token, where the engine's CLS pooling reads it.
 
+Texts as transformers' Siglip2Processor makes them: padded to `max_length` (the text positions, 64) with the
+tokenizer's pad token, the row taken at the last position, a pad for any shorter text (the model was trained so).
+When the tokenizer gives an attention mask, pads are never keys: the real tokens' states are then those of the text
+alone, and the last pad's is all that is read, so one pad at the last position stands for all of them. Without a
+mask, pads are keys like any token, and every text runs at `max_length` tokens. The loader reads the padding from
+the tokenizer's files (`text_padding`); without a pad token, texts run as sent.
+
 Parameter names follow the Hugging Face checkpoint, converted as SigLIP's are.
 """
 
@@ -17,11 +24,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from bouquet.layers.attention import planned_context
-from bouquet.layers.context import forward_context, get_forward_context
+from bouquet.layers.attention import Attention, planned_context
+from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
+from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.model_dir import PoolingMethod
@@ -33,6 +42,7 @@ from bouquet.models.siglip import (
     SiglipTextTransformer,
     convert_siglip_checkpoint,
 )
+from bouquet.text_padding import TextPadding
 
 # The most patches one image may make: a 2,048 x 2,048 image at patch 16. The processor's max_num_patches (256 by
 # default; 1,024 in the largest published settings) is far below it; the bound keeps a request's one image within
@@ -50,6 +60,13 @@ def siglip2_config(config: dict[str, Any]) -> SiglipConfig:
         raise ValueError(f"vision_config.num_patches {num_patches} is not a square: no square position table")
     vision["image_size"] = side * int(vision.get("patch_size", 16))
     return SiglipConfig.from_hf({**config, "vision_config": vision})
+
+
+def _pad_rows(real: torch.Tensor, total: int) -> torch.Tensor:  # [total - len(real)] int64
+    """The rows of a padded layout that `real` leaves free, in order."""
+    free = torch.ones(total, dtype=torch.bool, device=real.device)
+    free[real] = False
+    return free.nonzero().flatten()
 
 
 def antialias_weights(size: int, side: int, device: torch.device) -> torch.Tensor:  # [size, side] float32
@@ -143,12 +160,15 @@ class Siglip2Model(nn.Module):
     default_pooling = PoolingMethod.CLS  # each sequence's features are at its first token (module docstring)
     takes_images = True
     variable_images = True  # images of any size, as patches (Batch.image_grid_thw)
+    pads_texts = True  # the loader sets `text_padding` from the tokenizer (module docstring)
 
     def __init__(self, config: SiglipConfig):
         super().__init__()
         self.config = config
         self.text_model = SiglipTextTransformer(config)
         self.vision_model = Siglip2VisionTransformer(config)
+        self.text_padding: TextPadding | None = None
+        self._key_lens_backend: AttentionBackend | None = None  # SDPA, for masked pads when the bound one has none
 
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> Siglip2Model:
@@ -175,9 +195,12 @@ class Siglip2Model(nn.Module):
         image_grid_thw: torch.Tensor | None = None,  # [N, 3] each image's (1, rows, columns) in patches
         cu_images: torch.Tensor | None = None,  # [B + 1] sequence i's images: cu_images[i]..cu_images[i + 1]
     ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
-        if pixel_values is None or image_grid_thw is None or cu_images is None or not len(image_grid_thw):
-            return self.text_model(input_ids, positions)  # a step's slice of a request may hold its texts alone
         ctx = get_forward_context()
+        if pixel_values is None or image_grid_thw is None or cu_images is None or not len(image_grid_thw):
+            # (a step's slice of a request may hold its texts alone); the step's context is theirs
+            if self.text_padding is None:
+                return self.text_model(input_ids, positions)
+            return self._texts(input_ids, positions, ctx.seq_lens)
         is_image = [count == 1 for count in torch.diff(cu_images).tolist()]
         grids = [(rows, columns) for _, rows, columns in image_grid_thw.tolist()]
         self._check_images(pixel_values, grids, ctx.seq_lens, is_image)
@@ -201,14 +224,65 @@ class Siglip2Model(nn.Module):
         )
         image_rows, text_rows = token_is_image.nonzero().flatten(), (~token_is_image).nonzero().flatten()
         text_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if not image]
-        attention = self.text_model.encoder.layers[0].self_attn.attn  # both towers' layers share one backend
-        with forward_context(planned_context(attention, text_lens, device)):
-            texts = self.text_model(input_ids[text_rows], positions[text_rows])
-        with forward_context(planned_context(attention, [rows * columns for rows, columns in grids], device)):
+        texts = self._texts(input_ids[text_rows], positions[text_rows], text_lens)
+        with forward_context(planned_context(self._attention, [rows * columns for rows, columns in grids], device)):
             images = self.vision_model(pixel_values, grids)
         rows = texts.new_empty(len(input_ids), texts.shape[1])
         rows[text_rows], rows[image_rows] = texts, images
         return rows
+
+    @property
+    def _attention(self) -> Attention:
+        return self.text_model.encoder.layers[0].self_attn.attn  # both towers' layers share the bound backend
+
+    def _texts(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+        """[T, D] float32: each text's row at its first token, the texts padded as the processor pads them."""
+        if self.text_padding is None:
+            with forward_context(planned_context(self._attention, seq_lens, input_ids.device)):
+                return self.text_model(input_ids, positions)
+        lengths = np.array(seq_lens)
+        pads = np.maximum(self.config.max_positions - lengths, 0)
+        if self.text_padding.masked:
+            pads = np.minimum(pads, 1)  # one pad at the last position stands for all (module docstring)
+        padded = lengths + pads
+        starts, padded_starts = np.cumsum(lengths) - lengths, np.cumsum(padded) - padded
+        device = input_ids.device
+        real = torch.from_numpy(np.arange(int(lengths.sum())) + np.repeat(padded_starts - starts, lengths)).to(device)
+        ids = torch.full((int(padded.sum()),), self.text_padding.pad_id, dtype=input_ids.dtype, device=device)
+        places = torch.from_numpy(np.concatenate([np.arange(self.config.max_positions - n, self.config.max_positions)
+                                                  for n in pads] or [np.zeros(0, np.int64)])).to(device)  # fmt: skip
+        positions_padded = places.new_zeros(len(ids)).index_copy(0, real, positions.long())
+        positions_padded[_pad_rows(real, len(ids))] = places
+        with forward_context(self._padded_context(padded.tolist(), seq_lens)):
+            hidden = self.text_model.embeddings(ids.index_copy(0, real, input_ids), positions_padded)
+            hidden = self.text_model.final_layer_norm(self.text_model.encoder(hidden))
+        pooled = self.text_model.head(hidden[torch.from_numpy(np.cumsum(padded) - 1).to(device)]).float()
+        rows = pooled.new_zeros(len(input_ids), pooled.shape[1])
+        rows[torch.from_numpy(starts).to(device)] = pooled
+        return rows
+
+    def _padded_context(self, padded_lens: list[int], key_lens: list[int]) -> ForwardContext:
+        """Padded texts: with masked pads only each text's own tokens are keys (on SDPA, unless the bound backend
+        masks keys itself)."""
+        device = self.text_model.embeddings.token_embedding.weight.device
+        if self.text_padding is None or not self.text_padding.masked:
+            return planned_context(self._attention, padded_lens, device)
+        lengths = torch.tensor([0, *padded_lens], dtype=torch.int32)
+        ctx = ForwardContext(lengths.cumsum(0, dtype=torch.int32).to(device), max(padded_lens), padded_lens,
+                             key_lens=key_lens)  # fmt: skip
+        ctx.backend = self._masking_backend()
+        ctx.attn_metadata = ctx.backend.prepare(ctx)
+        return ctx
+
+    def _masking_backend(self) -> AttentionBackend:
+        bound = self._attention.backend
+        assert bound is not None and bound.shape is not None, "attention ran before the engine bound a backend"
+        if bound.supports_key_lens:
+            return bound
+        if self._key_lens_backend is None:
+            self._key_lens_backend = create_attention_backend("sdpa")
+            self._key_lens_backend.bind(bound.shape)
+        return self._key_lens_backend
 
     def _check_images(
         self, pixel_values: torch.Tensor, grids: list[tuple[int, int]], seq_lens: list[int], is_image: list[bool]

@@ -1,0 +1,33 @@
+"""How transformers' processor pads a model's texts when the model was trained on padded texts (SigLIP 2: its
+Siglip2Processor pads every text to `max_length`, 64, and the text tower pools the last position, a pad token for
+any shorter text). Read from the tokenizer's files: the pad token, and whether the tokenizer gives an
+`attention_mask` (its `model_input_names`; transformers' tokenizers give one unless the saved config says
+otherwise), with which the pad tokens are masked as keys. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from bouquet.st_layout import read_optional_json
+
+
+@dataclass(frozen=True)
+class TextPadding:
+    pad_id: int  # the pad token's id
+    masked: bool  # pad tokens are never attended to (the model is given an attention_mask); else they are keys
+
+
+def read_text_padding(folder: Path) -> TextPadding | None:
+    """The padding of the tokenizer saved in `folder`; None when it names no pad token in its vocabulary."""
+    named = {**(read_optional_json(folder / "special_tokens_map.json") or {}),
+             **(read_optional_json(folder / "tokenizer_config.json") or {})}  # fmt: skip
+    token = named.get("pad_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    pad_id = Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id(token) if isinstance(token, str) else None
+    if pad_id is None:
+        return None
+    input_names = named.get("model_input_names")
+    return TextPadding(pad_id, masked=input_names is None or "attention_mask" in input_names)
