@@ -22,7 +22,7 @@ from siglip2_models import PAD_ID, image, image_features, processed, save_siglip
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
-from bouquet.models.siglip2 import antialias_weights
+from bouquet.models.siglip2_vision import antialias_weights
 from bouquet.text_padding import TextPadding, read_text_padding
 
 BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
