@@ -83,11 +83,27 @@ async def _chunks(reader: asyncio.StreamReader, max_bytes: int, name: str) -> by
             raise _malformed(name, "a chunk does not end in CRLF")
 
 
-def too_large(name: str, limit: int) -> InvalidRequest:
-    return InvalidRequest(f"{name} is an image of over {limit} bytes, over the limit", "image_too_large", name)
+# Why a URL was not fetched, as the metrics label it: no origin listed at all, its origin (or a redirect's) not
+# listed, a listed name resolving inward, no connection or answer, past the deadline, an answer not a 200 image (or
+# not HTTP/1.1, or redirecting without end), over a byte cap.
+REFUSALS = ("no_origins", "not_listed", "inward_address", "unreachable", "timeout", "bad_answer", "too_large")
 
 
-def _malformed(name: str, why: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"{name}: the image server's answer is not HTTP/1.1 as read here: {why}", "image_url_failed", name
+class FetchRefused(InvalidRequest):
+    """An image URL not fetched: a 400 naming the input, and the `reason` the fetch metrics count it under."""
+
+    def __init__(self, message: str, code: str, name: str, reason: str):
+        super().__init__(message, code, name)
+        self.reason = reason
+
+
+def too_large(name: str, limit: int) -> FetchRefused:
+    return FetchRefused(
+        f"{name} is an image of over {limit} bytes, over the limit", "image_too_large", name, "too_large"
+    )
+
+
+def _malformed(name: str, why: str) -> FetchRefused:
+    return FetchRefused(
+        f"{name}: the image server's answer is not HTTP/1.1 as read here: {why}", "image_url_failed", name, "bad_answer"
     )

@@ -15,8 +15,10 @@ What a fetch may reach, and how long it may take:
   it streams and cut at `--max-image-bytes` whatever its Content-Length says;
 - the bytes are then decoded as an inline image is (images.py: format, pixels, corruption), so the response's
   Content-Type decides nothing.
-Every refusal is a 400 naming the input (`input[2]`). The answer is read by fetch_answer.py, with the standard
-library's streams: the gateway needs no HTTP client library."""
+Every refusal is a 400 naming the input (`input[2]`), counted by reason (fetch_answer.REFUSALS) in the gateway's metrics
+beside the URLs fetched and their bytes. An IPv6 origin is listed with its address in brackets
+(`http://[2001:db8::5]:8000`); an address compares in its canonical form, however a URL spells it. The answer is read
+by fetch_answer.py, with the standard library's streams: the gateway needs no HTTP client library."""
 
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urljoin, urlsplit
 
-from bouquet.gateway.errors import InvalidRequest, TooLarge
-from bouquet.gateway.fetch_answer import MAX_HEAD_BYTES, read_answer
+from bouquet.gateway.errors import TooLarge
+from bouquet.gateway.fetch_answer import MAX_HEAD_BYTES, FetchRefused, read_answer
 
 if TYPE_CHECKING:
     from bouquet.config import GatewayConfig
+    from bouquet.gateway.metrics import GatewayMetrics
 
 MAX_REDIRECTS = 3
 CONCURRENT_FETCHES = 8  # a request's URLs fetched at once
@@ -57,7 +60,8 @@ def parse_origin(text: str) -> Origin:
     if parts.username is not None or parts.password is not None:
         raise ValueError(f"{text!r} holds credentials; an origin is scheme://host[:port]")
     port = parts.port if parts.port is not None else DEFAULT_PORTS[scheme]
-    return scheme, parts.hostname.lower(), port
+    address = _ip(parts.hostname)  # one address, one spelling: [0:0::1] is [::1]
+    return scheme, parts.hostname.lower() if address is None else address.compressed, port
 
 
 def is_url(source: str | bytes) -> bool:
@@ -82,16 +86,16 @@ class UrlFetcher:
                     if status not in REDIRECTS:
                         break
                     if location is None:
-                        raise _failed(name, _shown(url), f"answered {status} without a Location")
+                        raise _failed(name, _shown(url), f"answered {status} without a Location", "bad_answer")
                     url = urljoin(url, location)
                 else:
-                    raise _failed(name, _shown(url), f"redirected more than {MAX_REDIRECTS} times")
+                    raise _failed(name, _shown(url), f"redirected more than {MAX_REDIRECTS} times", "bad_answer")
         except TimeoutError:
-            raise InvalidRequest(
-                f"{name}: fetching {_shown(url)} took over {self.timeout:g} s", "image_url_timeout", name
+            raise FetchRefused(
+                f"{name}: fetching {_shown(url)} took over {self.timeout:g} s", "image_url_timeout", name, "timeout"
             ) from None
         if status != 200:
-            raise _failed(name, _shown(url), f"answered HTTP {status}")
+            raise _failed(name, _shown(url), f"answered HTTP {status}", "bad_answer")
         return body
 
     def _allowed(self, url: str, name: str) -> tuple[Origin, str]:
@@ -102,11 +106,12 @@ class UrlFetcher:
         except ValueError:
             origin = None
         if origin is None or origin not in self.origins:
-            raise InvalidRequest(
+            raise FetchRefused(
                 f"{name}: {_shown(url)} is not on an origin this server fetches images from (--image-url-origin); "
                 "send the image inline, as a data URI or base64",
                 "image_url_refused",
                 name,
+                "not_listed",
             )
         path = quote(parts.path or "/", safe=PATH_SAFE)  # a space or a control character would break the request
         return origin, path + (f"?{quote(parts.query, safe=PATH_SAFE + '?')}" if parts.query else "")
@@ -120,15 +125,16 @@ class UrlFetcher:
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as error:
-            raise _failed(name, host, f"does not resolve ({error})") from None
+            raise _failed(name, host, f"does not resolve ({error})", "unreachable") from None
         addresses = [str(info[4][0]) for info in infos]
         inward = [a for a in addresses if not ipaddress.ip_address(a.split("%")[0]).is_global]
         if inward or not addresses:
-            raise InvalidRequest(
+            raise FetchRefused(
                 f"{name}: {host} resolves to {', '.join(inward) or 'nothing'}, not a public address; a private or "
                 "loopback server is fetched from only when --image-url-origin names its address",
                 "image_url_refused",
                 name,
+                "inward_address",
             )
         return addresses[0]
 
@@ -140,7 +146,7 @@ class UrlFetcher:
                 address, port, limit=MAX_HEAD_BYTES, ssl=tls, server_hostname=host if tls else None
             )
         except (OSError, ssl.SSLError) as error:
-            raise _failed(name, f"{scheme}://{host}:{port}", f"refused the connection ({error})") from None
+            raise _failed(name, _origin_text(origin), f"refused the connection ({error})", "unreachable") from None
         try:
             authority = f"[{host}]" if ":" in host else host
             if port != DEFAULT_PORTS[scheme]:
@@ -152,7 +158,7 @@ class UrlFetcher:
             answer = await read_answer(reader, self.max_bytes, name)
             return answer.status, answer.headers.get("location"), answer.body
         except (OSError, ssl.SSLError) as error:
-            raise _failed(name, f"{scheme}://{host}:{port}", f"failed mid-answer ({error})") from None
+            raise _failed(name, _origin_text(origin), f"failed mid-answer ({error})", "unreachable") from None
         finally:
             writer.close()
 
@@ -164,7 +170,8 @@ def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
-def _over_total(name: str) -> TooLarge:
+def _over_total(name: str, metrics: GatewayMetrics) -> TooLarge:
+    metrics.image_fetch_refusals.labels("too_large").inc()
     return TooLarge(
         f"{name}: the request's image URLs come to over {MAX_REQUEST_FETCH_BYTES} bytes; send fewer a request",
         "image_too_large",
@@ -177,8 +184,13 @@ def _shown(url: str) -> str:
     return url if len(url) <= 200 else url[:200] + "..."
 
 
-def _failed(name: str, where: str, what: str) -> InvalidRequest:
-    return InvalidRequest(f"{name}: {where} {what}", "image_url_failed", name)
+def _failed(name: str, where: str, what: str, reason: str) -> FetchRefused:
+    return FetchRefused(f"{name}: {where} {what}", "image_url_failed", name, reason)
+
+
+def _origin_text(origin: Origin) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 @lru_cache(maxsize=8)
@@ -193,11 +205,15 @@ def url_fetcher(config: GatewayConfig) -> UrlFetcher | None:
     return _fetcher(config.image_url_origins, config.image_url_timeout, config.max_image_bytes)
 
 
-async def fetch_urls(config: GatewayConfig, sources: Sequence[str | bytes], names: Sequence[str]) -> list[str | bytes]:
+async def fetch_urls(
+    config: GatewayConfig, sources: Sequence[str | bytes], names: Sequence[str], metrics: GatewayMetrics
+) -> list[str | bytes]:
     """`sources` with each http(s) URL replaced by its image's bytes when the operator allows fetching; otherwise
     as they are (images.py refuses a URL)."""
+    urls = sum(1 for source in sources if is_url(source))
     fetcher = url_fetcher(config)
-    if fetcher is None or not any(is_url(source) for source in sources):
+    if fetcher is None or not urls:
+        metrics.image_fetch_refusals.labels("no_origins").inc(urls)
         return list(sources)
     gate = asyncio.Semaphore(CONCURRENT_FETCHES)
     fetched = 0
@@ -208,11 +224,17 @@ async def fetch_urls(config: GatewayConfig, sources: Sequence[str | bytes], name
             return source
         async with gate:
             if fetched > MAX_REQUEST_FETCH_BYTES:
-                raise _over_total(name)
-            body = await fetcher.fetch(source, name)
+                raise _over_total(name, metrics)
+            try:
+                body = await fetcher.fetch(source, name)
+            except FetchRefused as error:
+                metrics.image_fetch_refusals.labels(error.reason).inc()
+                raise
+        metrics.image_fetches.inc()
+        metrics.image_fetch_bytes.inc(len(body))
         fetched += len(body)
         if fetched > MAX_REQUEST_FETCH_BYTES:
-            raise _over_total(name)
+            raise _over_total(name, metrics)
         return body
 
     return list(await asyncio.gather(*(one(source, name) for source, name in zip(sources, names, strict=True))))

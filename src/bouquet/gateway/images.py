@@ -187,7 +187,9 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
 
     estimate = len(job.images) * images.tokens  # exact, or SigLIP 2's most patches an image
     service.check_tokens(estimate)
-    sources = await fetch_urls(service.config, job.images, job.names)  # before admission: a slow server holds none
+    sources = await fetch_urls(
+        service.config, job.images, job.names, service.metrics
+    )  # before admission: a slow server holds none
     exact = not isinstance(processing, NaflexProcessing)
     rows, tokens = await service.compute(model, estimate, batch, exact=exact)
     return model, rows, tokens

@@ -8,6 +8,8 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from bouquet.gateway.fetch_answer import REFUSALS as FETCH_REFUSALS
+
 _LATENCY_BUCKETS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -139,6 +141,16 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+
+        self.image_fetches = Counter("bouquet_gateway_image_fetches", "image URLs fetched", registry=r)
+        self.image_fetch_bytes = Counter(
+            "bouquet_gateway_image_fetch_bytes", "bytes of the image URLs' bodies fetched", registry=r
+        )
+        self.image_fetch_refusals = Counter(
+            "bouquet_gateway_image_fetch_refusals", "image URLs refused or failed, by reason", ["reason"], registry=r
+        )
+        for reason in FETCH_REFUSALS:
+            self.image_fetch_refusals.labels(reason)
 
     def exposition(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -196,7 +196,9 @@ async def embed_conversations(
 
     estimate = sum(_token_bound(c, processing) for c in conversations)
     service.check_tokens(estimate)
-    sources = await fetch_urls(service.config, [part.source for part in images], [part.name for part in images])
+    sources = await fetch_urls(
+        service.config, [part.source for part in images], [part.name for part in images], service.metrics
+    )
     fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
     work = estimate + len(images) * (processing.max_pixels // processing.patch_size**2)  # the vision tower's patches
     return await service.compute(model, work, batch)
