@@ -30,13 +30,12 @@ import torch
 from bouquet.config import EmbedConfig, EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
 from bouquet.layers.int8_linear import (
-    ONEDNN_PRODUCT,
     int8_linear,
     int8_product,
-    pack_for_onednn,
     quantize_rows,
     quantize_weight,
     weight_limit,
+    with_products,
 )
 from bouquet.layers.int8_products import available_products
 from bouquet.layers.linear import Linear, prepack_cpu_linears
@@ -73,8 +72,7 @@ def int8_ceilings(product: str, tokens: int = 4096, repeats: int = 20) -> tuple[
     (`torch._int_mm`, or oneDNN's matmul on the prepacked weight), at MiniLM's widest product over a step's worth
     of tokens."""
     weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_limit(product))
-    if product == ONEDNN_PRODUCT:
-        weight = pack_for_onednn(weight)
+    weight = with_products(weight, product, product)
     x = torch.randn(tokens, 384)
     rows = quantize_rows(x)
     operations = 2 * tokens * 384 * 1536 / 1e9

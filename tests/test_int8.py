@@ -26,6 +26,7 @@ from bouquet.engine.engine import Engine
 from bouquet.gateway.testing import Process, free_port, start_serve
 from bouquet.layers.int8_linear import (
     FULL_WEIGHT_LIMIT,
+    INT_MM_PRODUCT,
     dequantize,
     input_rotation,
     int8_linear,
@@ -161,7 +162,7 @@ def test_the_fused_add_and_layernorm_match_torchs_after_the_int8_linear(
     linear = Linear(in_features, out_features)
     float32 = linear.add_norm(x, residual, norm)
     torch.testing.assert_close(float32, norm(residual + linear(x)))
-    linear.quantize_int8(weight_limit(), Int8Plan(None))
+    linear.quantize_int8(weight_limit(), Int8Plan(INT_MM_PRODUCT, INT_MM_PRODUCT))
     torch.testing.assert_close(linear.add_norm(x, residual, norm), norm(residual + linear(x)), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(linear.add_norm(x, residual, norm), float32, atol=1e-6)  # int8 ran
 

@@ -2,8 +2,8 @@
 
 y = dequantize(int8(x) @ int8(W).T) + b: weights symmetric per output channel (scale = the channel's largest
 magnitude / limit), activations asymmetric per row (per token: a scale and an integer zero point), the product
-accumulated exactly in int32 by oneDNN (`torch._int_mm`, or oneDNN's matmul on a prepacked weight, which runs on
-AMX where the CPU has it: layers/int8_products.py times both), then the zero point taken off with each channel's
+accumulated exactly in int32 (`torch._int_mm`, oneDNN's matmul on a prepacked weight, or, where the CPU has AMX,
+bouquet's own AMX kernel: layers/int8_products.py times them), then the zero point taken off with each channel's
 weight sum, scaled back to float32 by the row's and the channel's scales, with the bias and the layer's
 activation applied in the same pass (kernels/int8_linear.c). No calibration data: a row's scale comes from the
 row itself, so one outlier token costs no other token its precision. Asymmetric rows, rather than symmetric ones,
@@ -35,6 +35,8 @@ from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
+from bouquet.layers.amx_product import AMX_PRODUCT, amx_product, pack_for_amx
+from bouquet.layers.amx_product import fits as amx_fits
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +44,9 @@ FULL_WEIGHT_LIMIT = 127
 REDUCED_WEIGHT_LIMIT = 63
 # The kernel's activation codes, by the names LinearActivation fuses.
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
-# The int8 products: `torch._int_mm` (oneDNN's s8 x s8 -> s32 GEMM on the plain weight) and oneDNN's matmul
-# primitive on its own prepacked layout (`onednn::qlinear_pointwise`). layers/int8_products.py times both.
+# The int8 products: `torch._int_mm` (oneDNN's s8 x s8 -> s32 GEMM on the plain weight), oneDNN's matmul
+# primitive on its own prepacked layout (`onednn::qlinear_pointwise`) and AMX_PRODUCT (layers/amx_product.py).
+# layers/int8_products.py times them.
 INT_MM_PRODUCT, ONEDNN_PRODUCT = "int_mm", "onednn"
 
 
@@ -88,18 +91,21 @@ def _hadamard(size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """A linear's weight in int8: `transposed` [in, out] (the layout `torch._int_mm` multiplies by, a view of the
-    [out, in] rows) and/or, once packed for oneDNN's matmul, `packed`, with one float32 scale per output channel
-    and each channel's int8 weights summed (what an activation row's zero point contributes to its products).
-    Calls of at least `packed_from_rows` rows use the packed copy; where that is 0, the plain copy is not kept."""
+    """A linear's weight in int8, in the layout of each product its calls use: `transposed` [in, out] for
+    `torch._int_mm` (a view of the [out, in] rows), `packed` for oneDNN's matmul, `amx` for the AMX kernel; with one
+    float32 scale per output channel and each channel's int8 weights summed (what an activation row's zero point
+    contributes to its products). Calls of fewer than `from_rows` rows run `small`, the others `large`."""
 
-    transposed: torch.Tensor  # [K, N] int8, or [0, 0] where only the packed copy is kept
+    transposed: torch.Tensor  # [K, N] int8, or [0, 0] where `torch._int_mm` is not used
     scales: torch.Tensor  # [N] float32
     sums: torch.Tensor  # [N] int32
     bias: torch.Tensor  # [N] float32 (zeros where the layer has none)
     in_features: int
     packed: torch.Tensor | None = None  # oneDNN's prepacked weight (opaque)
-    packed_from_rows: int = 0
+    amx: torch.Tensor | None = None  # the AMX kernel's blocks
+    small: str = INT_MM_PRODUCT
+    large: str = INT_MM_PRODUCT
+    from_rows: int = 0
     rotation: InputRotation | None = None  # the weight holds W R: activation rows must be rotated by R too
 
     @functools.cached_property
@@ -130,19 +136,33 @@ def onednn_product_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
-def pack_for_onednn(weight: Int8Weight, from_rows: int = 0) -> Int8Weight:
-    """The weight in oneDNN's matmul layout (`qlinear_prepack`), used by calls of at least `from_rows` rows; the
-    plain int8 copy is dropped where no call needs it (`from_rows` 0)."""
-    packed = torch.ops.onednn.qlinear_prepack(weight.transposed.t().contiguous(), None)
-    plain = weight.transposed if from_rows > 0 else torch.empty(0, 0, dtype=torch.int8)
-    return dataclasses.replace(weight, transposed=plain, packed=packed, packed_from_rows=from_rows)
+def with_products(weight: Int8Weight, small: str, large: str, from_rows: int = 0) -> Int8Weight:
+    """The weight (as `quantize_weight` gives it) with the layouts its calls need: `small` below `from_rows` rows,
+    `large` from there. A shape the AMX kernel cannot take runs `torch._int_mm` where the AMX product was asked."""
+    if not amx_fits(weight.in_features, weight.scales.numel()):
+        small, large = (INT_MM_PRODUCT if name == AMX_PRODUCT else name for name in (small, large))
+    used = {small} if from_rows <= 0 or small == large else {small, large}
+    rows = weight.transposed.t()
+    return dataclasses.replace(
+        weight,
+        transposed=weight.transposed if INT_MM_PRODUCT in used else torch.empty(0, 0, dtype=torch.int8),
+        packed=torch.ops.onednn.qlinear_prepack(rows.contiguous(), None) if ONEDNN_PRODUCT in used else None,
+        amx=pack_for_amx(rows) if AMX_PRODUCT in used else None,
+        small=small if small in used else large,
+        large=large if large in used else small,
+        from_rows=max(from_rows, 0),
+    )
 
 
 def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`), or float32 holding the same
-    integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
-    if weight.packed is None or values.shape[0] < weight.packed_from_rows:
+    """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`, the AMX kernel), or float32 holding
+    the same integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
+    product = weight.small if values.shape[0] < weight.from_rows else weight.large
+    if product == INT_MM_PRODUCT:
         return torch._int_mm(values, weight.transposed)
+    if product == AMX_PRODUCT:
+        assert weight.amx is not None
+        return amx_product(values, weight.amx, weight.scales.numel())
     unit_scales, zero_points = _unit_quantization(weight.scales.numel())
     return torch.ops.onednn.qlinear_pointwise(
         values, 1.0, 0, weight.packed, unit_scales, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
@@ -314,7 +334,6 @@ def _measure_weight_limit(product: str) -> int:
     w = torch.full((width, depth), FULL_WEIGHT_LIMIT, dtype=torch.int8)
     w[1::2] = -FULL_WEIGHT_LIMIT
     weight = Int8Weight(w.t(), torch.ones(width), w.sum(dim=1, dtype=torch.int32), torch.zeros(width), depth)
-    if product == ONEDNN_PRODUCT:
-        weight = pack_for_onednn(weight)
+    weight = with_products(weight, product, product)
     exact = torch.equal(int8_product(x, weight).to(torch.int64), x.long() @ w.long().t())
     return FULL_WEIGHT_LIMIT if exact else REDUCED_WEIGHT_LIMIT

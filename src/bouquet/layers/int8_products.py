@@ -1,15 +1,15 @@
 """Which int8 product a model's linears use on this CPU, at each call size, by measurement (`--dtype int8`).
 
-Two products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain int8
-weight, and oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the
-CPU has them. Which is faster depends on the CPU, the shapes and the number of rows: on an Intel Xeon with AMX the
-prepacked matmul was 1.4-2.9x `_int_mm` at a 1,024-token step, while a 16-token query ran 1.7x faster through
-`_int_mm` (MiniLM's whole forward: 5.7 against 9.5 ms); on CPUs without VNNI oneDNN has no fast s8 x s8 matmul at
-all (docs/benchmarks.md, "int8 on the CPU"). So, as for attention: both are timed at start-up on the model's
-distinct linear shapes at a query's to a step's worth of tokens, on the engine workers' thread count, and the
-plan is the row count from which the packed product runs (never, always, or from a crossover, keeping both copies
-of each weight); the result is cached per machine (CPU model and features, torch release, shapes, threads) like
-the attention table.
+Three products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain int8
+weight; oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the CPU
+has them; and, on CPUs with AMX, bouquet's own AMX kernel (layers/amx_product.py). Which is fastest depends on the
+CPU, the shapes and the number of rows: on an Intel Xeon with AMX the prepacked matmul was 1.4-2.9x `_int_mm` at a
+1,024-token step while a 16-token query ran 1.7x faster through `_int_mm`, and the AMX kernel beat both at every
+size; on CPUs without VNNI oneDNN has no fast s8 x s8 matmul at all (docs/benchmarks.md, "int8 on the CPU"). So,
+as for attention: the available products are timed at start-up on the model's distinct linear shapes at a query's
+to a step's worth of tokens, on the engine workers' thread count, and the plan is one product below a row count
+and one from it (the same where one wins throughout), keeping each weight in the layouts those two need; the
+result is cached per machine (CPU model and features, torch release, shapes, threads) like the attention table.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from pathlib import Path
 import torch
 
 from bouquet.kernels.openmp import on_passing_thread
+from bouquet.layers.amx_product import AMX_PRODUCT, amx_available
 from bouquet.layers.int8_linear import (
     FULL_WEIGHT_LIMIT,
     INT_MM_PRODUCT,
     ONEDNN_PRODUCT,
     int8_linear,
     onednn_product_available,
-    pack_for_onednn,
     quantize_weight,
+    with_products,
 )
 from bouquet.machine_cache import measurement_path, write_measurement
 
@@ -50,25 +51,29 @@ Seconds = dict[str, dict[int, float]]  # product -> tokens -> seconds for one ca
 
 @dataclass(frozen=True)
 class Int8Plan:
-    """Calls of at least `packed_from_rows` rows run oneDNN's prepacked matmul, shorter ones `torch._int_mm`;
-    None: `_int_mm` only (no packed copy); 0: the packed matmul only (no plain copy)."""
+    """Calls of fewer than `from_rows` rows run `small`, the others `large` (`from_rows` 0: `large` only)."""
 
-    packed_from_rows: int | None
+    small: str
+    large: str
+    from_rows: int = 0
 
     @property
     def products(self) -> list[str]:
-        if self.packed_from_rows is None:
-            return [INT_MM_PRODUCT]
-        return [ONEDNN_PRODUCT] if self.packed_from_rows == 0 else [INT_MM_PRODUCT, ONEDNN_PRODUCT]
+        return [self.large] if self.from_rows == 0 or self.small == self.large else [self.small, self.large]
 
     def describe(self) -> str:
         if len(self.products) == 1:
             return self.products[0]
-        return f"{INT_MM_PRODUCT} below {self.packed_from_rows} rows, {ONEDNN_PRODUCT} from there"
+        return f"{self.small} below {self.from_rows} rows, {self.large} from there"
 
 
 def available_products() -> list[str]:
-    return [INT_MM_PRODUCT, ONEDNN_PRODUCT] if onednn_product_available() else [INT_MM_PRODUCT]
+    products = [INT_MM_PRODUCT]
+    if onednn_product_available():
+        products.append(ONEDNN_PRODUCT)
+    if amx_available():
+        products.append(AMX_PRODUCT)
+    return products
 
 
 def choose_int8_plan(shapes: list[Shape], threads: int) -> Int8Plan:
@@ -76,7 +81,7 @@ def choose_int8_plan(shapes: list[Shape], threads: int) -> Int8Plan:
     choice, or the one measured now (and cached)."""
     products = available_products()
     if len(products) == 1:
-        return Int8Plan(None)
+        return Int8Plan(products[0], products[0])
     path = _cache_path(shapes, threads, products)
     seconds = _read_cache(path)
     source = f"cached in {path}"
@@ -96,23 +101,23 @@ def choose_int8_plan(shapes: list[Shape], threads: int) -> Int8Plan:
 
 
 def plan_from(seconds: Seconds) -> Int8Plan:
-    """The crossover that takes the least time over the measured sizes: `_int_mm` below it, the packed matmul
-    from it (one crossover, so that noise at one size cannot make the choice flip back and forth)."""
-    if ONEDNN_PRODUCT not in seconds:
-        return Int8Plan(None)
-    if INT_MM_PRODUCT not in seconds:
-        return Int8Plan(0)
-    sizes = sorted(seconds[ONEDNN_PRODUCT])
-    plain, packed = seconds[INT_MM_PRODUCT], seconds[ONEDNN_PRODUCT]
-    costs = [
-        sum(plain[n] for n in sizes[:split]) + sum(packed[n] for n in sizes[split:]) for split in range(len(sizes) + 1)
-    ]
-    split = min(range(len(costs)), key=costs.__getitem__)
-    if split == 0:
-        return Int8Plan(0)
-    if split == len(sizes):
-        return Int8Plan(None)
-    return Int8Plan(math.isqrt(sizes[split - 1] * sizes[split]))  # the geometric middle of the two sizes
+    """The plan that takes the least time over the measured sizes: one product throughout, or one below a
+    crossover and another from it (one crossover, so that noise at one size cannot make the choice flip back and
+    forth). A single product wins ties."""
+    names = sorted(seconds)
+    sizes = sorted(seconds[names[0]])
+    best, best_cost = Int8Plan(names[0], names[0]), math.inf
+    for name in names:  # single products first: a split must be strictly cheaper
+        cost = sum(seconds[name][n] for n in sizes)
+        if cost < best_cost:
+            best, best_cost = Int8Plan(name, name), cost
+    for small in names:
+        for large in names:
+            for split in range(1, len(sizes)) if small != large else ():
+                cost = sum(seconds[small][n] for n in sizes[:split]) + sum(seconds[large][n] for n in sizes[split:])
+                if cost < best_cost:  # the geometric middle of the two sizes
+                    best, best_cost = Int8Plan(small, large, math.isqrt(sizes[split - 1] * sizes[split])), cost
+    return best
 
 
 def measure_products(products: list[str], shapes: list[Shape], threads: int) -> Seconds:
@@ -151,8 +156,7 @@ def _without_slow_paths(products: list[str], shape: Shape) -> list[str]:
 def _linear_call(product: str, shape: Shape, tokens: int) -> Callable[[], object]:
     in_features, out_features = shape
     weight = quantize_weight(torch.randn(out_features, in_features), torch.randn(out_features), FULL_WEIGHT_LIMIT)
-    if product == ONEDNN_PRODUCT:
-        weight = pack_for_onednn(weight)
+    weight = with_products(weight, product, product)
     x = torch.randn(tokens, in_features)
 
     def call() -> object:

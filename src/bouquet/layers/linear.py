@@ -26,9 +26,9 @@ from bouquet.layers.int8_linear import (
     fuses_add_norm,
     int8_linear,
     int8_linear_add_norm,
-    pack_for_onednn,
     quantize_weight,
     weight_limit,
+    with_products,
 )
 from bouquet.layers.int8_products import Int8Plan, choose_int8_plan
 
@@ -59,8 +59,7 @@ class Linear(nn.Linear):
 
     def quantize_int8(self, limit: int, plan: Int8Plan) -> None:
         weight = quantize_weight(self.weight, self.bias, limit)
-        from_rows = plan.packed_from_rows
-        self.int8 = weight if from_rows is None else pack_for_onednn(weight, from_rows)
+        self.int8 = with_products(weight, plan.small, plan.large, plan.from_rows)
         self.packed_weight = None
         self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
 

@@ -1,0 +1,78 @@
+"""int8 x int8 -> int32 products on AMX tiles (kernels/amx_int8.c), one of the int8 linears' products
+(layers/int8_products.py measures it beside oneDNN's two and chooses per call size).
+
+The weight is packed once at load into the tiles' block order (16 output channels x 64 inputs a block); a call
+reads the activation codes as they are (rows of K bytes) and writes int32 sums, which the dequantizing pass reads
+as `torch._int_mm`'s. Shapes whose inputs are not a multiple of 64 or outputs not a multiple of 16 keep another
+product (`fits`)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+
+from bouquet.cpu_features import cpu_features
+from bouquet.kernels.build import KernelBuildError, load_kernel
+
+logger = logging.getLogger(__name__)
+
+AMX_PRODUCT = "amx"
+_INPUT_BLOCK, _OUTPUT_BLOCK = 64, 16
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    library = load_kernel("amx_int8")
+    library.bouquet_amx_available.restype = ctypes.c_int
+    library.bouquet_amx_available.argtypes = []
+    library.bouquet_amx_pack.restype = None
+    library.bouquet_amx_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    library.bouquet_amx_product.restype = ctypes.c_int
+    library.bouquet_amx_product.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # a, rows, inputs, a's row stride
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,  # packed, outputs, c, c's row stride
+    ]  # fmt: skip
+    return library
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether the CPU probe grants AMX-INT8 (so `$ONEDNN_MAX_CPU_ISA` and `$BOUQUET_CPU_FEATURES` emulate a CPU
+    without it), the CPU has it, Linux lets this process use the tiles, and the kernel builds here."""
+    if not all(cpu_features().has(flag) for flag in ("amx_tile", "amx_int8")):
+        return False
+    try:
+        return bool(_library().bouquet_amx_available())
+    except KernelBuildError as error:
+        logger.warning("int8: the AMX product is unavailable, its kernel did not build: %s", error)
+        return False
+
+
+def fits(in_features: int, out_features: int) -> bool:
+    return in_features % _INPUT_BLOCK == 0 and out_features % _OUTPUT_BLOCK == 0
+
+
+def pack_for_amx(rows: torch.Tensor) -> torch.Tensor:
+    """[N, K] int8 weight rows -> their N * K bytes in the tiles' block order."""
+    assert rows.dtype == torch.int8 and rows.dim() == 2 and fits(rows.shape[1], rows.shape[0])
+    rows = rows.contiguous()
+    packed = torch.empty(rows.numel(), dtype=torch.int8)
+    _library().bouquet_amx_pack(rows.data_ptr(), rows.shape[0], rows.shape[1], packed.data_ptr())
+    return packed
+
+
+def amx_product(values: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """[T, K] int8 codes (rows contiguous) times the packed weight: [T, N] int32."""
+    assert values.dtype == torch.int8 and values.dim() == 2 and values.stride(1) == 1
+    rows, inputs = values.shape
+    assert packed.numel() == inputs * out_features, "a weight packed for another shape"
+    out = torch.empty(rows, out_features, dtype=torch.int32)
+    failed = _library().bouquet_amx_product(
+        values.data_ptr(), rows, inputs, values.stride(0), packed.data_ptr(), out_features, out.data_ptr(), out_features
+    )
+    if failed:
+        raise RuntimeError("the AMX int8 product ran where this build has no AMX")
+    return out
