@@ -210,7 +210,7 @@ class Batch:
         """Where each sequence starts in the token budget's units: its tokens, plus the patches of its patch images
         (Qwen3-VL), since the vision tower runs on every patch before its merger makes each 2 x 2 block one token;
         counting only the tokens, a step of images would hold 4 times the vision work the budget allows. The same
-        array as `cu_seqlens` for any other batch."""
+        array as `cu_seqlens` for any other batch (SigLIP 2's image sequences: their tokens are their patches)."""
         if self.image_grid_thw is None or self.cu_images is None or self.image_sequences:
             return self.cu_seqlens
         cu_patches = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.image_grid_thw.prod(1, dtype=np.int64))])
