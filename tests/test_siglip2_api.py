@@ -84,9 +84,9 @@ def test_images_of_every_size_match_transformers_and_count_their_patches(server:
 
 
 def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model) -> None:
-    """The text on /v1/embeddings (padded as Siglip2Processor pads it), the image on /embeddings_image, and /score
-    between them: transformers' rows and the cosine its forward gives (logits_per_text with the scale and bias taken
-    off)."""
+    """The text on /v1/embeddings (padded as Siglip2Processor pads it), the image on /embeddings_image, both in one
+    request as Jina's objects, and /score between them: transformers' rows and the cosine its forward gives
+    (logits_per_text with the scale and bias taken off)."""
     path, reference = model
     text, picture = "a photo of a small cat", image(120, 90, 3)
     text_row = _rows(server.post("/v1/embeddings", json={"model": NAME, "input": text}))
@@ -101,6 +101,8 @@ def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model)
     data_uri = _data_uri(png(picture))
     image_row = _rows(server.post("/embeddings_image", json={"model": NAME, "input": data_uri}))
     assert abs(float(row_cosines(text_row, image_row)[0]) - cosine) < 1e-5
+    jina = server.post("/v1/embeddings", json={"model": NAME, "input": [{"image": data_uri}, {"text": text}]})
+    np.testing.assert_allclose(_rows(jina), np.concatenate([image_row, text_row]), atol=1e-6)  # one request, in order
     content = {"content": [{"type": "image_url", "image_url": {"url": data_uri}}]}
     score = server.post("/score", json={"model": NAME, "text_1": text, "text_2": content})
     assert score.status_code == 200, score.text
