@@ -185,13 +185,14 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
         )
         return pack(list(pixels), images, options)
 
-    estimate = len(job.images) * images.tokens  # exact, or SigLIP 2's most patches an image
+    # Exact, or SigLIP 2's most patches an image (its processor resizes each image to nearly that many): never an
+    # estimate from bytes, which admission would scale by what it learned of texts.
+    estimate = len(job.images) * images.tokens
     service.check_tokens(estimate)
     sources = await fetch_urls(
         service.config, job.images, job.names, service.metrics
     )  # before admission: a slow server holds none
-    exact = not isinstance(processing, NaflexProcessing)
-    rows, tokens = await service.compute(model, estimate, batch, exact=exact)
+    rows, tokens = await service.compute(model, estimate, batch, exact=True)
     return model, rows, tokens
 
 
