@@ -92,7 +92,7 @@ REFUSALS = ("no_origins", "not_listed", "inward_address", "unreachable", "timeou
 class FetchRefused(InvalidRequest):
     """An image URL not fetched: a 400 naming the input, and the `reason` the fetch metrics count it under."""
 
-    def __init__(self, message: str, code: str, name: str, reason: str):
+    def __init__(self, message: str, code: str, name: str | None = None, reason: str = "bad_answer"):
         super().__init__(message, code, name)
         self.reason = reason
 
