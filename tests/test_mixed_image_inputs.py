@@ -176,6 +176,21 @@ def test_jinas_objects_embed_texts_and_images_in_input_order(
     np.testing.assert_allclose(decoded, rows[:, :16] / np.linalg.norm(rows[:, :16], axis=1, keepdims=True), atol=1e-6)
 
 
+def test_jinas_documented_body_is_taken_as_sent(web: httpx.Client, image_origin: str) -> None:
+    """jina-clip's example body as Jina documents it: `normalized` and `embedding_type` (its names for `normalize` and
+    `encoding_format`), an image as plain base64; the same rows as OpenAI's names give."""
+    items = [{"text": TEXTS[0]}, {"image": base64.b64encode(FILES[2]).decode()}, {"image": f"{image_origin}/0.png"}]
+    jina = {"model": CLIP, "dimensions": 32, "normalized": True, "embedding_type": "float", "input": items}
+    openai = {"model": CLIP, "dimensions": 32, "normalize": True, "encoding_format": "float", "input": items}
+    np.testing.assert_allclose(
+        _rows(web.post("/v1/embeddings", json=jina)), _rows(web.post("/v1/embeddings", json=openai))
+    )
+    binary = _rows(web.post("/v1/embeddings", json={**jina, "embedding_type": "ubinary"}))
+    assert binary.shape == (3, 4)  # 32 bits a row, packed
+    disagreeing = web.post("/v1/embeddings", json={**jina, "encoding_format": "base64"})
+    assert disagreeing.status_code == 400 and disagreeing.json()["error"]["param"] == "embedding_type"
+
+
 def _usage(web: httpx.Client, body: dict) -> int:
     return web.post("/v1/embeddings", json=body).json()["usage"]["prompt_tokens"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from msgspec import UNSET, Meta
@@ -17,6 +17,7 @@ from starlette.routing import Route
 from bouquet.batch import RowOptions
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.api.fields import (
+    ENCODING_FORMATS,
     Count,
     Dimensions,
     EmbedDtype,
@@ -27,6 +28,7 @@ from bouquet.gateway.api.fields import (
     Row,
     described,
     long_input,
+    one_of,
     parse_inputs,
     refuse_unless,
     response_format,
@@ -56,6 +58,8 @@ from bouquet.gateway.mixed_inputs import MixedJob, embed_mixed
 from bouquet.gateway.patch_embed import ConversationJob, embed_image_job
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.gateway.service import Service
+
+T = TypeVar("T")
 
 
 class EmbeddingsRequest(RequestBody):
@@ -90,6 +94,11 @@ class EmbeddingsRequest(RequestBody):
         nullable=True,
     )] = None  # fmt: skip
     long_input: LongInput = None  # bouquet's: "chunk" embeds an over-long input whole
+    # Jina's names for two switches above (its jina-clip body): given beside them, they must agree
+    normalized: Annotated[bool, described("Jina's name for normalize")] | None = None
+    embedding_type: Annotated[str, one_of(ENCODING_FORMATS, description="Jina's name for encoding_format")] | None = (
+        None
+    )
 
 
 EMBEDDINGS = BodyDecoder(EmbeddingsRequest)
@@ -143,7 +152,7 @@ async def _answer(
 
 
 def _image_input(body: EmbeddingsRequest) -> ImageEmbedJob:
-    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    formats = _response_format(body)
     return images_job(body.model, body.input, _row_options(body, formats), formats)
 
 
@@ -161,7 +170,7 @@ def embed_job(body: EmbeddingsRequest) -> EmbedJob:
 
 
 def _texts_job(body: EmbeddingsRequest, texts: list[str] | None, token_ids: list[list[int]] | None) -> EmbedJob:
-    formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
+    formats = _response_format(body)
     refuse_unless(
         body.add_special_tokens, "add_special_tokens", True, "special tokens are always added, as the model was trained"
     )
@@ -179,7 +188,14 @@ def _texts_job(body: EmbeddingsRequest, texts: list[str] | None, token_ids: list
 
 
 def _row_options(body: EmbeddingsRequest, formats: ResponseFormat) -> RowOptions:
-    return RowOptions(body.dimensions, _normalize(body.normalize, body.use_activation), encoding=formats.encoding)
+    normalize = _one_switch(("normalize", body.normalize), ("use_activation", body.use_activation))
+    normalize = _one_switch(("normalize", normalize), ("normalized", body.normalized))
+    return RowOptions(body.dimensions, normalize, encoding=formats.encoding)
+
+
+def _response_format(body: EmbeddingsRequest) -> ResponseFormat:
+    name = _one_switch(("encoding_format", body.encoding_format), ("embedding_type", body.embedding_type))
+    return response_format(name, body.embed_dtype, body.endianness)
 
 
 def parse_openai(body: bytes, strict: bool = True) -> EmbedJob:
@@ -190,15 +206,14 @@ def parse_openai(body: bytes, strict: bool = True) -> EmbedJob:
     return embed_job(parsed)
 
 
-def _normalize(normalize: bool | None, use_activation: bool | None) -> bool | None:
-    """vLLM's `normalize`, or `use_activation`, its newer name for the same switch on an embedding model."""
-    if normalize is not None and use_activation is not None and normalize != use_activation:
+def _one_switch(first: tuple[str, T | None], second: tuple[str, T | None]) -> T | None:
+    """One switch under two names (vLLM's `normalize` and `use_activation`; OpenAI's `encoding_format` and Jina's
+    `embedding_type`): either given, or both alike."""
+    if first[1] is not None and second[1] is not None and first[1] != second[1]:
         raise InvalidRequest(
-            "'normalize' and 'use_activation' are the same switch here; they disagree",
-            "invalid_value",
-            "use_activation",
+            f"'{first[0]}' and '{second[0]}' are the same switch here; they disagree", "invalid_value", second[0]
         )
-    return normalize if normalize is not None else use_activation
+    return first[1] if first[1] is not None else second[1]
 
 
 class Embedding(ResponseBody):
