@@ -144,32 +144,40 @@ class Siglip2Model(nn.Module):
         if self.text_padding is None:
             with forward_context(planned_context(self._attention, seq_lens, input_ids.device)):
                 return self.text_model(input_ids, positions)
-        lengths = np.array(seq_lens)
-        pads = np.maximum(self.config.max_positions - lengths, 0)
-        if self.text_padding.masked:
+        ids, padded_positions, padded_lens = self._padded(input_ids, positions, seq_lens, self.text_padding)
+        text = self.text_model
+        with forward_context(self._padded_context(padded_lens, seq_lens)):
+            hidden = text.final_layer_norm(text.encoder(text.embeddings(ids, padded_positions)))
+        device = input_ids.device
+        pooled = text.head(hidden[torch.from_numpy(np.cumsum(padded_lens) - 1).to(device)]).float()
+        rows = pooled.new_zeros(len(input_ids), pooled.shape[1])
+        rows[torch.from_numpy(np.cumsum(seq_lens) - seq_lens).to(device)] = pooled
+        return rows
+
+    def _padded(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int], padding: TextPadding
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # ids [T'], positions [T'], each padded length
+        """The texts with their pads after them, at the last positions up to the limit."""
+        limit, lengths = self.config.max_positions, np.array(seq_lens)
+        pads = np.maximum(limit - lengths, 0)
+        if padding.masked:
             pads = np.minimum(pads, 1)  # one pad at the last position stands for all (module docstring)
         padded = lengths + pads
-        starts, padded_starts = np.cumsum(lengths) - lengths, np.cumsum(padded) - padded
         device = input_ids.device
-        real = torch.from_numpy(np.arange(int(lengths.sum())) + np.repeat(padded_starts - starts, lengths)).to(device)
-        ids = torch.full((int(padded.sum()),), self.text_padding.pad_id, dtype=input_ids.dtype, device=device)
-        places = torch.from_numpy(np.concatenate([np.arange(self.config.max_positions - n, self.config.max_positions)
-                                                  for n in pads] or [np.zeros(0, np.int64)])).to(device)  # fmt: skip
-        positions_padded = places.new_zeros(len(ids)).index_copy(0, real, positions.long())
-        positions_padded[_pad_rows(real, len(ids))] = places
-        with forward_context(self._padded_context(padded.tolist(), seq_lens)):
-            hidden = self.text_model.embeddings(ids.index_copy(0, real, input_ids), positions_padded)
-            hidden = self.text_model.final_layer_norm(self.text_model.encoder(hidden))
-        pooled = self.text_model.head(hidden[torch.from_numpy(np.cumsum(padded) - 1).to(device)]).float()
-        rows = pooled.new_zeros(len(input_ids), pooled.shape[1])
-        rows[torch.from_numpy(starts).to(device)] = pooled
-        return rows
+        shift = np.repeat((np.cumsum(padded) - padded) - (np.cumsum(lengths) - lengths), lengths)
+        real = torch.from_numpy(np.arange(int(lengths.sum())) + shift).to(device)  # each text token's new row
+        ids = torch.full((int(padded.sum()),), padding.pad_id, dtype=input_ids.dtype, device=device)
+        places = [np.arange(limit - n, limit) for n in pads]
+        pad_positions = torch.from_numpy(np.concatenate([np.zeros(0, np.int64), *places])).to(device)
+        padded_positions = pad_positions.new_zeros(len(ids)).index_copy(0, real, positions.long())
+        padded_positions[_pad_rows(real, len(ids))] = pad_positions
+        return ids.index_copy(0, real, input_ids), padded_positions, padded.tolist()
 
     def _padded_context(self, padded_lens: list[int], key_lens: list[int]) -> ForwardContext:
         """Padded texts: with masked pads only each text's own tokens are keys (on SDPA, unless the bound backend
         masks keys itself)."""
         device = self.text_model.embeddings.token_embedding.weight.device
-        if self.text_padding is None or not self.text_padding.masked:
+        if self.text_padding is not None and not self.text_padding.masked:
             return planned_context(self._attention, padded_lens, device)
         lengths = torch.tensor([0, *padded_lens], dtype=torch.int32)
         ctx = ForwardContext(lengths.cumsum(0, dtype=torch.int32).to(device), max(padded_lens), padded_lens,
