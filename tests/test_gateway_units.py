@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import orjson
 import pytest
 
@@ -42,6 +43,15 @@ def test_the_gateway_never_imports_torch():
 )
 def test_chunk_spans_cover_every_sequence_in_order(lengths, chunk_tokens, spans):
     assert chunk_spans(Batch.pack([[1] * length for length in lengths]), chunk_tokens) == spans
+
+
+def test_chunk_spans_count_patch_images_patches_as_the_replica_does():
+    """Four sequences of 10 tokens, two holding a 64-patch image: 40 tokens, one chunk by tokens alone; 168 in the
+    replica's budget, so two chunks of about 84."""
+    grids = np.array([[1, 8, 8], [1, 8, 8]])
+    batch = Batch.pack([[1] * 10] * 4).with_patch_images(np.zeros((128, 12), np.float32), grids, [1, 0, 1, 0])
+    assert chunk_spans(batch, 100) == [(0, 2), (2, 4)]
+    assert chunk_spans(Batch.pack([[1] * 10] * 4), 100) == [(0, 4)]
 
 
 def _admission(rate: float | None, floor: int = 100, ceiling: int = 10_000, requests: int = 8) -> Admission:
