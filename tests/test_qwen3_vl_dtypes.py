@@ -1,9 +1,9 @@
 """Qwen3-VL-Embedding served in bfloat16 and in int8 over real HTTP on loopback: a tiny random-weight Qwen3-VL
 (saved by transformers with a Qwen-style tokenizer, its chat template and its image processor) behind the real
 gateway, one replica of each dtype; conversations of texts and images of several sizes (vLLM's `messages`), images
-alone (`/embeddings_image`) and the real `cohere` SDK's `inputs` with image parts, against transformers' float32
-Qwen3VLModel with Qwen3-VL-Embedding's pooling: bfloat16 cosine >= 0.999, int8 (every linear of both towers in
-int8) >= 0.99."""
+alone (`/embeddings_image`), the real `cohere` SDK's `inputs` with image parts and Jina's objects, against
+transformers' float32 Qwen3VLModel with Qwen3-VL-Embedding's pooling: bfloat16 cosine >= 0.999, int8 (every linear
+of both towers in int8) >= 0.99."""
 
 from __future__ import annotations
 
@@ -120,3 +120,10 @@ def test_coheres_inputs_are_conversations(url: str, client: httpx.Client, expect
     _assert_within(rows, expected[[1, 3]], "bfloat16")
     by_images = co.embed(model=MODELS["bfloat16"], images=[_uri(CAT)], input_type="image")
     np.testing.assert_allclose(np.array(by_images.embeddings.float_, np.float32), rows[:1], atol=1e-6)
+
+
+def test_jinas_objects_are_conversations_of_one_part(client: httpx.Client, expected: np.ndarray) -> None:
+    """Jina's `{"image"}` and `{"text"}` objects in `input`: each one conversation in the model's template, the rows
+    of vLLM's `messages` holding that one part."""
+    body = {"model": MODELS["bfloat16"], "input": [{"image": _uri(CAT)}, {"text": "A photo of a cat on a red sofa."}]}
+    _assert_within(_rows(client.post("/v1/embeddings", json=body)), expected[[1, 2]], "bfloat16")
