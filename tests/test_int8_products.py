@@ -21,6 +21,7 @@ from bouquet.layers.int8_linear import (
     INT_MM_PRODUCT,
     ONEDNN_PRODUCT,
     int8_linear,
+    int8_linear_add_norm,
     int8_product,
     onednn_product_available,
     quantize_weight,
@@ -121,6 +122,33 @@ def test_the_amx_kernel_gives_the_same_integers(threads: int) -> None:
                 products = int8_product(codes, tiles)
                 assert products.dtype == torch.int32 and products.shape == (rows, out_features)
                 assert torch.equal(products.long(), codes.long() @ exact), (in_features, out_features, rows)
+    finally:
+        torch.set_num_threads(1)
+
+
+@needs_amx
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_linear_on_amx_is_the_plain_linear_in_one_call(threads: int) -> None:
+    """Quantizing, the AMX product and dequantizing in one kernel call give what the three passes around
+    `torch._int_mm` give, bit for bit: activations, the fused add and LayerNorm, strided rows, query-sized and
+    step-sized calls."""
+    generator = torch.Generator().manual_seed(4)
+    torch.set_num_threads(threads)
+    try:
+        for in_features, out_features in [(384, 1536), (1536, 384)]:
+            dense = torch.randn(out_features, in_features, generator=generator)
+            weight = quantize_weight(dense, torch.randn(out_features, generator=generator), FULL_LIMIT)
+            tiles = with_products(weight, AMX_PRODUCT, AMX_PRODUCT)
+            norm = torch.nn.LayerNorm(out_features)
+            torch.nn.init.normal_(norm.weight, generator=generator)
+            for rows in (1, 14, 40, 300):
+                wide = torch.randn(rows, in_features + 8, generator=generator)
+                x = wide[:, 4 : 4 + in_features]  # rows a stride apart
+                for activation in ("none", "gelu", "relu"):
+                    assert torch.equal(int8_linear(x, tiles, activation), int8_linear(x, weight, activation))
+                residual = torch.randn(rows, out_features, generator=generator)
+                fused = int8_linear_add_norm(x, tiles, residual, norm)
+                assert torch.equal(fused, int8_linear_add_norm(x, weight, residual, norm))
     finally:
         torch.set_num_threads(1)
 

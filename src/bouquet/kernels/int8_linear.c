@@ -170,20 +170,23 @@ CLONED static void rotate_row(const float* x, int64_t cols, const float* signs, 
 
 // x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales, zeros: [rows].
 // With `signs` (else NULL), each row is rotated first (above); `block` divides cols.
+INLINE void quantize_one_row(const float* x, int64_t cols, const float* signs, int64_t block, int8_t* q, float* scale,
+                             int32_t* zero) {
+    if (!signs) {
+        quantize_row(x, cols, q, scale, zero);
+        return;
+    }
+    float rotated[cols];
+    rotate_row(x, cols, signs, block, rotated);
+    quantize_row(rotated, cols, q, scale, zero);
+    *scale /= sqrtf((float)block);
+}
+
 void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, int8_t* q, float* scales,
                            int32_t* zeros, const float* signs, int64_t block) {
-    const float unnormalised = signs ? sqrtf((float)block) : 1.0f;
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_ELEMENTS)
-    for (int64_t r = 0; r < rows; ++r) {
-        if (!signs) {
-            quantize_row(x + r * stride, cols, q + r * cols, scales + r, zeros + r);
-            continue;
-        }
-        float rotated[cols];
-        rotate_row(x + r * stride, cols, signs, block, rotated);
-        quantize_row(rotated, cols, q + r * cols, scales + r, zeros + r);
-        scales[r] /= unnormalised;
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_one_row(x + r * stride, cols, signs, block, q + r * cols, scales + r, zeros + r);
 }
 
 // `data` holds one row of products on entry and of float32 on return, element by element in place (through a
@@ -269,4 +272,40 @@ void bouquet_dequantize_add_norm(void* data, int64_t rows, int64_t cols, const f
     for (int64_t r = 0; r < rows; ++r)
         dequantize_add_norm_row((char*)data + 4 * r * cols, cols, row_scales[r], row_zeros[r], col_scales, col_sums,
                                 bias, float_products, residual + r * residual_stride, gamma, beta, eps);
+}
+
+// The product on AMX tiles (int8_linear_amx.h), and the whole linear around it in one call: a query's linear is
+// a few microseconds of arithmetic each side of the product, less than three calls from Python and three OpenMP
+// teams cost.
+#include "int8_linear_amx.h"
+
+// x: [rows, k] float32 (`x_stride` elements between rows) -> out: [rows, n] float32, contiguous: the rows quantized
+// (rotated first where `signs`; into codes [rows, k], row_scales, row_zeros: the caller's scratch), times the packed
+// weight, then dequantized with the activation, or, given `residual` ([rows, n], `residual_stride`), plus the
+// residual and the LayerNorm (gamma, beta, eps). One OpenMP team for the three passes where the work is large
+// enough. Returns 1 where this build has no AMX (out untouched).
+int bouquet_amx_linear(const float* x, int64_t rows, int64_t k, int64_t x_stride, const float* signs, int64_t block,
+                       int8_t* codes, float* row_scales, int32_t* row_zeros, const int8_t* packed, int64_t n,
+                       float* out, const float* col_scales, const int32_t* col_sums, const float* bias,
+                       int32_t activation, const float* residual, int64_t residual_stride, const float* gamma,
+                       const float* beta, float eps) {
+    if (!BOUQUET_AMX) return 1;
+#pragma omp parallel if (rows * n * k >= PARALLEL_WORK)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r)
+            quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
+        amx_product_share(codes, rows, k, k, packed, n, (int32_t*)out, n, omp_get_num_threads(), omp_get_thread_num());
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            void* row = out + r * n;
+            if (residual)
+                dequantize_add_norm_row(row, n, row_scales[r], row_zeros[r], col_scales, col_sums, bias, 0,
+                                        residual + r * residual_stride, gamma, beta, eps);
+            else
+                dequantize_row(row, n, row_scales[r], row_zeros[r], col_scales, col_sums, bias, activation, 0);
+        }
+    }
+    return 0;
 }

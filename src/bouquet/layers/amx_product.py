@@ -1,9 +1,10 @@
-"""int8 x int8 -> int32 products on AMX tiles (kernels/amx_int8.c), one of the int8 linears' products
+"""int8 x int8 -> int32 products on AMX tiles (kernels/int8_linear_amx.h), one of the int8 linears' products
 (layers/int8_products.py measures it beside oneDNN's two and chooses per call size).
 
 The weight is packed once at load into the tiles' block order (16 output channels x 64 inputs a block); a call
 reads the activation codes as they are (rows of K bytes) and writes int32 sums, which the dequantizing pass reads
-as `torch._int_mm`'s. Shapes whose inputs are not a multiple of 64 or outputs not a multiple of 16 keep another
+as `torch._int_mm`'s. A linear on this product runs as one kernel call, quantizing, product and dequantizing
+(layers/int8_linear.py). Shapes whose inputs are not a multiple of 64 or outputs not a multiple of 16 keep another
 product (`fits`)."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _INPUT_BLOCK, _OUTPUT_BLOCK = 64, 16
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    library = load_kernel("amx_int8")
+    library = load_kernel("int8_linear")
     library.bouquet_amx_available.restype = ctypes.c_int
     library.bouquet_amx_available.argtypes = []
     library.bouquet_amx_pack.restype = None
@@ -34,6 +35,15 @@ def _library() -> ctypes.CDLL:
     library.bouquet_amx_product.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # a, rows, inputs, a's row stride
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,  # packed, outputs, c, c's row stride
+    ]  # fmt: skip
+    library.bouquet_amx_linear.restype = ctypes.c_int
+    library.bouquet_amx_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, inputs, x's row stride
+        ctypes.c_void_p, ctypes.c_int64,  # the rotation's signs (or None), its block
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # scratch: codes, row scales, row zero points
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # packed weight, outputs, out
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,  # channel scales, sums, bias, activation
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,  # residual, its stride, norm
     ]  # fmt: skip
     return library
 
@@ -62,6 +72,13 @@ def pack_for_amx(rows: torch.Tensor) -> torch.Tensor:
     packed = torch.empty(rows.numel(), dtype=torch.int8)
     _library().bouquet_amx_pack(rows.data_ptr(), rows.shape[0], rows.shape[1], packed.data_ptr())
     return packed
+
+
+def amx_linear(library_args: tuple[object, ...]) -> None:
+    """One int8 linear on AMX, quantizing and dequantizing included (`bouquet_amx_linear`'s arguments, built by
+    layers/int8_linear.py, which owns the passes' conventions)."""
+    if _library().bouquet_amx_linear(*library_args):
+        raise RuntimeError("the AMX int8 product ran where this build has no AMX")
 
 
 def amx_product(values: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:

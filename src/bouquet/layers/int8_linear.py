@@ -35,7 +35,7 @@ from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
-from bouquet.layers.amx_product import AMX_PRODUCT, amx_product, pack_for_amx
+from bouquet.layers.amx_product import AMX_PRODUCT, amx_linear, amx_product, pack_for_amx
 from bouquet.layers.amx_product import fits as amx_fits
 
 logger = logging.getLogger(__name__)
@@ -246,11 +246,15 @@ def _scratch_rows(num_rows: int, cols: int) -> Int8Rows:
     return rows
 
 
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [T, K] float32 rows, each contiguous (the rows may be strided)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.dtype == torch.float32 and flat.stride(-1) == 1 else flat.float().contiguous()
+
+
 def _quantized_input(x: torch.Tensor, weight: Int8Weight) -> Int8Rows:
     """x [..., K] as int8 rows for this weight (rotated as it is), in this thread's scratch where small."""
-    flat = x.reshape(-1, x.shape[-1])
-    if flat.dtype != torch.float32 or flat.stride(-1) != 1:
-        flat = flat.float().contiguous()
+    flat = _float_rows(x)
     rows = _scratch_rows(flat.shape[0], flat.shape[1])
     _, _, _, signs, block = weight.pointers
     _quantize_into(flat, rows, signs, block)
@@ -270,8 +274,34 @@ def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activ
     return products.view(torch.float32)
 
 
+def _runs_on_amx(weight: Int8Weight, rows: int) -> bool:
+    return (weight.small if rows < weight.from_rows else weight.large) == AMX_PRODUCT
+
+
+def _on_amx(
+    flat: torch.Tensor, weight: Int8Weight, activation: str, residual: torch.Tensor | None, norm: nn.LayerNorm | None
+) -> torch.Tensor:
+    """The whole linear in one kernel call (quantizing, the AMX product, dequantizing): [T, K] -> [T, N]."""
+    num_rows, cols = flat.shape
+    scratch = _scratch_rows(num_rows, cols)
+    out = torch.empty(num_rows, weight.scales.numel())
+    scales, sums, bias, signs, block = weight.pointers
+    fused = (None, 0, None, None, 0.0) if residual is None or norm is None else (
+        residual.data_ptr(), residual.stride(0), norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
+    )  # fmt: skip
+    amx_linear((
+        flat.data_ptr(), num_rows, cols, flat.stride(0), signs, block,
+        scratch.values.data_ptr(), scratch.scales.data_ptr(), scratch.zeros.data_ptr(),
+        weight.amx.data_ptr() if weight.amx is not None else None, out.shape[1], out.data_ptr(),
+        scales, sums, bias, ACTIVATIONS[activation], *fused,
+    ))  # fmt: skip
+    return out
+
+
 def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -> torch.Tensor:
     """act(x @ W.T + b) with int8 products: x [..., K] float32 -> [..., N] float32."""
+    if _runs_on_amx(weight, x.numel() // x.shape[-1]):
+        return _on_amx(_float_rows(x), weight, activation, None, None).view(*x.shape[:-1], -1)
     rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
     return dequantize(products, rows, weight, activation).view(*x.shape[:-1], -1)
@@ -286,6 +316,8 @@ def int8_linear_add_norm(
     residual_rows = residual.reshape(-1, shape[-1])
     if residual_rows.dtype != torch.float32 or residual_rows.stride(-1) != 1:
         residual_rows = residual_rows.float().contiguous()
+    if _runs_on_amx(weight, residual_rows.shape[0]):
+        return _on_amx(_float_rows(x), weight, "none", residual_rows, norm).view(shape)
     rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
     assert products.is_contiguous() and products.shape == residual_rows.shape

@@ -1,5 +1,6 @@
-// int8 x int8 -> int32 matrix products on AMX tiles (Intel Sapphire Rapids and later), for the int8 linears'
-// products (layers/amx_product.py), compiled on first use by kernels/build.py.
+// int8 x int8 -> int32 matrix products on AMX tiles (Intel Sapphire Rapids and later): the int8 linears' product
+// where layers/int8_products.py measures it fastest (layers/amx_product.py). Included by int8_linear.c, whose
+// quantizing and dequantizing passes run with it in one call (bouquet_amx_linear there).
 //
 // Why a kernel of our own: at a query's few rows `torch._int_mm` (oneDNN's GEMM) and oneDNN's prepacked matmul
 // spend most of a call outside the arithmetic (MiniLM's 24 linears at 16 rows: 2.2 and 1.9 ms, one thread, where
@@ -16,8 +17,7 @@
 // configures its own tiles (tile state is per thread).
 //
 // Requirements the caller checks: in_features a multiple of 64, out_features a multiple of 16.
-#include <omp.h>
-#include <stdint.h>
+// No include guard: included once, by int8_linear.c, after its own includes.
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) || __GNUC__ >= 11)
@@ -34,8 +34,6 @@
 enum { BLOCK_ROWS = 16, BLOCK_CHANNELS = 16, BLOCK_INPUTS = 64, BLOCK_BYTES = 1024 };
 // Below this many multiply-adds a call runs on the calling thread alone: waking a team costs more than it saves.
 enum { PARALLEL_WORK = 1 << 22 };
-
-int bouquet_omp_max_threads(void) { return omp_get_max_threads(); }
 
 // Whether this CPU has AMX-TILE and AMX-INT8 and the kernel lets this process use the tiles' state (Linux asks
 // each process to request it once; oneDNN makes the same request when it uses AMX).
@@ -184,24 +182,25 @@ AMX_TARGET static void rows_by_channels(const int8_t* a, int64_t m, int64_t k, i
 }
 #endif  // BOUQUET_AMX
 
-// c: [m, n] int32 (rows ldc elements apart) = a: [m, k] int8 (rows lda bytes apart) times the packed [n, k] weight.
-// Returns 1 where this build or CPU has no AMX (c untouched).
+// Thread `me` of a team of `team`: its share of c [m, n] int32 (rows ldc elements apart) = a [m, k] int8 (rows lda
+// bytes apart) times the packed [n, k] weight. Threads take runs of whole groups of four channel blocks, so that a
+// thread's blocks pair up.
+static void amx_product_share(const int8_t* a, int64_t m, int64_t k, int64_t lda, const int8_t* packed, int64_t n,
+                              int32_t* c, int64_t ldc, int team, int me) {
+#if BOUQUET_AMX
+    const int64_t channel_blocks = n / BLOCK_CHANNELS, groups = (channel_blocks + 3) / 4;
+    const int64_t nb0 = groups * me / team * 4, end = groups * (me + 1) / team * 4;
+    const int64_t nb1 = end < channel_blocks ? end : channel_blocks;
+    if (nb0 < nb1) rows_by_channels(a, m, k, lda, packed, c, ldc, nb0, nb1);
+#else
+    (void)a, (void)m, (void)k, (void)lda, (void)packed, (void)n, (void)c, (void)ldc, (void)team, (void)me;
+#endif
+}
+
+// The product alone (what start-up measures it by, and what tests check): 1 where this build has no AMX.
 int bouquet_amx_product(const int8_t* a, int64_t m, int64_t k, int64_t lda, const int8_t* packed, int64_t n,
                         int32_t* c, int64_t ldc) {
-#if BOUQUET_AMX
-    const int64_t channel_blocks = n / BLOCK_CHANNELS;
-#pragma omp parallel if (m * n * k >= PARALLEL_WORK)
-    {
-        // Threads take runs of whole groups of four channel blocks, so that a thread's blocks pair up.
-        const int team = omp_get_num_threads(), me = omp_get_thread_num();
-        const int64_t groups = (channel_blocks + 3) / 4;
-        const int64_t nb0 = groups * me / team * 4;
-        const int64_t nb1 = groups * (me + 1) / team * 4 < channel_blocks ? groups * (me + 1) / team * 4 : channel_blocks;
-        if (nb0 < nb1) rows_by_channels(a, m, k, lda, packed, c, ldc, nb0, nb1);
-    }
-    return 0;
-#else
-    (void)a, (void)m, (void)k, (void)lda, (void)packed, (void)n, (void)c, (void)ldc;
-    return 1;
-#endif
+#pragma omp parallel if (BOUQUET_AMX && m * n * k >= PARALLEL_WORK)
+    amx_product_share(a, m, k, lda, packed, n, c, ldc, omp_get_num_threads(), omp_get_thread_num());
+    return !BOUQUET_AMX;
 }
