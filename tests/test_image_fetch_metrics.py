@@ -7,7 +7,6 @@ every reason present at 0 from the start."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.server
 import socket
@@ -21,7 +20,7 @@ from in_process import engines, served
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from test_image_api import _data_uri, _file, _image, _rows
-from test_mixed_image_inputs import CLIP, clip  # noqa: F401 (the module's tiny CLIP fixture)
+from test_mixed_image_inputs import CLIP, QuietFiles, clip  # noqa: F401 (clip: the module's tiny CLIP fixture)
 
 from bouquet.engine.engine import Engine
 from bouquet.gateway.fetch_answer import REFUSALS
@@ -36,22 +35,13 @@ class _V6Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
-class _Files(http.server.SimpleHTTPRequestHandler):
-    def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the gateway hung up at its cap
-            super().copyfile(source, outputfile)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def v6_origin(tmp_path_factory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("v6-images")
     for name, data in FILES.items():
         (root / name).write_bytes(data)
     (root / "large.png").write_bytes(_file(Image.fromarray(LARGE)))
-    server = _V6Server(("::1", 0), functools.partial(_Files, directory=str(root)))
+    server = _V6Server(("::1", 0), functools.partial(QuietFiles, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://[::1]:{server.server_address[1]}"
     server.shutdown()

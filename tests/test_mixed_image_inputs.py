@@ -11,6 +11,7 @@ with its image processor) and the bundled MiniLM behind the real gateway:
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import http.server
 import threading
@@ -42,15 +43,24 @@ def clip(tmp_path_factory, minilm_path: Path) -> tuple[Path, torch.nn.Module]:
     return path, model
 
 
+class QuietFiles(http.server.SimpleHTTPRequestHandler):
+    """A directory's files, without a log line a request, and quiet when the gateway hangs up at its byte cap."""
+
+    def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().copyfile(source, outputfile)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def image_origin(tmp_path_factory) -> Iterator[str]:
     """A loopback http.server over a directory holding the test's images."""
     root = tmp_path_factory.mktemp("cohere-image-files")
     for index, data in enumerate(FILES):
         (root / f"{index}.png").write_bytes(data)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietFiles, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
@@ -213,3 +223,22 @@ def test_jinas_objects_refused_in_openais_body(web: httpx.Client, model: str, it
     error = response.json()["error"]
     assert (error["code"], error["param"]) == (code, param), error
     assert web.post("/v1/embeddings", json={"model": CLIP, "input": [{"text": "still answering"}]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("inputs", "status", "says"),
+    [
+        ([{"content": [{"type": "audio", "audio": "x"}]}], 400, "inputs[0].content[0]"),
+        ([{"content": [{"type": "image_url", "image_url": {}}]}], 400, "url"),
+        ([{"content": [{"type": "image_url", "image_url": "data:image/png;base64,AAAA"}]}], 422, "image_url"),
+        ([{"content": []}], 400, "inputs[0].content"),
+        ([{"content": [{"type": "text", "text": ""}]}], 400, "inputs[0]"),
+    ],
+)
+def test_malformed_cohere_inputs_are_4xx_in_coheres_body(
+    web: httpx.Client, inputs: list, status: int, says: str
+) -> None:
+    """400, or 422 for a value of the wrong type (as every route answers it)."""
+    response = web.post("/v2/embed", json={"model": CLIP, "input_type": "image", "inputs": inputs})
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"message"} and says in response.json()["message"], response.json()
