@@ -33,7 +33,7 @@ def _backend_or_skip(name: str):
 def qwen3_dir(tmp_path_factory) -> Path:
     """A small random Qwen3 with head_dim 128, which every GPU backend supports. The tokenizer is the bundled
     MiniLM's where that package is installed, else a minimal one (the GPU machine has not got it)."""
-    from gpu_check import tokenizer_dir
+    from gpu_setup import tokenizer_dir
     from transformers import Qwen3Config, Qwen3Model
 
     path = tmp_path_factory.mktemp("qwen3_gpu")
@@ -66,7 +66,7 @@ def test_graph_equals_eager_and_replays_new_batches(qwen3_dir: Path, backend: st
     for batch in batches:
         got, expected = graphs.embed(batch), eager.embed(batch)
         assert row_cosines(got, expected).min() > 0.9999
-    stats = graphs._cuda.graphs.graphs.stats
+    stats = graphs.runner.graphs.graphs.stats
     assert (stats.eager, stats.captures, stats.replays) == (1, 1, 3)
     graphs.close()
     eager.close()
