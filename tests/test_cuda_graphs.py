@@ -27,6 +27,8 @@ from bouquet.engine.inputs import padded_positions, prepare_inputs
 from bouquet.engine.model_runner import ModelRunner
 from bouquet.layers.attention import bind_backend
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
+from bouquet.layers.attention_backends.sdpa import SdpaBackend
+from bouquet.layers.attention_backends.selection import AutoBackend, BackendTable
 
 BUCKETS = GraphBuckets((16, 32, 64, 512), (1, 2, 4, 8))
 
@@ -280,3 +282,34 @@ def test_runner_graph_path_matches_eager(engine_name: str, request: pytest.Fixtu
         bind_backend(engine.model, engine.attn_backend)
     stats = runner.graphs.graphs.stats
     assert stats.captures >= 3 and stats.replays >= 3
+
+
+def test_auto_graphs_record_the_backend_its_table_gives_each_batchs_longest_sequence(
+    minilm_fp32: Engine,
+) -> None:
+    """`auto` over a capturable backend (short sequences) and SDPA (long ones): a batch whose longest sequence the
+    table gives the capturable one is captured and replayed by it, chosen by that sequence and not by the bucket's
+    token count (which the graph's context holds); a batch it gives SDPA runs eagerly, without turning graphs off
+    for the others. Rows equal the eager path's throughout."""
+    engine = minilm_fp32
+    capturable = _CapturableCpuVarlen()
+    auto = AutoBackend(
+        {"cpu_varlen": capturable, "sdpa": SdpaBackend()}, BackendTable(((16, "cpu_varlen"), (512, "sdpa")))
+    )
+    auto.bind(engine.attn_backend.shape)
+    runner = ModelRunner(engine.model, engine.pooler, auto, engine.device)
+    config = CudaGraphConfig(token_buckets=(16, 32, 64, 128), seq_buckets=(2, 4, 8), max_graphs=8)
+    runner.graphs = CudaGraphRunner(config, engine.device, auto, runner.forward, _ReplayingCapturer())
+    short = [_batch([9, 12, 7, 14], seed) for seed in range(3)]  # 42 tokens: a 64-token bucket, longest 14
+    long = [_batch([40, 5], seed) for seed in range(3)]  # the table gives 40 tokens to SDPA
+    try:
+        with torch.inference_mode():
+            for batch in short + long:
+                expected = ModelRunner(engine.model, engine.pooler, engine.attn_backend, engine.device).execute(batch)
+                runner.set_backend(auto)
+                np.testing.assert_allclose(runner.execute(batch).numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    finally:
+        bind_backend(engine.model, engine.attn_backend)
+    lazy = runner.graphs.graphs
+    assert list(lazy.graphs) == [Bucket(64, 8, "cpu_varlen")]
+    assert (lazy.stats.eager, lazy.stats.captures, lazy.stats.replays) == (1, 1, 2)  # the long batches: not graphs

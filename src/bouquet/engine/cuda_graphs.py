@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 class Bucket(NamedTuple):
     num_tokens: int
     num_seqs: int
+    # The attention backend its graph records: with `auto`, the one its table gives the batch's longest sequence
+    # (a batch in the same sizes that the table gives another backend has a graph of its own).
+    backend: str = ""
 
 
 class GraphBuckets:
@@ -209,14 +212,14 @@ class LazyGraphs:
             self.graphs[bucket] = self.capturer.capture(capture())
         except Exception as error:
             logger.warning(
-                "CUDA graph capture failed for %s tokens x %s sequences, eager from now on: %r", *bucket, error
+                "CUDA graph capture failed for %s tokens x %s sequences (%s), eager from now on: %r", *bucket, error
             )
             self.capture_errors[bucket] = f"{type(error).__name__}: {error}"
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
-        logger.info("captured a CUDA graph for %s tokens x %s sequences", *bucket)
+        logger.info("captured a CUDA graph for %s tokens x %s sequences (%s)", *bucket)
         return BucketState.CAPTURED
 
 
@@ -247,21 +250,44 @@ class CudaGraphRunner:
             return None
         if batch.pixel_values is not None:  # images are not in the static buffers: eager
             return None
+        # By the batch's own longest sequence: the graph's context holds the bucket's token count instead.
+        backend = self.backend.graph_backend(int(batch.seq_lens.max(initial=0)))
         bucket = self.buckets.bucket_for(batch.num_tokens, batch.num_seqs)
-        if bucket is None:
+        if bucket is None or backend is None:
             return None
+        bucket = bucket._replace(backend=backend.name)
         padded = pad_batch(batch, bucket)
         inputs = self.buffers.load(padded, padded_positions(padded, batch.num_tokens), bucket)
+        run_on = on_backend(backend, bound=self.backend)
 
         def capture() -> Callable[[], torch.Tensor]:
             # Planning (FlashInfer's plan() copies and may sync) must happen before the capture, not in it.
-            metadata = self.backend.prepare_capture(inputs.context(), bucket)
-            return lambda: self.forward(inputs, lambda ctx: metadata)
+            metadata = backend.prepare_capture(inputs.context(), bucket)
+            return lambda: self.forward(inputs, run_on(lambda ctx: metadata))
 
         output = self.graphs.run(
             bucket,
-            eager=lambda: self.forward(inputs, self.backend.prepare),
+            # The warm-up runs the backend the capture records: its first call (a JIT compile, a lazy
+            # allocation) must not happen inside the capture.
+            eager=lambda: self.forward(inputs, run_on(backend.prepare)),
             capture=capture,
-            before_replay=lambda: self.backend.prepare_replay(inputs.context(), bucket),
+            before_replay=lambda: backend.prepare_replay(inputs.context(), bucket),
         )
         return output[: batch.num_seqs]  # pad rows dropped
+
+
+Prepare = Callable[[ForwardContext], Any]
+
+
+def on_backend(backend: AttentionBackend, bound: AttentionBackend) -> Callable[[Prepare], Prepare]:
+    """Wraps a forward's planning so that its layers run `backend` (one of those `bound`, the layers' own, may
+    dispatch to) with the metadata it plans."""
+
+    def wrap(prepare: Prepare) -> Prepare:
+        def planned(ctx: ForwardContext) -> Any:
+            ctx.backend = None if backend is bound else backend
+            return prepare(ctx)
+
+        return planned
+
+    return wrap

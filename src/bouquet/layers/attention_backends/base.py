@@ -49,7 +49,8 @@ class AttentionBackend(ABC):
     CUDA-graph hooks, for backends whose metadata can live in fixed device buffers: `prepare_capture` builds
     a bucket's metadata on such buffers before capture, `prepare_replay` refreshes them (host-side work, e.g.
     FlashInfer's plan()) before each replay. A backend that plans on the host per batch (SDPA's grouping)
-    leaves `supports_cuda_graphs` False and the engine stays eager.
+    leaves `supports_cuda_graphs` False and the engine stays eager. `graph_backend` says which backend a
+    graph records for a batch: a dispatcher (`auto`) names the one it would run.
     """
 
     name: ClassVar[str]
@@ -87,6 +88,11 @@ class AttentionBackend(ABC):
         bias: torch.Tensor | None = None,  # [H, L, L] float32 added to every sequence's scores, L >= max_seqlen
     ) -> torch.Tensor:  # [T, H, D]
         ...
+
+    def graph_backend(self, max_seqlen: int) -> AttentionBackend | None:
+        """The backend whose kernels a CUDA graph records for a batch whose longest sequence has `max_seqlen`
+        tokens, or None when such a batch cannot be captured (it runs eagerly)."""
+        return self if self.supports_cuda_graphs else None
 
     def prepare_capture(self, ctx: ForwardContext, key: Hashable) -> Any:
         raise NotImplementedError(f"attention backend {self.name!r} cannot be captured in a CUDA graph")

@@ -12,7 +12,7 @@ import bisect
 import json
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -82,15 +82,16 @@ class _Choice:
 
 
 class AutoBackend(AttentionBackend):
-    """Dispatches each batch (or graph bucket) to the table's backend for its max_seqlen."""
+    """Dispatches each batch to the table's backend for its max_seqlen. A CUDA graph records the backend itself
+    (`graph_backend`, by the batch's own longest sequence), and only for the lengths where that one can be
+    captured: the others run eagerly rather than turning graphs off for every length."""
 
     name: ClassVar[str] = "auto"
 
     def __init__(self, backends: dict[str, AttentionBackend], table: BackendTable):
         self.backends = backends
         self.table = table
-        self.supports_cuda_graphs = all(b.supports_cuda_graphs for b in backends.values())  # type: ignore[misc]
-        self._captured: dict[Hashable, AttentionBackend] = {}
+        self.supports_cuda_graphs = any(b.supports_cuda_graphs for b in backends.values())  # type: ignore[misc]
 
     def bind(self, shape: AttentionShape) -> None:
         self.shape = shape  # each backend it dispatches to checks that it can run the model
@@ -101,12 +102,8 @@ class AutoBackend(AttentionBackend):
         backend = self.backends[self.table.choose(ctx.max_seqlen)]
         return _Choice(backend, replace(ctx, attn_metadata=backend.prepare(ctx)))
 
-    def prepare_capture(self, ctx: ForwardContext, key: Hashable) -> _Choice:
-        backend = self._captured[key] = self.backends[self.table.choose(ctx.max_seqlen)]
-        return _Choice(backend, replace(ctx, attn_metadata=backend.prepare_capture(ctx, key)))
-
-    def prepare_replay(self, ctx: ForwardContext, key: Hashable) -> None:
-        self._captured[key].prepare_replay(ctx, key)
+    def graph_backend(self, max_seqlen: int) -> AttentionBackend | None:
+        return self.backends[self.table.choose(max_seqlen)].graph_backend(max_seqlen)
 
     def forward(
         self,
