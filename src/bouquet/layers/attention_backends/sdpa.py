@@ -80,7 +80,7 @@ class SdpaBackend(AttentionBackend):
         slot_of_row = torch.empty(starts[-1], dtype=torch.long)
         for rows, slots in row_slots:
             slot_of_row[rows] = slots
-        return _Plan(groups, slot_of_row.to(device))
+        return _Plan(groups, _upload(slot_of_row, device))
 
     def forward(
         self,
@@ -129,8 +129,18 @@ def _make_group(
 
 def _to_device(group: _Group, device: torch.device) -> _Group:
     assert group.gather_index is not None
-    key_mask = None if group.key_mask is None else group.key_mask.to(device)
-    return _Group(group.start, group.num_seqs, group.seq_len, group.gather_index.to(device), key_mask, group.short_keys)
+    key_mask = None if group.key_mask is None else _upload(group.key_mask, device)
+    gather_index = _upload(group.gather_index, device)
+    return _Group(group.start, group.num_seqs, group.seq_len, gather_index, key_mask, group.short_keys)
+
+
+def _upload(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A plan's index tensor on `device`. On CUDA through pinned memory, without waiting: a copy from pageable
+    memory makes the engine thread wait for the step still in flight on its stream, which ends the overlap of
+    preparing one step while the device computes the last."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)
