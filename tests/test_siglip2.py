@@ -76,11 +76,12 @@ def test_images_of_several_sizes_in_one_step_match_transformers(engine: Engine, 
 
 
 def test_texts_match_transformers_as_its_processor_pads_them(engine: Engine, siglip2) -> None:
-    """Padded to 64 with the tokenizer's pad token and its attention mask, pooled at the last position (a pad):
-    unpadded rows would be far off (the last check)."""
+    """Padded to 64 (Siglip2Processor's max_length, whatever the tokenizer's model_max_length) with the tokenizer's
+    pad token and its attention mask, pooled at the last position (a pad): unpadded rows would be far off (the last
+    check)."""
     texts = _texts()
     assert engine.dimension == 64 and engine.max_seq_length == 64
-    assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=True)
+    assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=True, max_length=512)
     rows = engine.embed(Batch.pack(texts))
     _assert_close(rows, text_features(siglip2[1], texts), engine.config.dtype)
     with torch.no_grad():
@@ -97,12 +98,12 @@ def test_texts_of_a_tokenizer_without_an_attention_mask_attend_to_their_pads(tmp
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "model_input_names": ["input_ids"]}))
     engine = Engine(EngineConfig(model_path=tmp_path / "hf", device="cpu", dtype="float32", cpu_warmup_tokens=0))
     try:
-        assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=False)
+        assert engine.runner.model.text_padding == TextPadding(PAD_ID, masked=False, max_length=512)
         texts = _texts()
         _assert_close(engine.embed(Batch.pack(texts)), text_features(model, texts, masked=False), "float32")
     finally:
         engine.close()
-    assert read_text_padding(path) == TextPadding(PAD_ID, masked=True)
+    assert read_text_padding(path) == TextPadding(PAD_ID, masked=True, max_length=512)
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": None}))
     (tmp_path / "hf" / "special_tokens_map.json").unlink()
     assert read_text_padding(tmp_path / "hf") is None  # no pad token: texts run as sent

@@ -45,12 +45,12 @@ from bouquet.st_layout import (
 )
 
 __all__ = [
-    "DenseSpec", "ModelSpec", "MultiVectorSpec", "PoolingMethod", "PoolingSpec", "SpladeSpec", "TokenWeightSpec",
-    "num_labels", "read_model_dir",
+    "UNSET_MODEL_MAX_LENGTH", "DenseSpec", "ModelSpec", "MultiVectorSpec", "PoolingMethod", "PoolingSpec",
+    "SpladeSpec", "TokenWeightSpec", "num_labels", "read_model_dir",
 ]  # fmt: skip
 
 # transformers' "no limit" model_max_length (int(1e30)) and anything like it.
-_UNSET_MODEL_MAX_LENGTH = 10**12
+UNSET_MODEL_MAX_LENGTH = 10**12
 TOKEN_WEIGHTS_FILE = "sparse_linear.pt"
 # The special tokens FlagEmbedding leaves out of bge-m3's sparse rows, by their tokenizer_config.json keys.
 _UNWEIGHTED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
@@ -426,7 +426,7 @@ def _read_max_seq_length(transformer: Path, hf_config: dict[str, Any], sbert_con
         return min(limit, positions) if positions else limit
     tokenizer_config = read_optional_json(transformer / "tokenizer_config.json") or {}
     model_max_length = tokenizer_config.get("model_max_length")
-    known = [int(value) for value in (model_max_length, positions) if value and value < _UNSET_MODEL_MAX_LENGTH]
+    known = [int(value) for value in (model_max_length, positions) if value and value < UNSET_MODEL_MAX_LENGTH]
     if not known:
         raise ValueError(
             f"{transformer}: no max_seq_length (sentence_bert_config.json), model_max_length (tokenizer_config.json) "

@@ -1,8 +1,10 @@
-"""How transformers' processor pads a model's texts when the model was trained on padded texts (SigLIP 2: its
-Siglip2Processor pads every text to `max_length`, 64, and the text tower pools the last position, a pad token for
-any shorter text). Read from the tokenizer's files: the pad token, and whether the tokenizer gives an
-`attention_mask` (its `model_input_names`; transformers' tokenizers give one unless the saved config says
-otherwise), with which the pad tokens are masked as keys. No torch."""
+"""How transformers pads a model's texts when the model was trained on padded texts (SigLIP and SigLIP 2: texts
+padded to a fixed length, 64, and the text tower pools the last position, a pad token for any shorter text;
+transformers' docs ask for `padding="max_length"`, and Siglip2Processor pads so by default). Read from the
+tokenizer's files: the pad token, whether the tokenizer gives an `attention_mask` (its `model_input_names`;
+transformers' tokenizers give one unless the saved config says otherwise, and SigLIP's own say input_ids alone),
+with which the pad tokens are masked as keys, and its `model_max_length`, what `padding="max_length"` pads to.
+No torch."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from bouquet.model_dir import UNSET_MODEL_MAX_LENGTH
 from bouquet.st_layout import read_optional_json
 
 
@@ -18,6 +21,7 @@ from bouquet.st_layout import read_optional_json
 class TextPadding:
     pad_id: int  # the pad token's id
     masked: bool  # pad tokens are never attended to (the model is given an attention_mask); else they are keys
+    max_length: int | None = None  # the tokenizer's model_max_length; None where it sets none
 
 
 def read_text_padding(folder: Path) -> TextPadding | None:
@@ -30,4 +34,8 @@ def read_text_padding(folder: Path) -> TextPadding | None:
     if pad_id is None:
         return None
     input_names = named.get("model_input_names")
-    return TextPadding(pad_id, masked=input_names is None or "attention_mask" in input_names)
+    max_length = named.get("model_max_length")
+    known = isinstance(max_length, int) and 0 < max_length < UNSET_MODEL_MAX_LENGTH
+    return TextPadding(
+        pad_id, masked=input_names is None or "attention_mask" in input_names, max_length=max_length if known else None
+    )

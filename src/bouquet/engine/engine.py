@@ -54,7 +54,7 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     if spec.multi_vector is not None and spec.multi_vector.source == "model":  # HF_ColBERT: its projection's
         state = {name: tensor for name, tensor in state.items() if not name.startswith(_IN_MODEL_PROJECTION)}
     load_checked(model, model.convert_checkpoint(state))
-    if getattr(model, "pads_texts", False):  # its texts padded as its processor pads them (SigLIP 2)
+    if getattr(model, "pads_texts", False):  # its texts padded as its processor pads them (SigLIP, SigLIP 2)
         model.text_padding = read_text_padding(spec.tokenizer_file.parent)
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.

@@ -1,5 +1,7 @@
 """SigLIP (transformers' SiglipModel): CLIP's two towers (models/clip.py) trained with a sigmoid loss, with three
-differences that matter here. The text tower is bidirectional and pooled at its last token, through its own `head`.
+differences that matter here. The text tower is bidirectional and pooled at its last position, through its own
+`head`; it was trained on texts padded to a fixed length, so they are padded as transformers' tokenizer pads them
+with `padding="max_length"`, as SigLIP's docs ask (models/siglip_text.py), to the tokenizer's `model_max_length`.
 The vision tower has no class token and no pre-norm, and pools with a multi-head attention "MAP" head: one learned
 query (the probe) attends over each image's tokens, then a norm and an MLP with a residual. No projections follow:
 each head's output is the shared space.
@@ -21,19 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bouquet.layers.context import get_forward_context
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse
 from bouquet.model_dir import PoolingMethod
-from bouquet.models.clip import (
-    ClipEncoder,
-    ClipMLP,
-    ClipTextEmbeddings,
-    TowerConfig,
-    TwoTowerModel,
-    check_images,
-    to_patches,
-)
+from bouquet.models.clip import ClipEncoder, ClipMLP, TowerConfig, TwoTowerModel, check_images, to_patches
+from bouquet.models.siglip_text import SiglipTextTransformer
+from bouquet.text_padding import TextPadding
 
 _IGNORED = re.compile(r"logit_scale|logit_bias|.*\.position_ids")
 _PATCH_WEIGHT = "vision_model.embeddings.patch_embedding.weight"
@@ -87,29 +84,6 @@ class SiglipConfig:
     def image_tokens(self) -> int:
         """An image's sequence length: one token per patch."""
         return (self.image_size // self.patch_size) ** 2
-
-
-class SiglipTextTransformer(nn.Module):
-    def __init__(self, config: SiglipConfig):
-        super().__init__()
-        self.embeddings = ClipTextEmbeddings(config.vocab_size, config.max_positions, config.text.hidden_size)
-        self.encoder = ClipEncoder(config.text, causal=False)
-        self.final_layer_norm = LayerNorm(config.text.hidden_size, eps=config.text.layer_norm_eps)
-        self.head = Linear(config.text.hidden_size, config.projection_size)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, P] float32
-        hidden = self.final_layer_norm(self.encoder(self.embeddings(input_ids, positions)))
-        return self.head(hidden[last_token_rows(positions)]).float()
-
-
-def last_token_rows(positions: torch.Tensor) -> torch.Tensor:  # [T] int64
-    """For each token, the row whose state it should carry: a sequence's first token takes its last token's row,
-    every other token keeps its own. Sequences start where positions are 0; shapes never depend on the values."""
-    rows = torch.arange(len(positions), device=positions.device)
-    starts = positions == 0
-    seq_ids = torch.cumsum(starts, 0) - 1
-    last = torch.zeros_like(rows).scatter_reduce(0, seq_ids, rows, "amax")
-    return torch.where(starts, last[seq_ids], rows)
 
 
 class SiglipVisionEmbeddings(nn.Module):
@@ -179,16 +153,26 @@ class SiglipModel(TwoTowerModel):
     task = "embed"
     default_pooling = PoolingMethod.CLS  # each sequence's features are at its first token (module docstring)
     takes_images = True
+    pads_texts = True  # the loader sets `text_padding` from the tokenizer (models/siglip_text.py)
 
     def __init__(self, config: SiglipConfig):
         super().__init__()
         self.config = config
         self.text_model = SiglipTextTransformer(config)
         self.vision_model = SiglipVisionTransformer(config)
+        self.text_padding: TextPadding | None = None
 
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> SiglipModel:
         return cls(SiglipConfig.from_hf(hf_config))
+
+    @property
+    def text_length(self) -> int:
+        """What texts are padded to: the tokenizer's model_max_length, as `padding="max_length"` pads (within the
+        position table, where a longer one could not run; the table's length, the trained one, when it is unset)."""
+        limit = self.config.max_positions
+        padding = self.text_padding
+        return limit if padding is None or padding.max_length is None else min(padding.max_length, limit)
 
     def image_linears(self) -> list[tuple[nn.Module, int, int]]:
         """The pooling head runs on one row an image, but its keys and values on every token and its query on the
@@ -207,7 +191,10 @@ class SiglipModel(TwoTowerModel):
         pixel_values: torch.Tensor | None = None,  # [N, C, H, W] float32: the batch's images, one a sequence
     ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
         if pixel_values is None:
-            return self.text_model(input_ids, positions)
+            if self.text_padding is None:
+                return self.text_model(input_ids, positions)
+            ctx = get_forward_context()
+            return self.text_model.texts(input_ids, positions, ctx.seq_lens, self.text_padding, self.text_length)
         config = self.config
         check_images(pixel_values, len(positions), config.num_channels, config.image_size, self.image_tokens)
         return self.vision_model(pixel_values, positions)

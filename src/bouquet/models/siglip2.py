@@ -7,12 +7,9 @@ Packed, padding-free: an image is a sequence of its own, one token per patch, of
 image's tokens alone. A step may mix texts and images: each tower runs on its own sequences (an attention plan of its
 own), and every sequence's row is put at its first token, where the engine's CLS pooling reads it.
 
-Texts as transformers' Siglip2Processor makes them: padded to `max_length` (the text positions, 64) with the
-tokenizer's pad token, the row taken at the last position, a pad for any shorter text (the model was trained so).
-When the tokenizer gives an attention mask, pads are never keys: the real tokens' states are then those of the text
-alone, and the last pad's is all that is read, so one pad at the last position stands for all of them. Without a
-mask, pads are keys like any token, and every text runs at `max_length` tokens. The loader reads the padding from
-the tokenizer's files (`text_padding`); without a pad token, texts run as sent.
+Texts as transformers' Siglip2Processor makes them: padded to its `max_length` (64, the text positions) with the
+tokenizer's pad token, the row taken at the last position, a pad for any shorter text (models/siglip_text.py). The
+loader reads the padding from the tokenizer's files (`text_padding`); without a pad token, texts run as sent.
 
 Parameter names follow the Hugging Face checkpoint, converted as SigLIP's are.
 """
@@ -22,16 +19,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from bouquet.layers.attention import Attention, planned_context
-from bouquet.layers.attention_backends import AttentionBackend, create_attention_backend
-from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
+from bouquet.layers.attention import planned_context
+from bouquet.layers.context import forward_context, get_forward_context
 from bouquet.model_dir import PoolingMethod
-from bouquet.models.siglip import SiglipConfig, SiglipTextTransformer, convert_siglip_checkpoint
+from bouquet.models.siglip import SiglipConfig, convert_siglip_checkpoint
 from bouquet.models.siglip2_vision import Siglip2VisionTransformer
+from bouquet.models.siglip_text import SiglipTextTransformer
 from bouquet.text_padding import TextPadding
 
 # The most patches one image may make: a 2,048 x 2,048 image at patch 16. The processor's max_num_patches (256 by
@@ -52,13 +48,6 @@ def siglip2_config(config: dict[str, Any]) -> SiglipConfig:
     return SiglipConfig.from_hf({**config, "vision_config": vision})
 
 
-def _pad_rows(real: torch.Tensor, total: int) -> torch.Tensor:  # [total - len(real)] int64
-    """The rows of a padded layout that `real` leaves free, in order."""
-    free = torch.ones(total, dtype=torch.bool, device=real.device)
-    free[real] = False
-    return free.nonzero().flatten()
-
-
 class Siglip2Model(nn.Module):
     task = "embed"
     default_pooling = PoolingMethod.CLS  # each sequence's features are at its first token (module docstring)
@@ -72,7 +61,6 @@ class Siglip2Model(nn.Module):
         self.text_model = SiglipTextTransformer(config)
         self.vision_model = Siglip2VisionTransformer(config)
         self.text_padding: TextPadding | None = None
-        self._key_lens_backend: AttentionBackend | None = None  # SDPA, for masked pads when the bound one has none
 
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> Siglip2Model:
@@ -129,72 +117,17 @@ class Siglip2Model(nn.Module):
         image_rows, text_rows = token_is_image.nonzero().flatten(), (~token_is_image).nonzero().flatten()
         text_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if not image]
         texts = self._texts(input_ids[text_rows], positions[text_rows], text_lens)
-        with forward_context(planned_context(self._attention, [rows * columns for rows, columns in grids], device)):
+        image_lens = [rows * columns for rows, columns in grids]
+        with forward_context(planned_context(self.text_model.attention, image_lens, device)):  # both towers' backend
             images = self.vision_model(pixel_values, grids)
         rows = texts.new_empty(len(input_ids), texts.shape[1])
         rows[text_rows], rows[image_rows] = texts, images
         return rows
 
-    @property
-    def _attention(self) -> Attention:
-        return self.text_model.encoder.layers[0].self_attn.attn  # both towers' layers share the bound backend
-
     def _texts(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
-        """[T, D] float32: each text's row at its first token, the texts padded as the processor pads them."""
-        if self.text_padding is None:
-            with forward_context(planned_context(self._attention, seq_lens, input_ids.device)):
-                return self.text_model(input_ids, positions)
-        ids, padded_positions, padded_lens = self._padded(input_ids, positions, seq_lens, self.text_padding)
-        text = self.text_model
-        with forward_context(self._padded_context(padded_lens, seq_lens)):
-            hidden = text.final_layer_norm(text.encoder(text.embeddings(ids, padded_positions)))
-        device = input_ids.device
-        pooled = text.head(hidden[torch.from_numpy(np.cumsum(padded_lens) - 1).to(device)]).float()
-        rows = pooled.new_zeros(len(input_ids), pooled.shape[1])
-        rows[torch.from_numpy(np.cumsum(seq_lens) - seq_lens).to(device)] = pooled
-        return rows
-
-    def _padded(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int], padding: TextPadding
-    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # ids [T'], positions [T'], each padded length
-        """The texts with their pads after them, at the last positions up to the limit."""
-        limit, lengths = self.config.max_positions, np.array(seq_lens)
-        pads = np.maximum(limit - lengths, 0)
-        if padding.masked:
-            pads = np.minimum(pads, 1)  # one pad at the last position stands for all (module docstring)
-        padded = lengths + pads
-        device = input_ids.device
-        shift = np.repeat((np.cumsum(padded) - padded) - (np.cumsum(lengths) - lengths), lengths)
-        real = torch.from_numpy(np.arange(int(lengths.sum())) + shift).to(device)  # each text token's new row
-        ids = torch.full((int(padded.sum()),), padding.pad_id, dtype=input_ids.dtype, device=device)
-        places = [np.arange(limit - n, limit) for n in pads]
-        pad_positions = torch.from_numpy(np.concatenate([np.zeros(0, np.int64), *places])).to(device)
-        padded_positions = pad_positions.new_zeros(len(ids)).index_copy(0, real, positions.long())
-        padded_positions[_pad_rows(real, len(ids))] = pad_positions
-        return ids.index_copy(0, real, input_ids), padded_positions, padded.tolist()
-
-    def _padded_context(self, padded_lens: list[int], key_lens: list[int]) -> ForwardContext:
-        """Padded texts: with masked pads only each text's own tokens are keys (on SDPA, unless the bound backend
-        masks keys itself)."""
-        device = self.text_model.embeddings.token_embedding.weight.device
-        if self.text_padding is not None and not self.text_padding.masked:
-            return planned_context(self._attention, padded_lens, device)
-        lengths = torch.tensor([0, *padded_lens], dtype=torch.int32)
-        ctx = ForwardContext(lengths.cumsum(0, dtype=torch.int32).to(device), max(padded_lens), padded_lens,
-                             key_lens=key_lens)  # fmt: skip
-        ctx.backend = self._masking_backend()
-        ctx.attn_metadata = ctx.backend.prepare(ctx)
-        return ctx
-
-    def _masking_backend(self) -> AttentionBackend:
-        bound = self._attention.backend
-        assert bound is not None and bound.shape is not None, "attention ran before the engine bound a backend"
-        if bound.supports_key_lens:
-            return bound
-        if self._key_lens_backend is None:
-            self._key_lens_backend = create_attention_backend("sdpa")
-            self._key_lens_backend.bind(bound.shape)
-        return self._key_lens_backend
+        """[T, D] float32: each text's row at its first token, the texts padded as the processor pads them (to its
+        `max_length`, 64: the position table's length)."""
+        return self.text_model.texts(input_ids, positions, seq_lens, self.text_padding, self.config.max_positions)
 
     def _check_images(
         self, pixel_values: torch.Tensor, grids: list[tuple[int, int]], seq_lens: list[int], is_image: list[bool]
