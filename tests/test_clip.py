@@ -115,6 +115,25 @@ def test_text_and_image_features_match_transformers(clip, dtype: str, backend: s
     _assert_close(image_rows, _image_reference(model, images), dtype)
 
 
+def test_texts_are_served_unpadded_as_padding_changes_no_row(clip) -> None:
+    """Unlike SigLIP's, CLIP's text tower reads its EOS token under a causal mask: texts padded to 77 with an
+    attention mask (its processor with padding="max_length") give transformers' unpadded rows, and bouquet pads
+    none (the loader sets no text padding)."""
+    path, model = clip
+    texts = _texts()
+    ids = torch.tensor([[*text, *[0] * (77 - len(text))] for text in texts])
+    mask = (torch.arange(77) < torch.tensor([[len(text)] for text in texts])).long()
+    with torch.no_grad():
+        padded = model.get_text_features(input_ids=ids, attention_mask=mask).pooler_output.numpy()
+    _assert_close(padded, _text_reference(model, texts), "float32")
+    engine = _engine(path, "float32")
+    try:
+        assert getattr(engine.runner.model, "text_padding", None) is None
+        _assert_close(engine.embed(Batch.pack(texts)), padded, "float32")
+    finally:
+        engine.close()
+
+
 def test_legacy_eos_id_pools_at_the_highest_token_id(tmp_path, clip) -> None:
     """Configs saved before transformers fixed CLIP's eos_token_id (2) pool at the first highest id instead."""
     path, model = clip

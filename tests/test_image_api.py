@@ -2,8 +2,9 @@
 their image processors) behind the real gateway, images of sizes other than the processor's sent as data URIs and
 base64 through Infinity's `/embeddings_image`, its `/embeddings` with `"modality": "image"` and vLLM's `messages`
 form of `/v1/embeddings`, against transformers' own processor and `get_image_features` (float32, cosine >= 0.99999);
-a text and an image of one model in the same space; `dimensions` and base64; every bad image a 400 naming the input,
-the server answering after. The gateway's preprocessing is also checked bit for bit against transformers'."""
+a text and an image of one model in the same space (SigLIP's text as its tokenizer pads it, `padding="max_length"`);
+`dimensions` and base64; every bad image a 400 naming the input, the server answering after. The gateway's
+preprocessing is also checked bit for bit against transformers'."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
 from test_clip import _clip, _save
-from test_siglip import save_siglip
+from test_siglip import padded_text_features, save_siglip
 
 from bouquet.gateway.image_processing import model_images, parse_processor_config
 
@@ -96,6 +97,18 @@ def _reference(family: str, models, files: list[bytes]) -> np.ndarray:
         return model.get_image_features(pixel_values=pixels).pooler_output.numpy()
 
 
+def _text_reference(family: str, server: httpx.Client, models, text: str) -> np.ndarray:
+    """transformers' text features: SigLIP's with its tokenizer's padding="max_length", as SigLIP's docs ask (it
+    was trained on padded texts: test_siglip.py); CLIP's for the text as the server tokenizes it (its EOS pooling
+    reads no pad)."""
+    path, model = models[family]
+    if family == "siglip":
+        return padded_text_features(path, model, [text])
+    ids = server.post("/tokenize", json={"model": f"tiny-{family}", "inputs": text}).json()[0]
+    with torch.no_grad():
+        return model.get_text_features(input_ids=torch.tensor([[token["id"] for token in ids]])).pooler_output.numpy()
+
+
 def _rows(response: httpx.Response) -> np.ndarray:
     assert response.status_code == 200, response.text
     return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
@@ -132,16 +145,12 @@ def test_images_of_every_size_match_transformers_on_each_route(server: httpx.Cli
 def test_a_text_and_an_image_of_one_model_share_its_space(server: httpx.Client, models, family: str) -> None:
     """The text on /v1/embeddings (and vLLM's text message) and the image on /embeddings_image give transformers'
     cosine between its text and image features."""
-    _, model = models[family]
     text, image = "a photo of a small cat", _file(_image(120, 90, 3))
     text_row = _rows(server.post("/v1/embeddings", json={"model": f"tiny-{family}", "input": text}))
     message = {"model": f"tiny-{family}", "messages": [{"role": "user", "content": text}]}
     np.testing.assert_allclose(_rows(server.post("/v1/embeddings", json=message)), text_row, atol=1e-6)
     image_row = _rows(server.post("/embeddings_image", json={"model": f"tiny-{family}", "input": _data_uri(image)}))
-    ids = server.post("/tokenize", json={"model": f"tiny-{family}", "inputs": text}).json()[0]
-    with torch.no_grad():
-        text_features = model.get_text_features(input_ids=torch.tensor([[token["id"] for token in ids]]))
-    expected_text = text_features.pooler_output.numpy()
+    expected_text = _text_reference(family, server, models, text)
     _assert_close(text_row, expected_text)
     expected_image = _reference(family, models, [image])
     served_cosine = float(row_cosines(text_row, image_row)[0])

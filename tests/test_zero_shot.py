@@ -1,7 +1,7 @@
 """Zero-shot scores over real HTTP (vLLM's /score with a side in its multimodal `{"content": [...]}` form) on the tiny
-CLIP and SigLIP of test_image_api, against transformers' own CLIPModel / SiglipModel forward: the score is the cosine
-of a text's and an image's features, which is transformers' logits_per_image with the model's scale (and SigLIP's
-bias) taken off."""
+CLIP and SigLIP of test_image_api, against transformers' own CLIPModel / SiglipModel forward (SigLIP's texts padded
+by its processor with padding="max_length", as its docs show): the score is the cosine of a text's and an image's
+features, which is transformers' logits_per_image with the model's scale (and SigLIP's bias) taken off."""
 
 from __future__ import annotations
 
@@ -20,18 +20,24 @@ server = test_image_api.server
 LABELS = ["a photo of a small cat", "a diagram", "two dogs on a beach at noon"]
 
 
-def _cosines(family: str, models, texts: list[list[int]], files: list[bytes]) -> np.ndarray:  # [texts, images]
-    """transformers' logits_per_text, one text a forward (no padding), with the logit scale and bias undone."""
+def _cosines(family: str, models, server: httpx.Client, texts: list[str], files: list[bytes]) -> np.ndarray:
+    """transformers' logits_per_text ([texts, images]) with the logit scale and bias undone. SigLIP's inputs from
+    its processor with padding="max_length", as SigLIP's docs show (it was trained on padded texts); CLIP's texts as
+    the server tokenizes them, one a forward (its EOS pooling reads no pad)."""
     path, model = models[family]
     images = [Image.open(io.BytesIO(data)) for data in files]
+    if family == "siglip":
+        from transformers import AutoTokenizer, SiglipProcessor
+
+        processor = SiglipProcessor(_processor(family).from_pretrained(path), AutoTokenizer.from_pretrained(path))
+        inputs = processor(text=texts, images=images, padding="max_length", return_tensors="pt")
+        with torch.no_grad():
+            return ((model(**inputs).logits_per_text - model.logit_bias) / model.logit_scale.exp()).numpy()
     pixels = _processor(family).from_pretrained(path)(images=images, return_tensors="pt")["pixel_values"]
-    rows = []
     with torch.no_grad():
-        for ids in texts:
-            logits = model(input_ids=torch.tensor([ids]), pixel_values=pixels).logits_per_text[0]
-            bias = model.logit_bias if family == "siglip" else 0.0
-            rows.append(((logits - bias) / model.logit_scale.exp()).numpy())
-    return np.stack(rows)
+        rows = [model(input_ids=torch.tensor([_ids(server, "tiny-clip", text)]), pixel_values=pixels).logits_per_text[0]
+                for text in texts]  # fmt: skip
+        return (torch.stack(rows) / model.logit_scale.exp()).numpy()
 
 
 def _ids(server: httpx.Client, model: str, text: str) -> list[int]:
@@ -48,7 +54,7 @@ def test_texts_against_images_score_as_transformers_forward(server: httpx.Client
     name = f"tiny-{family}"
     files = [_file(_image(w, h, seed)) for seed, (w, h) in enumerate([(70, 40), (32, 50), (90, 90)])]
     content = {"content": [{"type": "image_url", "image_url": {"url": _data_uri(data)}} for data in files]}
-    expected = _cosines(family, models, [_ids(server, name, text) for text in LABELS], files)
+    expected = _cosines(family, models, server, LABELS, files)
     one_text = _scores(server.post("/score", json={"model": name, "text_1": LABELS[1], "text_2": content}))
     np.testing.assert_allclose(one_text, expected[1], atol=2e-5)
     pairwise = _scores(server.post("/v1/score", json={"model": name, "queries": LABELS, "documents": content}))
@@ -63,9 +69,7 @@ def test_content_parts_mix_texts_and_images_and_refusals_name_the_part(server: h
     body = {"model": "tiny-clip", "text_1": LABELS[0], "text_2": {"content": parts}}
     scores = _scores(server.post("/score", json=body))
     assert scores[0] == pytest.approx(1.0, abs=1e-5)  # a text against itself
-    np.testing.assert_allclose(
-        scores[1], _cosines("clip", models, [_ids(server, "tiny-clip", LABELS[0])], [image])[0, 0], atol=2e-5
-    )
+    np.testing.assert_allclose(scores[1], _cosines("clip", models, server, LABELS[:1], [image])[0, 0], atol=2e-5)
     bad = {**body, "text_2": {"content": [parts[0], {"type": "image_url", "image_url": {"url": "aGVsbG8="}}]}}
     response = server.post("/score", json=bad)
     assert response.status_code == 400 and "text_2.content[1].image_url.url" in response.text, response.text
