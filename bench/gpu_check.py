@@ -47,7 +47,14 @@ import torch
 # Runs from a checkout: the project need not be installed (on the GPU machine it is not).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from gpu_engine_checks import check_auto, check_model, load_attention_backends, matmul, time_backends
+from gpu_engine_checks import (
+    check_auto,
+    check_model,
+    kernels_vs_reference,
+    load_attention_backends,
+    matmul,
+    time_backends,
+)
 from gpu_replica import replica_throughput
 from gpu_report import Report, finish
 from gpu_setup import BERT_BASE, BERT_TINY, QWEN3_06B, QWEN3_TINY, Run, cuda_healthy, make_bert, make_qwen3, minilm_dir
@@ -176,6 +183,7 @@ def main() -> None:
         run.section("attention backends: load", partial(load_attention_backends, run), 60)
         if not run.loaded:  # loaded by an earlier attempt, or failed: import them in this process, unreported
             load_attention_backends(run, report=False)
+        run.section("attention kernels vs reference", partial(kernels_vs_reference, run), 60)
         checks(run)
         report.add("run", f"finished in {time.time() - report.started:.0f} s, {report.attempts} attempt(s)")
         print(f"wrote {report.path}", flush=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from gpu_report import Report
 from gpu_setup import (
     Run,
@@ -28,6 +29,7 @@ from bouquet.layers.attention import Attention
 from bouquet.layers.attention_backends import AttentionShape
 from bouquet.layers.attention_backends.selection import GPU_BACKENDS, BackendTable, load_backends
 from bouquet.layers.attention_backends.timing import measure_timings
+from bouquet.layers.context import ForwardContext
 from bouquet.layers.linear import Linear
 
 logger = logging.getLogger("gpu_check")
@@ -74,6 +76,64 @@ def time_backends(run: Run) -> None:
     (run.out_dir / "attention-table.json").write_text(table.to_json())
     run.report.shared["table_written"] = True
     run.report.note(f"auto table (written to attention-table.json): {table.rows}")
+
+
+# (name, heads, kv heads, head_dim, causal, window, zero-length slots after the sequences as graph buckets have)
+KERNEL_CASES = (
+    ("qwen3 causal", 16, 8, 128, True, None, 2),
+    ("minilm", 12, 12, 32, False, None, 2),
+    ("causal window 20", 8, 2, 64, True, (20, 0), 0),
+    ("window 5 each side", 8, 8, 64, False, (5, 5), 0),
+)
+KERNEL_SEQ_LENS = [1, 7, 40, 130, 300, 17, 512]
+
+
+def kernels_vs_reference(run: Run) -> None:
+    """Each loaded backend against each sequence alone through float32 SDPA with its mask written out, on the
+    same inputs: causal and not, grouped-query heads, head sizes 32 to 128, sliding windows, and zero-length
+    sequences after the real ones with max_seqlen the total, as a CUDA graph's bucket runs them."""
+    device = torch.device(run.device)
+    dtype = torch.bfloat16 if run.device == "cuda" else torch.float32
+    for name, backend in run.loaded.items():
+        errors = []
+        for case, heads, kv_heads, head_dim, causal, window, empty in KERNEL_CASES:
+            shape = AttentionShape(heads, kv_heads, head_dim, causal, dtype, windows=(window,) if window else ())
+            if not backend.can_run(shape):
+                continue
+            empty = empty if backend.supports_cuda_graphs else 0  # only a graph pads with empty sequences
+            seq_lens = KERNEL_SEQ_LENS + [0] * empty
+            generator = torch.Generator().manual_seed(0)
+            q, k, v = (
+                torch.randn(sum(seq_lens), h, head_dim, generator=generator) * 2 for h in (heads, kv_heads, kv_heads)
+            )
+            backend.bind(shape)
+            cu_seqlens = torch.tensor(np.cumsum([0, *seq_lens]), dtype=torch.int32, device=device)
+            max_seqlen = sum(seq_lens) if empty else max(seq_lens)
+            ctx = ForwardContext(cu_seqlens, max_seqlen, seq_lens)
+            ctx.attn_metadata = backend.prepare(ctx)
+            inputs = [t.to(device, dtype) for t in (q, k, v)]
+            out = backend.forward(*inputs, ctx, causal, shape.scale, window).float()
+            expected = masked_reference(*(t.to(device).float() for t in (q, k, v)), seq_lens, causal, window)
+            errors.append(f"{case} {(out - expected).abs().max().item():.1e}")
+        run.report.add(f"attention kernel {name} vs float32 reference", "max abs error: " + ", ".join(errors), "< 3e-2")
+
+
+def masked_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: list[int], causal: bool, window: tuple[int, int] | None
+) -> torch.Tensor:  # [T, H, D] float32: each sequence alone, key j seen by query i when i - left <= j <= i + right
+    outs, start = [], 0
+    for length in seq_lens:
+        if not length:
+            continue
+        rows = slice(start, start + length)
+        qs, ks, vs = (t[rows].transpose(0, 1)[None] for t in (q, k, v))
+        positions = torch.arange(length, device=q.device)
+        offset = positions[None, :] - positions[:, None]
+        left, right = window or (length, length)
+        allowed = (offset >= -left) & (offset <= (0 if causal else right))
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, enable_gqa=True)[0].transpose(0, 1))
+        start += length
+    return torch.cat(outs)
 
 
 class GraphEngine:
