@@ -13,6 +13,7 @@ import pytest
 import bouquet
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
 from bouquet.engine.memory import bucket_tokens, pad_to_bucket
 
 
@@ -53,6 +54,23 @@ def test_engine_rows_are_the_same_with_and_without_buckets(minilm_fp32, minilm_t
     for got, want in zip(bucketed, exact, strict=True):
         assert got.shape == want.shape == (9, 384)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pad_sequence_longer_than_the_position_table_runs(tmp_path: Path, minilm_path: Path) -> None:
+    """SigLIP's 64 positions: a step of 2,100 tokens is padded to 2,176 by a pad sequence of 76 tokens, which sit at
+    position 0 (as in a CUDA graph's buffers), not past the table; the rows are the exact count's."""
+    from test_siglip import save_siglip
+
+    save_siglip(tmp_path, minilm_path)
+    batch = Batch.pack([[101, *range(1000 + i, 1058 + i), 102] for i in range(35)])
+    assert pad_to_bucket(batch, 16).num_tokens - batch.num_tokens == 76
+    engine = Engine(EngineConfig(model_path=tmp_path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
+    try:
+        bucketed = engine.embed(batch)
+        engine.runner.token_buckets = 0
+        np.testing.assert_allclose(bucketed, engine.embed(batch), rtol=1e-5, atol=1e-6)
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("value", [-1])
@@ -118,6 +136,7 @@ from pathlib import Path
 import numpy as np
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
 from bouquet.engine.engine import Engine
 
 engine = Engine(EngineConfig(Path(sys.argv[1]), "cpu", "float32", cpu_warmup_tokens=int(sys.argv[2])))

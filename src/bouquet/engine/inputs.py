@@ -47,10 +47,15 @@ def padded_positions(batch: Batch, num_real_tokens: int) -> np.ndarray:  # [T] i
     return positions
 
 
-def prepare_inputs(batch: Batch, device: torch.device, sparse: SparseInputs | None = None) -> ModelInputs:
-    """The eager path's inputs: the batch as it is, no buckets; `sparse` from `prepare_sparse`."""
+def prepare_inputs(
+    batch: Batch, device: torch.device, sparse: SparseInputs | None = None, real_tokens: int | None = None
+) -> ModelInputs:
+    """The eager path's inputs: the batch as it is; `sparse` from `prepare_sparse`. Tokens from `real_tokens` on (a
+    token bucket's pad sequence, engine/memory.py) at position 0, as in a graph's buffers: a pad sequence may be
+    longer than a short position table (SigLIP's 64)."""
     seq_lens = np.diff(batch.cu_seqlens)
-    hosts = [batch.input_ids, padded_positions(batch, batch.num_tokens), batch.cu_seqlens]
+    real = batch.num_tokens if real_tokens is None else real_tokens
+    hosts = [batch.input_ids, padded_positions(batch, real), batch.cu_seqlens]
     hosts += [batch.dimensions, batch.normalize, batch.prompt_lens]
     if batch.token_type_ids is not None:
         hosts.append(batch.token_type_ids)

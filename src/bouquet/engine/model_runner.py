@@ -47,7 +47,7 @@ class ModelRunner:
         if self.graphs is not None and batch.key_lens is None and (rows := self.graphs.run(batch)) is not None:
             return rows
         padded = pad_to_bucket(batch, self.token_buckets)
-        inputs = prepare_inputs(padded, self.device, self._sparse_inputs(batch))
+        inputs = prepare_inputs(padded, self.device, self._sparse_inputs(batch), real_tokens=batch.num_tokens)
         rows = self.forward(inputs, self.backend.prepare, uniform_normalize(batch))
         return rows[: batch.num_rows]  # the pad sequence's row, if any, dropped
 
