@@ -65,7 +65,7 @@ def minilm_dir(tmp: Path) -> tuple[str, Path]:
         return "minilm", default_model_path()
     except FileNotFoundError:
         path = make_bert(tmp / "minilm-shaped", MINILM)
-        return "minilm-shaped (random weights: the MiniLM package is not installed here)", path
+        return "minilm-shaped (random weights)", path  # the MiniLM package is not installed here
 
 
 def make_bert(path: Path, shape: dict[str, int]) -> Path:
