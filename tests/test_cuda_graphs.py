@@ -20,6 +20,7 @@ from bouquet.engine.cuda_graphs import (
     GraphBuckets,
     LazyGraphs,
     StaticBuffers,
+    graph_max_seqlen,
     pad_batch,
 )
 from bouquet.engine.engine import Engine
@@ -85,6 +86,47 @@ def _batch(seq_lens: list[int], seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, 2000, sum(seq_lens))
     return Batch.from_packed(ids, np.concatenate([[0], np.cumsum(seq_lens)]))
+
+
+@pytest.mark.parametrize(
+    ("seq_lens", "bucket", "max_seqlen"),
+    [
+        ([16], Bucket(16, 1), 16),  # exact fit
+        ([10, 10], Bucket(32, 4), 16),  # the pad sequence (12 tokens) is the longest
+        ([20] * 17, Bucket(384, 32), 64),  # 44 pad tokens: longer than every real sequence
+        ([300], Bucket(384, 2), 384),  # a power of two past the bucket: the bucket's tokens
+        ([3, 5], Bucket(16, 4), 16),  # at least 16
+        ([50] * 81, Bucket(4096, 128), 64),  # the replica's 50-token inputs: not 4,096
+    ],
+)
+def test_graph_max_seqlen_bounds_every_padded_sequence(seq_lens: list[int], bucket: Bucket, max_seqlen: int) -> None:
+    padded = pad_batch(_batch(seq_lens), bucket)
+    assert graph_max_seqlen(padded, bucket.num_tokens) == max_seqlen
+    assert np.diff(padded.cu_seqlens).max() <= max_seqlen <= bucket.num_tokens
+
+
+def test_the_runner_launches_a_graph_with_its_buckets_max_seqlen(minilm_fp32: Engine) -> None:
+    """The forward a graph records sees the bucket's max_seqlen, the same at every replay of the bucket."""
+    engine = minilm_fp32
+    backend = _CapturableCpuVarlen()
+    backend.bind(engine.attn_backend.shape)
+    runner = ModelRunner(engine.model, engine.pooler, backend, engine.device)
+    seen: list[int] = []
+    forward = runner.forward
+    runner.graphs = CudaGraphRunner(
+        CudaGraphConfig(token_buckets=(64, 512), seq_buckets=(8, 32)), engine.device, backend,
+        lambda inputs, prepare: seen.append(inputs.max_seqlen) or forward(inputs, prepare), _ReplayingCapturer(),
+    )  # fmt: skip
+    try:
+        with torch.inference_mode():
+            for seq_lens in ([20] * 17, [40, 3, 3], [20] * 17):
+                runner.execute(_batch(seq_lens))
+    finally:
+        bind_backend(engine.model, engine.attn_backend)
+    # 17 x 20 in 512 tokens (a pad sequence of 172): eager; [40, 3, 3] in 64 tokens: eager; 17 x 20 again: the
+    # capture's forward, then its replay (the stand-in runs it again). Never the bucket's 512.
+    assert seen == [256, 64, 256, 256]
+    assert set(runner.graphs.graphs.states) == {Bucket(512, 32, 256, "cpu_varlen"), Bucket(64, 8, 64, "cpu_varlen")}
 
 
 def test_pad_batch_layout() -> None:
@@ -311,5 +353,5 @@ def test_auto_graphs_record_the_backend_its_table_gives_each_batchs_longest_sequ
     finally:
         bind_backend(engine.model, engine.attn_backend)
     lazy = runner.graphs.graphs
-    assert list(lazy.graphs) == [Bucket(64, 8, "cpu_varlen")]
+    assert list(lazy.graphs) == [Bucket(64, 8, 32, "cpu_varlen")]  # the pad sequence, 22 tokens, is the longest
     assert (lazy.stats.eager, lazy.stats.captures, lazy.stats.replays) == (1, 1, 2)  # the long batches: not graphs

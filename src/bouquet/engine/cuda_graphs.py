@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 class Bucket(NamedTuple):
     num_tokens: int
     num_seqs: int
+    # The max_seqlen its graph's kernels are launched with (`graph_max_seqlen`); 0: num_tokens.
+    max_seqlen: int = 0
     # The attention backend its graph records: with `auto`, the one its table gives the batch's longest sequence
     # (a batch in the same sizes that the table gives another backend has a graph of its own).
     backend: str = ""
@@ -62,6 +64,16 @@ class GraphBuckets:
         if j == len(self.seq_sizes):
             return None
         return Bucket(padded_tokens, self.seq_sizes[j])
+
+
+def graph_max_seqlen(padded: Batch, num_tokens: int) -> int:
+    """The max_seqlen a graph's kernels run with: the longest sequence of the padded batch, the pad sequence
+    included, rounded up to a power of two (at least 16), at most the bucket's tokens. It must bound every
+    sequence a replay meets, so it is part of the bucket; the bucket's token count would do, but FlashAttention
+    launches blocks for max_seqlen rows of every sequence slot: 4,096 tokens of 50-token sequences would launch
+    64 times the blocks that have rows."""
+    longest = int(np.diff(padded.cu_seqlens).max(initial=1))
+    return min(num_tokens, 1 << max(4, (longest - 1).bit_length()))
 
 
 def pad_batch(batch: Batch, bucket: Bucket) -> Batch:
@@ -123,7 +135,7 @@ class StaticBuffers:
             *views,
             np.diff(padded.cu_seqlens).tolist(),
             # Fixed per bucket: kernels bake max_seqlen into their launch grid at capture.
-            max_seqlen=tokens,
+            max_seqlen=bucket.max_seqlen or tokens,
         )
 
 
@@ -212,14 +224,15 @@ class LazyGraphs:
             self.graphs[bucket] = self.capturer.capture(capture())
         except Exception as error:
             logger.warning(
-                "CUDA graph capture failed for %s tokens x %s sequences (%s), eager from now on: %r", *bucket, error
-            )
+                "CUDA graph capture failed for %s tokens x %s sequences (max_seqlen %s, %s), eager from now on: %r",
+                *bucket, error,
+            )  # fmt: skip
             self.capture_errors[bucket] = f"{type(error).__name__}: {error}"
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
-        logger.info("captured a CUDA graph for %s tokens x %s sequences (%s)", *bucket)
+        logger.info("captured a CUDA graph for %s tokens x %s sequences (max_seqlen %s, %s)", *bucket)
         return BucketState.CAPTURED
 
 
@@ -255,8 +268,8 @@ class CudaGraphRunner:
         bucket = self.buckets.bucket_for(batch.num_tokens, batch.num_seqs)
         if bucket is None or backend is None:
             return None
-        bucket = bucket._replace(backend=backend.name)
         padded = pad_batch(batch, bucket)
+        bucket = bucket._replace(max_seqlen=graph_max_seqlen(padded, bucket.num_tokens), backend=backend.name)
         inputs = self.buffers.load(padded, padded_positions(padded, batch.num_tokens), bucket)
         run_on = on_backend(backend, bound=self.backend)
 
