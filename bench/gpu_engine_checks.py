@@ -238,7 +238,7 @@ def graph_equals_eager(report: Report, name: str, engine: Engine, seq_lens: list
 def steps_in_flight(report: Report, name: str, engine: Engine, vocab: int) -> None:
     """Steps launched before any result is read (the replica keeps two in flight) give the rows each gives alone:
     replays of one bucket rewrite its static buffers and output while earlier readbacks are still pending."""
-    batches = [random_batch([16 + i, 9], vocab, seed=10 + i) for i in range(6)]  # one bucket, six batches
+    batches = [random_batch([17 + i, 9], vocab, seed=10 + i) for i in range(6)]  # one bucket, six batches
     batches += [random_batch([40 + i, 33, 7], vocab, seed=20 + i) for i in range(3)]  # another
     for batch in batches[:2] + batches[6:8]:  # each bucket: eager, then captured
         engine.embed(batch)
