@@ -23,7 +23,7 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || rm -f "$out/nvidia-smi.txt"
 export PYTHONUNBUFFERED=1
 resume=()
 for attempt in 1 2 3 4; do
-    "$python" bench/gpu_check.py --out-dir "$out" "${resume[@]}" "$@" 2>&1 | tee -a "$out/stdout.log"
+    "$python" bench/gpu_check.py --out-dir "$out" ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tee -a "$out/stdout.log"
     code=$?
     echo "gpu_run: attempt $attempt ended with exit code $code" | tee -a "$out/stdout.log"
     # 0: finished; 3: the hard time limit; 1, 2: the script refused to start (no GPU, bad options)
