@@ -163,6 +163,8 @@ def test_a_shape_the_amx_kernel_cannot_take_keeps_torch_int_mm() -> None:
     assert torch.equal(int8_product(codes, chosen).long(), codes.long() @ weight.transposed.long())
     mixed = with_products(quantize_weight(torch.randn(32, 64), None, FULL_LIMIT), INT_MM_PRODUCT, AMX_PRODUCT, 32)
     assert mixed.amx is not None and mixed.transposed.numel() == 64 * 32
+    always_large = with_products(quantize_weight(torch.randn(32, 64), None, FULL_LIMIT), INT_MM_PRODUCT, AMX_PRODUCT)
+    assert always_large.amx is not None and always_large.transposed.numel() == 0  # from_rows 0: only `large`
 
 
 def test_a_cpu_without_amx_offers_no_amx_product(monkeypatch) -> None:

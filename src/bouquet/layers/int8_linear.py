@@ -141,7 +141,7 @@ def with_products(weight: Int8Weight, small: str, large: str, from_rows: int = 0
     `large` from there. A shape the AMX kernel cannot take runs `torch._int_mm` where the AMX product was asked."""
     if not amx_fits(weight.in_features, weight.scales.numel()):
         small, large = (INT_MM_PRODUCT if name == AMX_PRODUCT else name for name in (small, large))
-    used = {small} if from_rows <= 0 or small == large else {small, large}
+    used = {large} if from_rows <= 0 or small == large else {small, large}  # from_rows 0: every call is large
     rows = weight.transposed.t()
     return dataclasses.replace(
         weight,
