@@ -135,7 +135,11 @@ def test_workers_share_the_port_and_sigterm_drains_them(replica):
                 # Ended before it was seen in flight: its own error (or answer) says why, not a 60 s timeout.
                 assert not call.done(), f"the request ended before it was seen in flight: {call.result()!r:.300}"
             parent.process.send_signal(signal.SIGTERM)
-            assert len(call.result()["data"]) == 64  # finished, not cut
+            try:
+                answer = call.result()
+            except urllib.error.HTTPError as error:  # which refusal, and what the workers logged (seen once, 503)
+                pytest.fail(f"HTTP {error.code} {error.read()[:300]!r} during the drain; log: {parent.lines[-30:]}")
+            assert len(answer["data"]) == 64  # finished, not cut
         assert parent.process.wait(timeout=60) == 0
         with pytest.raises(urllib.error.URLError):  # no worker is left on the port
             get(f"{url}/health")
