@@ -23,6 +23,7 @@ import pytest
 from conftest import row_cosines
 from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import ServiceDescriptor
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from in_process import Served, served
 
@@ -152,7 +153,9 @@ def reflected(channel: grpc.Channel) -> tuple[list[str], ServiceDescriptor]:
 def test_reflection_lists_and_describes_the_service(running: Served) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
         services, service = reflected(channel)
-    assert sorted(services) == ["grpc.reflection.v1alpha.ServerReflection", "inference.GRPCInferenceService"]
+    assert sorted(services) == [
+        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "inference.GRPCInferenceService"
+    ]  # fmt: skip
     methods = {method.name: (method.input_type.full_name, method.output_type.full_name) for method in service.methods}
     assert methods == {
         name: (f"inference.{name}Request", f"inference.{name}Response")
@@ -298,11 +301,35 @@ def test_a_drain_is_not_ready_and_refuses_new_calls_unavailable(minilm_path: Pat
                 time.sleep(0.01)
             during = readiness(running.client, stub)
             error = refusal(stub.ModelInfer, infer_request(TEXTS[:1]), ())
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
+    assert health == health_pb2.HealthCheckResponse.NOT_SERVING  # Kubernetes' gRPC probe takes the pod out
     assert before == {"rest server": (200, None), "rest model": (200, None), "grpc server": True, "grpc model": True}
     shutting_down = (400, "the gateway is shutting down")  # the protocol's "false" on REST: a 4xx (Triton's 400)
     assert during == {"rest server": shutting_down, "rest model": shutting_down, "grpc server": False,
                       "grpc model": False}  # fmt: skip
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in error.details()
+
+
+def test_grpc_health_says_serving_for_the_server_and_its_service(running: Served) -> None:
+    """grpc.health.v1 as Kubernetes' gRPC probes and grpc-health-probe call it: SERVING for "" and the inference
+    service while ready, NOT_FOUND for another name, and Watch's first message the same status."""
+    request = health_pb2.HealthCheckRequest
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        statuses = [
+            health.Check(request(service=name), timeout=30).status for name in ("", "inference.GRPCInferenceService")
+        ]
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(request(service="no.such.Service"), timeout=30)
+        listed = health.List(health_pb2.HealthListRequest(), timeout=30).statuses
+        watch = health.Watch(request(), timeout=30)
+        first = next(watch).status
+        watch.cancel()
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2 and first == health_pb2.HealthCheckResponse.SERVING
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    serving = health_pb2.HealthCheckResponse.SERVING
+    everything = dict.fromkeys(("", "inference.GRPCInferenceService"), serving)
+    assert {name: listed[name].status for name in listed} == everything
 
 
 def test_not_ready_while_no_replica_is_healthy(running: Served) -> None:
@@ -319,19 +346,21 @@ def test_not_ready_while_no_replica_is_healthy(running: Served) -> None:
                 live = (await stub.ServerLive(pb.ServerLiveRequest(), timeout=30)).live
                 ready = (await stub.ServerReady(pb.ServerReadyRequest(), timeout=30)).ready
                 model = (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=30)).ready
+                health = health_pb2_grpc.HealthStub(channel)
+                serving = (await health.Check(health_pb2.HealthCheckRequest(), timeout=30)).status
                 try:
                     await stub.ModelInfer(infer_request(TEXTS[:1]), timeout=30)
                     code = grpc.StatusCode.OK
                 except grpc.aio.AioRpcError as error:
                     code = error.code()
         status = {path: (reply.status_code, reply.json()["error"]) for path, reply in rest.items()}
-        return {**status, "grpc server": ready, "grpc model": model}, live, code
+        return {**status, "grpc server": ready, "grpc model": model, "grpc health": serving}, live, code
 
     found, live, infer = asyncio.run_coroutine_threadsafe(answers(), running.loop).result(120)
     assert found == {
         "/v2/health/ready": (400, "no replica is healthy"),
         f"/v2/models/{MODEL}/ready": (400, "no replica has reported its model yet"),
-        "grpc server": False, "grpc model": False,
+        "grpc server": False, "grpc model": False, "grpc health": health_pb2.HealthCheckResponse.NOT_SERVING,
     }  # fmt: skip
     assert live and infer == grpc.StatusCode.UNAVAILABLE
 

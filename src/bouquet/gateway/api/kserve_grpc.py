@@ -13,7 +13,8 @@ answer `ready: false` (status OK) where the REST routes answer a 4xx, as the pro
 gateway drains, while no replica (of the model) is healthy, and for a model or version not served.
 
 Over TLS with the gateway's --tls-cert (mutual with --tls-client-ca), as its HTTPS port; with gRPC server reflection
-(grpc.reflection.v1alpha), so grpcurl and grpcui list and call the service without the .proto file."""
+(grpc.reflection.v1alpha), so grpcurl and grpcui list and call the service without the .proto file; and with
+gRPC's health service (api/grpc_health.py) for Kubernetes' gRPC probes."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from bouquet.batch import RowOptions
 from bouquet.config import GatewayConfig
+from bouquet.gateway.api.grpc_health import add_health
 from bouquet.gateway.api.kserve import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -296,7 +298,8 @@ class OpenInferenceServer:
         ]
         self.server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(OpenInferenceServicer(service), self.server)
-        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        health = add_health(self.server, service, SERVICE_NAME)
+        reflection.enable_server_reflection((SERVICE_NAME, health, reflection.SERVICE_NAME), self.server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.tls = service.config.tls_cert is not None
         self.port = _add_port(self.server, address, service.config)
