@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from bouquet import all_outputs, sparse_rows
 from bouquet.batch import Batch, token_budget_runs
 from bouquet.gateway.replicas.pool import ReplicaPool
 from bouquet.replica.client import Reply
+
+_T = TypeVar("_T")
 
 
 def chunk_spans(batch: Batch, chunk_tokens: int, max_seqs: int | None = None) -> list[tuple[int, int]]:
@@ -32,7 +34,7 @@ async def embed_chunked(
     spans = chunk_spans(batch, chunk_tokens, max_seqs)
     if len(spans) == 1:
         return await pool.embed(model, batch, priority)
-    parts = await _all_or_none([pool.embed(model, batch.slice(start, stop), priority) for start, stop in spans])
+    parts = await all_or_none([pool.embed(model, batch.slice(start, stop), priority) for start, stop in spans])
     if batch.any_all_outputs:
         return all_outputs.concat(parts)  # type: ignore[arg-type]
     return sparse_rows.concat(parts) if batch.any_sparse else np.concatenate(parts)  # type: ignore[arg-type]
@@ -48,14 +50,14 @@ async def maxsim_chunked(
     query, documents = batch.slice(0, 1), batch.slice(1, batch.num_seqs)
     spans = chunk_spans(documents, max(1, chunk_tokens - query.budget_tokens))
     chunks = [Batch.concat([query, documents.slice(start, stop)]) for start, stop in spans]
-    parts = await _all_or_none([pool.embed(model, chunk, priority, maxsim=True) for chunk in chunks])
+    parts = await all_or_none([pool.embed(model, chunk, priority, maxsim=True) for chunk in chunks])
     return np.concatenate(parts)  # type: ignore[arg-type]
 
 
-async def _all_or_none(calls: list[Coroutine[Any, Any, Reply]]) -> list[Reply]:
-    """Every chunk's result in order. A task group: when one chunk fails (a full queue, a bad input) its siblings
-    are cancelled, so the replicas drop their queued work at once instead of computing rows for a request that has
-    already been answered."""
+async def all_or_none(calls: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Every call's result in order (a request's chunks, or its text and image jobs). A task group: when one fails
+    (a full queue, a bad input) its siblings are cancelled, so the replicas drop their queued work at once instead of
+    computing rows for a request that has already been answered."""
     try:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(call) for call in calls]

@@ -10,13 +10,13 @@ enter its decoder (Qwen3-VL-Embedding) gets every input as one conversation of i
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bouquet.encodings import ResponseFormat
+from bouquet.gateway.chunking import all_or_none
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.images import ImageEmbedJob, embed_images, require_images
 from bouquet.gateway.jobs import EmbedJob
@@ -61,7 +61,7 @@ async def embed_mixed(service: Service, job: MixedJob) -> tuple[ServedModel, Any
     groups = [([i for i, _ in images], _image_rows(service, job, [image for _, image in images]))]
     if texts:
         groups.append(([i for i, _ in texts], _text_rows(service, job, [text for _, text in texts])))
-    results = await _together([call for _, call in groups])
+    results = await all_or_none([call for _, call in groups])
     places = [(indices, rows) for (indices, _), (rows, _) in zip(groups, results, strict=True)]
     return model, _in_order(len(parts), places), sum(tokens for _, tokens in results)
 
@@ -93,16 +93,6 @@ async def _image_rows(service: Service, job: MixedJob, images: list[ImageInput])
 async def _text_rows(service: Service, job: MixedJob, texts: list[str]) -> tuple[np.ndarray, int]:
     _, rows, tokens = await service.embed(replace(job.text_job, texts=texts))
     return rows, tokens
-
-
-async def _together(calls: list[Any]) -> list[tuple[np.ndarray, int]]:
-    """Every call's result in order; when one fails the other is cancelled (its queued work dropped)."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(call) for call in calls]
-    except* Exception as failures:
-        raise failures.exceptions[0] from None
-    return [task.result() for task in tasks]
 
 
 def _in_order(count: int, groups: list[tuple[list[int], np.ndarray]]) -> np.ndarray:
