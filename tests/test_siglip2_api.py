@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import row_cosines
-from in_process import engines, served
+from in_process import api, engines, served
+from prometheus_client.parser import text_string_to_metric_families
 from siglip2_models import (
     MAX_NUM_PATCHES,
     PAD_ID,
@@ -33,6 +34,7 @@ from siglip2_models import (
 
 from bouquet.gateway.image_processing import model_images
 from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
+from bouquet.models.siglip2 import MAX_IMAGE_PATCHES
 
 BOUND = 0.99999
 SIZES = [(50, 80), (300, 120), (32, 32), (17, 9), (9, 300), (1000, 3)]  # (width, height)
@@ -116,6 +118,40 @@ def test_a_bad_image_among_good_ones_is_a_400_naming_it(server: httpx.Client) ->
     assert server.post("/embeddings_image", json={"model": NAME, "input": good}).status_code == 200
 
 
+def test_an_image_over_the_replicas_patch_bound_is_refused_by_the_gateway(tmp_path: Path, minilm_path: Path) -> None:
+    """A processor config whose max_num_patches is over the most patches an image the replica takes (its model's
+    bound, in Info): an image that would make more is the route's 400 naming it, on Infinity's and Cohere's routes,
+    and no chunk of the request reaches a replica; a small image (upscaled at most 100 times) stays under the bound
+    and is embedded."""
+    path = tmp_path / NAME
+    save_siglip2(path, minilm_path, max_num_patches=MAX_IMAGE_PATCHES + 1000)
+    small, large = _data_uri(png(image(3, 2, 1))), _data_uri(png(image(40, 30, 2)))
+    patches = parse_naflex_config((path / "preprocessor_config.json").read_text()).patches(40, 30)
+    assert MAX_IMAGE_PATCHES < patches <= MAX_IMAGE_PATCHES + 1000  # what the replica would refuse
+    with engines(path) as built, api(built) as client:
+        sent = _chunks_sent(client)
+        answer = client.post("/embeddings_image", json={"model": NAME, "input": [small, large]})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["param"] == "input[1]" and error["code"] == "image_too_large", error
+        assert f"makes {patches} patches" in error["message"] and f"limit of {MAX_IMAGE_PATCHES}" in error["message"]
+        cohere = client.post("/v2/embed", json={"model": NAME, "input_type": "image", "embedding_types": ["float"],
+                                                "images": [large, small]})  # fmt: skip
+        assert cohere.status_code == 400 and cohere.json()["message"].startswith("images[0] makes"), cohere.text
+        assert _chunks_sent(client) == sent
+        rows = _rows(client.post("/embeddings_image", json={"model": NAME, "input": small}))
+        assert rows.shape == (1, 64) and _chunks_sent(client) == sent + 1
+
+
+def _chunks_sent(client: httpx.Client) -> float:
+    """The chunks the gateway has sent to replicas (its queue-time histogram's count)."""
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "bouquet_gateway_queue_seconds_count":
+                return sample.value
+    raise AssertionError("no bouquet_gateway_queue_seconds_count on /metrics")
+
+
 @pytest.mark.parametrize("max_num_patches", [MAX_NUM_PATCHES, 256, 7])
 def test_preprocessing_is_transformers_bit_for_bit(tmp_path: Path, max_num_patches: int) -> None:
     """Every size (upscaled, downscaled, extreme aspect ratios, smaller than a patch) and mode (alpha, palette,
@@ -141,6 +177,8 @@ def test_a_default_config_and_configs_the_gateway_cannot_follow() -> None:
     assert default == NaflexProcessing(16, 256, 2, 1 / 255, (0.5,) * 3, (0.5,) * 3)
     images = model_images((), 0, json.dumps({"patch_size": 8}), 3 * 8 * 8, image_sequences=True)
     assert images is not None and images.usable and images.tokens == 256 and not images.patch_dim
+    bounded = model_images((), 0, json.dumps({"patch_size": 8}), 3 * 8 * 8, image_sequences=True, max_patches=100)
+    assert bounded is not None and bounded.tokens == 100 and bounded.max_patches == 100  # no image is sent over it
     for config, why in [
         ({"patch_size": 16}, "patches of 768 values, not 192"),
         ({"patch_size": 8, "resample": 9}, "not one of Pillow's filters"),

@@ -16,6 +16,7 @@ from siglip2_models import image, processed, save_siglip2
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
+from bouquet.models.siglip2 import MAX_IMAGE_PATCHES
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.request import InvalidInput, Limits, decode_request
@@ -58,6 +59,7 @@ def test_info_says_each_image_is_a_sequence_of_its_own(stub) -> None:
     info = stub.Info(embedding_pb2.InfoRequest(), timeout=30)
     assert info.image_patch_dim == 3 * 8 * 8 and info.image_sequences and info.image_tokens == 0
     assert not info.image_shape and not info.chat_template and '"max_num_patches": 48' in info.image_processor_json
+    assert info.image_max_patches == MAX_IMAGE_PATCHES  # the bound the replica refuses over (the gateway's too)
 
 
 def test_texts_and_images_share_steps_through_a_replica(

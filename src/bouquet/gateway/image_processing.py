@@ -145,6 +145,7 @@ class ModelImages:
     patch_dim: int = 0  # the values of one patch; 0: fixed-size images (tokens and shape)
     patches: PatchProcessing | None = None  # set with patch_dim when the gateway can preprocess them
     chat_template: ChatTemplate | None = None  # a conversation model's own; None: patch_embed.py's format
+    max_patches: int = 0  # SigLIP 2's: the most patches an image may make, its replicas' bound (Info); 0: none
 
     @property
     def usable(self) -> bool:
@@ -160,7 +161,7 @@ class ModelImages:
 
 def model_images(
     shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0, chat_template: str = "",
-    image_sequences: bool = False,
+    image_sequences: bool = False, max_patches: int = 0,
 ) -> ModelImages | None:  # fmt: skip
     """A model's images (None: it takes none), preprocessed as its preprocessor_config.json says; a config the
     gateway cannot follow, or one whose images are not the shape the model takes, leaves images unusable."""
@@ -170,7 +171,7 @@ def model_images(
         patch_dim = 0 if image_sequences else patch_dim  # its images are embedded each alone, as CLIP's are
         return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json", patch_dim)
     if image_sequences:
-        return _image_sequences(processor_json, patch_dim)
+        return _image_sequences(processor_json, patch_dim, max_patches)
     if patch_dim:
         return _patch_images(processor_json, patch_dim, chat_template)
     try:
@@ -183,8 +184,9 @@ def model_images(
     return ModelImages(tokens, shape, processing)
 
 
-def _image_sequences(processor_json: str, patch_dim: int) -> ModelImages:
-    """SigLIP 2's: each image embedded alone, a sequence of at most `max_num_patches` tokens."""
+def _image_sequences(processor_json: str, patch_dim: int, max_patches: int) -> ModelImages:
+    """SigLIP 2's: each image embedded alone, a sequence of at most `max_num_patches` tokens, and at most the
+    replicas' `max_patches` (an image over it is refused: images.py), whichever is fewer."""
     try:
         processing = parse_naflex_config(processor_json)
     except (ValueError, TypeError, KeyError) as error:
@@ -192,7 +194,8 @@ def _image_sequences(processor_json: str, patch_dim: int) -> ModelImages:
     if processing.patch_dim != patch_dim:
         why = f"its preprocessor_config.json makes patches of {processing.patch_dim} values, not {patch_dim}"
         return ModelImages(0, (), None, why)
-    return ModelImages(processing.max_num_patches, (), processing)
+    most = min(processing.max_num_patches, max_patches or processing.max_num_patches)
+    return ModelImages(most, (), processing, max_patches=max_patches)
 
 
 def _patch_images(processor_json: str, patch_dim: int, chat_template: str) -> ModelImages:

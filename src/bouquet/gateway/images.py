@@ -57,6 +57,7 @@ class ImageEmbedJob:
 class ImageLimits:
     max_bytes: int  # of an image's file
     max_pixels: int  # width x height, from its header
+    max_patches: int = 0  # SigLIP 2's patches an image, as its replicas take them (ModelImages); 0: no bound
 
 
 def image_file(source: str | bytes, name: str, max_bytes: int) -> bytes:
@@ -131,7 +132,20 @@ Pixels = np.ndarray | tuple[np.ndarray, tuple[int, int, int]]  # [C, H, W], or S
 def load_pixels(source: str | bytes, name: str, processing: Processing, limits: ImageLimits) -> Pixels:
     """One input to the model's pixels [C, H, W] float32 (or its patches and grid): on the executor (decoding and
     resizing hold the GIL little, and never the event loop)."""
-    return processing(open_image(image_file(source, name, limits.max_bytes), name, limits))
+    image = open_image(image_file(source, name, limits.max_bytes), name, limits)
+    if isinstance(processing, NaflexProcessing) and limits.max_patches:
+        _check_patches(processing.patches(image.width, image.height), name, limits.max_patches)
+    return processing(image)
+
+
+def _check_patches(patches: int, name: str, limit: int) -> None:
+    """Before the resize: the replica would refuse the image, and the whole request with it."""
+    if patches > limit:
+        raise InvalidRequest(
+            f"{name} makes {patches} patches at this model's max_num_patches, over the limit of {limit} an image",
+            "image_too_large",
+            name,
+        )
 
 
 def pack(loaded: list[Pixels], images: ModelImages, options: RowOptions) -> Batch:
@@ -173,7 +187,7 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
     service.check_inputs(len(job.images))
     _check_pixel_bytes(len(job.images), images)
     options = complete_options(job.options, model)
-    limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels)
+    limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels, images.max_patches)
     loop = asyncio.get_running_loop()
 
     async def batch() -> Batch:

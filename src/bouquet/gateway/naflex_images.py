@@ -54,6 +54,11 @@ class NaflexProcessing:
                 high = scale
         return self._scaled(height, low), self._scaled(width, low)
 
+    def patches(self, width: int, height: int) -> int:
+        """The patches an image of this size makes."""
+        height, width = self.size(width, height)
+        return (height // self.patch_size) * (width // self.patch_size)
+
     def _scaled(self, size: int, scale: float) -> int:
         return max(self.patch_size, math.ceil(size * scale / self.patch_size) * self.patch_size)
 

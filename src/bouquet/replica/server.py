@@ -130,6 +130,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             image_shape=scheduler.limits.image_shape, image_tokens=scheduler.limits.image_tokens,
             image_patch_dim=scheduler.limits.patch_images.patch_dim,
             image_sequences=scheduler.limits.patch_images.image_sequences,
+            image_max_patches=scheduler.limits.patch_images.max_patches,
             chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
         )  # fmt: skip

@@ -12,6 +12,7 @@ from bouquet.chat_templates import read_chat_template
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
+from bouquet.gateway.naflex_images import NaflexProcessing
 from bouquet.gateway.replicas.tokenization import ModelTokenizer
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
@@ -217,10 +218,25 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
         info.image_patch_dim,
         chat_template,
         info.image_sequences,
+        info.image_max_patches,
     )
     if images is not None and not images.usable:
         logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)
+    _warn_over_bound(info.model_name, images)
     return images
+
+
+def _warn_over_bound(name: str, images: ModelImages | None) -> None:
+    """SigLIP 2's processor may resize images to more patches than its replicas take: those are refused."""
+    if images is None or not isinstance(images.processing, NaflexProcessing) or not images.max_patches:
+        return
+    most = images.processing.max_num_patches
+    if most > images.max_patches:
+        logger.warning(
+            "%r: its preprocessor_config.json's max_num_patches %d is over the %d patches an image its replicas "
+            "take; images that make more are refused",
+            name, most, images.max_patches,
+        )  # fmt: skip
 
 
 def _labels(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> tuple[str, ...]:
