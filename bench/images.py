@@ -222,7 +222,7 @@ def breakdown(args: argparse.Namespace, files: list[bytes]) -> None:
     decode, preprocess, images, pixels = [], [], [], []
     for index, source in enumerate(sources):
         start = time.perf_counter()
-        images.append(open_image(image_file(source, f"input[{index}]", limits.max_bytes), "input", limits))
+        images.append(open_image(image_file(source, f"input[{index}]", limits.max_bytes), "input", limits)[0])
         decode.append(time.perf_counter() - start)
         start = time.perf_counter()
         pixels.append(processing(images[-1]))

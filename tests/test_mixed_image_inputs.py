@@ -14,6 +14,7 @@ import base64
 import contextlib
 import functools
 import http.server
+import io
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 import torch
 from conftest import row_cosines
 from in_process import engines, served
+from PIL import Image
 from test_clip import _clip, _save
 from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
 
@@ -133,6 +135,45 @@ def test_an_image_url_on_a_listed_origin_embeds_as_the_same_image_inline(
     inline = client.embed(model=CLIP, images=[_data_uri(FILES[1])], input_type="image")
     np.testing.assert_allclose(_floats(by_url), _floats(inline), atol=1e-6)
     np.testing.assert_allclose(_floats(in_inputs), _floats(inline), atol=1e-6)
+
+
+def _turned_jpeg(width: int, height: int) -> bytes:
+    """A JPEG stored at width x height whose EXIF orientation (6) turns it a quarter: embedded turned."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    _image(width, height, 8).save(buffer, format="JPEG", exif=exif)
+    return buffer.getvalue()
+
+
+DESCRIBED = [  # (file, its facts as Cohere's answer gives them: width, height, format, bit_depth)
+    (_file(_image(400, 400, 3), "JPEG"), (400, 400, "jpeg", 24)),  # Cohere's API reference's example image's facts
+    (_file(_image(50, 80, 0, "RGBA")), (50, 80, "png", 32)),
+    (_file(_image(33, 21, 4).convert("L"), "JPEG"), (33, 21, "jpeg", 8)),
+    (_file(_image(40, 30, 6).convert("P"), "GIF"), (40, 30, "gif", 8)),
+    (_file(_image(17, 9, 7).convert("1"), "BMP"), (17, 9, "bmp", 1)),
+    (_file(_image(24, 24, 9), "WEBP"), (24, 24, "webp", 24)),
+    (_turned_jpeg(30, 20), (30, 20, "jpeg", 24)),  # the size as stored, before the turn
+]
+
+
+def test_answers_describe_each_image_as_coheres_api_does(client: cohere.ClientV2, web: httpx.Client) -> None:
+    """`images` in the answer (the SDK's Image): each image embedded, in input order among `images` or `inputs`,
+    with its file's width, height, format and bit depth; left out when no image was sent."""
+    files, facts = [file for file, _ in DESCRIBED], [fact for _, fact in DESCRIBED]
+    described = client.embed(model=CLIP, images=[_data_uri(f) for f in files], input_type="image")
+    assert described.images is not None and described.texts == []
+    assert [(i.width, i.height, i.format, i.bit_depth) for i in described.images] == facts
+    assert all(isinstance(image, cohere.Image) for image in described.images)
+    inputs = [{"content": [_image_part(_data_uri(files[3]))]}, {"content": [{"type": "text", "text": TEXTS[0]}]},
+              {"content": [_image_part(_data_uri(files[1]))]}]  # fmt: skip
+    mixed = client.embed(model=CLIP, inputs=inputs, input_type="search_document")  # type: ignore[arg-type]
+    assert mixed.images is not None
+    assert [(i.width, i.height, i.format, i.bit_depth) for i in mixed.images] == [facts[3], facts[1]]
+    np.testing.assert_allclose(_floats(mixed)[[0, 2]], _floats(described)[[3, 1]], atol=1e-6)
+    assert client.embed(model=CLIP, texts=TEXTS, input_type="search_query").images is None
+    body = {"model": CLIP, "texts": TEXTS, "input_type": "search_query", "embedding_types": ["float"]}
+    assert "images" not in web.post("/v2/embed", json=body).json()
 
 
 def _image_part(url: str) -> dict:

@@ -25,6 +25,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from bouquet.batch import Batch, RowOptions
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.image_facts import ImageFacts, image_facts
 from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.image_processing import ImageProcessing, ModelImages
 from bouquet.gateway.jobs import AS_THE_MODEL
@@ -99,8 +100,9 @@ def image_file(source: str | bytes, name: str, max_bytes: int) -> bytes:
         ) from None
 
 
-def open_image(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
-    """The decoded image (its first frame), after its header has been read and its pixels counted."""
+def open_image(data: bytes, name: str, limits: ImageLimits) -> tuple[Image.Image, ImageFacts]:
+    """The decoded image (its first frame), after its header has been read and its pixels counted; and its facts
+    (size, format and depth, as its file has them)."""
     try:
         image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except UnidentifiedImageError:
@@ -115,7 +117,7 @@ def open_image(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
         raise _too_many_pixels(name, image.size, limits.max_pixels)
     try:
         image.load()
-        return ImageOps.exif_transpose(image)  # as transformers' load_image turns it
+        return ImageOps.exif_transpose(image), image_facts(image)  # turned as transformers' load_image turns it
     except Exception as error:  # truncated data, a corrupt stream: Pillow raises many kinds
         raise InvalidRequest(f"{name} is a corrupt {image.format} image: {error}", "invalid_image", name) from None
 
@@ -129,13 +131,15 @@ Processing = ImageProcessing | NaflexProcessing
 Pixels = np.ndarray | tuple[np.ndarray, tuple[int, int, int]]  # [C, H, W], or SigLIP 2's patches and grid
 
 
-def load_pixels(source: str | bytes, name: str, processing: Processing, limits: ImageLimits) -> Pixels:
-    """One input to the model's pixels [C, H, W] float32 (or its patches and grid): on the executor (decoding and
-    resizing hold the GIL little, and never the event loop)."""
-    image = open_image(image_file(source, name, limits.max_bytes), name, limits)
+def load_pixels(
+    source: str | bytes, name: str, processing: Processing, limits: ImageLimits
+) -> tuple[Pixels, ImageFacts]:
+    """One input to the model's pixels [C, H, W] float32 (or its patches and grid), and its facts: on the executor
+    (decoding and resizing hold the GIL little, and never the event loop)."""
+    image, facts = open_image(image_file(source, name, limits.max_bytes), name, limits)
     if isinstance(processing, NaflexProcessing) and limits.max_patches:
         _check_patches(processing.patches(image.width, image.height), name, limits.max_patches)
-    return processing(image)
+    return processing(image), facts
 
 
 def _check_patches(patches: int, name: str, limit: int) -> None:
@@ -179,9 +183,9 @@ def require_images(model: ServedModel) -> tuple[ModelImages, Processing]:
     return model.images, model.images.processing
 
 
-async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedModel, Any, int]:
-    """Rows [N, elements] of the job's images in its response format's encoding, and the tokens they took (an
-    image's, as its model lays it out)."""
+async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedModel, Any, int, list[ImageFacts]]:
+    """Rows [N, elements] of the job's images in its response format's encoding, the tokens they took (an
+    image's, as its model lays it out), and each image's facts."""
     model = embedding_model(service, job.model)
     images, processing = require_images(model)
     service.check_inputs(len(job.images))
@@ -189,15 +193,17 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
     options = complete_options(job.options, model)
     limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels, images.max_patches)
     loop = asyncio.get_running_loop()
+    facts: list[ImageFacts] = []
 
     async def batch() -> Batch:
-        pixels = await asyncio.gather(
+        loaded = await asyncio.gather(
             *(
                 loop.run_in_executor(service.executor, load_pixels, source, name, processing, limits)
                 for source, name in zip(sources, job.names, strict=True)
             )
         )
-        return pack(list(pixels), images, options)
+        facts.extend(item for _, item in loaded)
+        return pack([pixels for pixels, _ in loaded], images, options)
 
     # Exact, or SigLIP 2's most patches an image (its processor resizes each image to nearly that many): never an
     # estimate from bytes, which admission would scale by what it learned of texts.
@@ -207,7 +213,7 @@ async def embed_images(service: Service, job: ImageEmbedJob) -> tuple[ServedMode
         service.config, job.images, job.names, service.metrics
     )  # before admission: a slow server holds none
     rows, tokens = await service.compute(model, estimate, batch, exact=True)
-    return model, rows, tokens
+    return model, rows, tokens, facts
 
 
 def _check_pixel_bytes(count: int, images: ModelImages) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from bouquet.encodings import ResponseFormat
 from bouquet.gateway.chunking import all_or_none
 from bouquet.gateway.errors import InvalidRequest
+from bouquet.gateway.image_facts import ImageFacts
 from bouquet.gateway.images import ImageEmbedJob, embed_images, require_images
 from bouquet.gateway.jobs import EmbedJob
 from bouquet.gateway.patch_embed import Conversation, ImageInput, embed_conversations
@@ -26,6 +27,9 @@ from bouquet.gateway.service import embedding_model
 if TYPE_CHECKING:
     from bouquet.gateway.replicas.catalog import ServedModel
     from bouquet.gateway.service import Service
+
+
+_Rows = tuple[np.ndarray, int, list[ImageFacts]]  # a group's rows, its tokens, and its images' facts
 
 
 @dataclass(frozen=True)
@@ -46,24 +50,27 @@ class MixedJob:
         return self.text_job.response_format
 
 
-async def embed_mixed(service: Service, job: MixedJob) -> tuple[ServedModel, Any, int]:
-    """Rows [N, elements] of the inputs, in order, in the job's encoding; and the tokens they took."""
+async def embed_mixed(service: Service, job: MixedJob) -> tuple[ServedModel, Any, int, list[ImageFacts]]:
+    """Rows [N, elements] of the inputs, in order, in the job's encoding; the tokens they took; and the facts of
+    the images among them, in order."""
     model = embedding_model(service, job.model)
     if model.images is not None and model.images.patch_dim:
-        rows, tokens = await embed_conversations(service, model, job.inputs, job.text_job.options)
-        return model, rows, tokens
+        rows, tokens, facts = await embed_conversations(service, model, job.inputs, job.text_job.options)
+        return model, rows, tokens, facts
     parts = [_one_part(conversation) for conversation in job.inputs]
     images = [(index, part) for index, part in enumerate(parts) if isinstance(part, ImageInput)]
     texts = [(index, part) for index, part in enumerate(parts) if isinstance(part, str)]
     if not images:
-        return await service.embed(replace(job.text_job, texts=[text for _, text in texts]))
+        model, rows, tokens = await service.embed(replace(job.text_job, texts=[text for _, text in texts]))
+        return model, rows, tokens, []
     require_images(model)
     groups = [([i for i, _ in images], _image_rows(service, job, [image for _, image in images]))]
     if texts:
         groups.append(([i for i, _ in texts], _text_rows(service, job, [text for _, text in texts])))
     results = await all_or_none([call for _, call in groups])
-    places = [(indices, rows) for (indices, _), (rows, _) in zip(groups, results, strict=True)]
-    return model, _in_order(len(parts), places), sum(tokens for _, tokens in results)
+    places = [(indices, rows) for (indices, _), (rows, _, _) in zip(groups, results, strict=True)]
+    facts = results[0][2]  # the images' group's
+    return model, _in_order(len(parts), places), sum(tokens for _, tokens, _ in results), facts
 
 
 def _one_part(conversation: Conversation) -> str | ImageInput:
@@ -78,7 +85,7 @@ def _one_part(conversation: Conversation) -> str | ImageInput:
     return conversation.parts[0]
 
 
-async def _image_rows(service: Service, job: MixedJob, images: list[ImageInput]) -> tuple[np.ndarray, int]:
+async def _image_rows(service: Service, job: MixedJob, images: list[ImageInput]) -> _Rows:
     image_job = ImageEmbedJob(
         job.model,
         [image.source for image in images],
@@ -86,13 +93,13 @@ async def _image_rows(service: Service, job: MixedJob, images: list[ImageInput])
         job.text_job.options,
         job.response_format,
     )
-    _, rows, tokens = await embed_images(service, image_job)
-    return rows, tokens
+    _, rows, tokens, facts = await embed_images(service, image_job)
+    return rows, tokens, facts
 
 
-async def _text_rows(service: Service, job: MixedJob, texts: list[str]) -> tuple[np.ndarray, int]:
+async def _text_rows(service: Service, job: MixedJob, texts: list[str]) -> _Rows:
     _, rows, tokens = await service.embed(replace(job.text_job, texts=texts))
-    return rows, tokens
+    return rows, tokens, []
 
 
 def _in_order(count: int, groups: list[tuple[list[int], np.ndarray]]) -> np.ndarray:

@@ -27,6 +27,7 @@ from bouquet.batch import Batch, RowOptions
 from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.encodings import FORMATS, ResponseFormat
 from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.image_facts import ImageFacts
 from bouquet.gateway.image_fetch import fetch_urls
 from bouquet.gateway.images import (
     ImageEmbedJob,
@@ -135,10 +136,11 @@ async def embed_image_job(service: Service, job: ImageEmbedJob) -> tuple[ServedM
     enter its decoder, else as images.py embeds them."""
     model = embedding_model(service, job.model)
     if model.images is None or not model.images.patch_dim:
-        return await embed_images(service, job)
+        model, rows, tokens, _ = await embed_images(service, job)
+        return model, rows, tokens
     inputs = zip(job.images, job.names, strict=True)
     conversations = [Conversation([ImageInput(source, name)], name) for source, name in inputs]
-    rows, tokens = await embed_conversations(service, model, conversations, job.options)
+    rows, tokens, _ = await embed_conversations(service, model, conversations, job.options)
     return model, rows, tokens
 
 
@@ -155,19 +157,20 @@ def require_patches(model: ServedModel) -> PatchProcessing:
 
 def load_patches(
     part: ImageInput, processing: PatchProcessing, limits: ImageLimits
-) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """One image's patches and grid, on the executor."""
-    image = open_image(image_file(part.source, part.name, limits.max_bytes), part.name, limits)
+) -> tuple[tuple[np.ndarray, tuple[int, int, int]], ImageFacts]:
+    """One image's patches and grid, and its facts, on the executor."""
+    image, facts = open_image(image_file(part.source, part.name, limits.max_bytes), part.name, limits)
     try:
-        return processing(image)
+        return processing(image), facts
     except ValueError as error:  # smart_resize's refusal of an extreme aspect ratio
         raise InvalidRequest(f"{part.name}: {error}", "invalid_image", part.name) from None
 
 
 async def embed_conversations(
     service: Service, model: ServedModel, conversations: list[Conversation], options: RowOptions
-) -> tuple[Any, int]:
-    """Rows [N, elements] of the conversations in the options' encoding, and the tokens they took."""
+) -> tuple[Any, int, list[ImageFacts]]:
+    """Rows [N, elements] of the conversations in the options' encoding, the tokens they took, and the facts of
+    their images in order."""
     processing = require_patches(model)
     images = [part for conversation in conversations for part in conversation.images]
     service.check_inputs(len(conversations))
@@ -176,11 +179,14 @@ async def embed_conversations(
     limits = ImageLimits(service.config.max_image_bytes, service.config.max_image_pixels)
     tokenizer = model.require_tokenizer()
     loop = asyncio.get_running_loop()
+    facts: list[ImageFacts] = []
 
     async def batch() -> Batch:
-        loaded = await asyncio.gather(
+        opened = await asyncio.gather(
             *(loop.run_in_executor(service.executor, load_patches, part, processing, limits) for part in fetched)
         )
+        facts.extend(item for _, item in opened)
+        loaded = [patches for patches, _ in opened]
         counts = iter(math.prod(grid) // processing.merge_size**2 for _, grid in loaded)
         template = model.images.chat_template if model.images is not None else None
         prompts = [prompt(c, [next(counts) for _ in c.images], template) for c in conversations]
@@ -201,7 +207,8 @@ async def embed_conversations(
     )
     fetched = [ImageInput(source, part.name) for source, part in zip(sources, images, strict=True)]
     work = estimate + len(images) * (processing.max_pixels // processing.patch_size**2)  # the vision tower's patches
-    return await service.compute(model, work, batch)
+    rows, tokens = await service.compute(model, work, batch)
+    return rows, tokens, facts
 
 
 def _check_sequences(sequences: list[list[int]], conversations: list[Conversation], pad: list[int], limit: int) -> None:

@@ -54,12 +54,17 @@ async def zero_shot_scores(service: Service, job: ZeroShotJob) -> tuple[ServedMo
     image_job = ImageEmbedJob(job.model, [image for image, _ in images], [name for _, name in images])
     (text_model, text_rows, text_tokens), (image_model, image_rows, image_tokens) = await asyncio.gather(
         service.embed(EmbedJob(job.model, texts, None)) if texts else _nothing(),
-        embed_images(service, image_job) if images else _nothing(),
+        _image_rows(service, image_job) if images else _nothing(),
     )
     vectors = {("text", text): row for text, row in zip(texts, _unit(text_rows), strict=True)}
     vectors |= {("image", image): row for (image, _), row in zip(images, _unit(image_rows), strict=True)}
     scores = [float(np.dot(vectors[a.key], vectors[b.key])) for a, b in job.pairs]
     return text_model or image_model, np.asarray(scores, np.float32), text_tokens + image_tokens
+
+
+async def _image_rows(service: Service, job: ImageEmbedJob) -> tuple[ServedModel, Any, int]:
+    model, rows, tokens, _ = await embed_images(service, job)
+    return model, rows, tokens
 
 
 async def _nothing() -> tuple[Any, np.ndarray, int]:

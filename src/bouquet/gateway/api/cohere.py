@@ -17,11 +17,11 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 import numpy as np
-from msgspec import UNSET, Meta, UnsetType
+from msgspec import UNSET, Meta
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -29,8 +29,19 @@ from starlette.routing import Route
 from bouquet.batch import RowOptions
 from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway import scoring
+from bouquet.gateway.api.cohere_answers import (
+    BilledUnits,
+    CohereImageFacts,
+    CohereMeta,
+    CohereRanking,
+    CohereV2Embeddings,
+    CohereV2Ranking,
+    EmbeddingsByType,
+    RankedDocument,
+    RankedResult,
+    V2RankedResult,
+)
 from bouquet.gateway.api.fields import (
-    Count,
     Instruction,
     Model,
     ModeWeights,
@@ -44,9 +55,10 @@ from bouquet.gateway.api.openai import Usage
 from bouquet.gateway.api.vllm import Activation, raw_scores
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.body import read_request
-from bouquet.gateway.http.decode import BodyDecoder, RequestBody, ResponseBody
+from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.http.endpoint import endpoint, json_response, unless_disconnected
 from bouquet.gateway.http.error_responses import cohere_error_response
+from bouquet.gateway.image_facts import ImageFacts
 from bouquet.gateway.jobs import EmbedJob, RerankJob
 from bouquet.gateway.mixed_inputs import MixedJob, embed_mixed
 from bouquet.gateway.patch_embed import Conversation, ImageInput
@@ -174,9 +186,11 @@ async def _v2_embed(service: Service, request: Request) -> Response:
     parsed = embed_request(await read_request(service, request, V2_EMBED))
     model = service.catalog.get(parsed.job.model)
     job = replace(parsed.job, prompt_name=prompt_name(model.prompts, parsed.input_type))
-    work = service.embed(job) if parsed.inputs is None else embed_mixed(service, MixedJob(parsed.inputs, job))
-    _, rows, tokens = await unless_disconnected(request, work)
-    return json_response(embed_response(rows, parsed, tokens))
+    if parsed.inputs is None:
+        _, rows, tokens = await unless_disconnected(request, service.embed(job))
+        return json_response(embed_response(rows, parsed, tokens))
+    _, rows, tokens, facts = await unless_disconnected(request, embed_mixed(service, MixedJob(parsed.inputs, job)))
+    return json_response(embed_response(rows, parsed, tokens, facts))
 
 
 async def _v2_rerank(service: Service, request: Request) -> Response:
@@ -198,23 +212,6 @@ def v1_rerank_job(body: CohereRerankRequest) -> tuple[RerankJob, int | None, boo
     return job, body.top_n, body.return_documents is not False
 
 
-class RankedDocument(ResponseBody):
-    text: str
-
-
-class RankedResult(ResponseBody):
-    index: Count
-    relevance_score: float
-    document: RankedDocument | UnsetType = UNSET  # with return_documents
-
-
-class CohereRanking(ResponseBody):
-    id: str
-    model: str
-    results: list[RankedResult]
-    usage: Usage  # vLLM's both, Jina's total
-
-
 def v1_rerank_response(
     scores: np.ndarray, job: RerankJob, model: ServedModel, tokens: int, top_n: int | None, return_documents: bool
 ) -> CohereRanking:
@@ -225,56 +222,6 @@ def v1_rerank_response(
         for index in order
     ]
     return CohereRanking(f"rerank-{uuid.uuid4().hex}", model.id, results, Usage(tokens, tokens))
-
-
-class ApiVersion(ResponseBody):
-    version: Literal["2"] = "2"
-
-
-class BilledUnits(ResponseBody):
-    input_tokens: Count | UnsetType = UNSET
-    search_units: Count | UnsetType = UNSET
-
-
-class CohereMeta(ResponseBody):
-    billed_units: BilledUnits
-    api_version: ApiVersion = msgspec.field(default_factory=ApiVersion)
-
-
-# Aliases, as the fields' names (float, base64) would shadow the builtins in the class's own annotations.
-_Floats = list[list[float]] | UnsetType
-_Ints = list[list[int]] | UnsetType
-_Strings = list[str] | UnsetType
-
-
-class EmbeddingsByType(ResponseBody):
-    """The types asked for (embedding_types)."""
-
-    float: _Floats = UNSET
-    int8: _Ints = UNSET
-    uint8: _Ints = UNSET
-    binary: _Ints = UNSET
-    ubinary: _Ints = UNSET
-    base64: _Strings = UNSET
-
-
-class CohereV2Embeddings(ResponseBody):
-    id: str
-    embeddings: EmbeddingsByType
-    texts: list[str]
-    meta: CohereMeta
-    response_type: Literal["embeddings_by_type"] = "embeddings_by_type"
-
-
-class V2RankedResult(ResponseBody):
-    index: Count
-    relevance_score: float
-
-
-class CohereV2Ranking(ResponseBody):
-    id: str
-    results: list[V2RankedResult]
-    meta: CohereMeta
 
 
 @dataclass(frozen=True)
@@ -315,8 +262,11 @@ def prompt_name(prompts: dict[str, str], input_type: str | None) -> str | None:
     return next((name for name in names if name in prompts), None)
 
 
-def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> CohereV2Embeddings:
-    """Cohere's EmbedByTypeResponse: every type asked for, each computed from the float rows."""
+def embed_response(
+    rows: np.ndarray, request: CohereEmbed, tokens: int, images: list[ImageFacts] | None = None
+) -> CohereV2Embeddings:
+    """Cohere's EmbedByTypeResponse: every type asked for, each computed from the float rows; the images' facts
+    when there were images."""
     embeddings: dict[str, Any] = {}
     for name in request.embedding_types:
         encoding, as_base64 = EMBEDDING_TYPES[name]
@@ -325,7 +275,10 @@ def embed_response(rows: np.ndarray, request: CohereEmbed, tokens: int) -> Coher
             [base64.b64encode(row.tobytes()).decode("ascii") for row in encoded] if as_base64 else encoded
         )
     meta = CohereMeta(BilledUnits(input_tokens=tokens))
-    return CohereV2Embeddings(str(uuid.uuid4()), EmbeddingsByType(**embeddings), request.job.texts or [], meta)
+    facts = [CohereImageFacts(f.width, f.height, f.format, f.bit_depth) for f in images or ()] or UNSET
+    return CohereV2Embeddings(
+        str(uuid.uuid4()), EmbeddingsByType(**embeddings), request.job.texts or [], meta, images=facts
+    )
 
 
 def v2_rerank_job(body: CohereV2RerankRequest) -> tuple[RerankJob, int | None]:

@@ -182,7 +182,7 @@ async def embed_chat(service: Service, job: ConversationJob) -> tuple[ServedMode
     one text or image."""
     model = embedding_model(service, job.model)
     if model.images is not None and model.images.patch_dim:
-        rows, tokens = await embed_conversations(service, model, [job.conversation], job.options)
+        rows, tokens, _ = await embed_conversations(service, model, [job.conversation], job.options)
         return model, rows, tokens
     single = single_input_job(job)
     if isinstance(single, ImageEmbedJob):

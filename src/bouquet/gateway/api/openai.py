@@ -144,11 +144,17 @@ async def _answer(
     if isinstance(job, ConversationJob):
         work = embed_chat(service, job)
     elif isinstance(job, MixedJob):
-        work = embed_mixed(service, job)
+        work = _mixed_rows(service, job)
     else:
         work = embed_image_job(service, job) if isinstance(job, ImageEmbedJob) else service.embed(job)
     model, rows, tokens = await unless_disconnected(request, work)
     return json_response(openai_response(rows, job.model or model.id, tokens, job.response_format))
+
+
+async def _mixed_rows(service: Service, job: MixedJob) -> tuple[ServedModel, Any, int]:
+    """Jina's objects' rows (OpenAI's answer says nothing of the images)."""
+    model, rows, tokens, _ = await embed_mixed(service, job)
+    return model, rows, tokens
 
 
 def _image_input(body: EmbeddingsRequest) -> ImageEmbedJob:

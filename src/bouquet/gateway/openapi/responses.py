@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bouquet.gateway.api.cohere import CohereRanking, CohereV2Embeddings, CohereV2Ranking
+from bouquet.gateway.api.cohere_answers import CohereRanking, CohereV2Embeddings, CohereV2Ranking
 from bouquet.gateway.api.flag_embedding import Encoded, ModeScores
 from bouquet.gateway.api.jina import MultiVectorList
 from bouquet.gateway.api.kserve import (
