@@ -92,6 +92,12 @@ class EngineConfig:
         1024, help="CPU: build those per-shape primitives at start for steps of up to this many tokens (0: as steps "
         "meet them)"
     )  # fmt: skip
+    # Where a model's layers are all bouquet's own kernels (int8 on AMX), a short step replays their recorded calls
+    # instead of running the Python around them (engine/cpu_graphs.py).
+    cpu_graphs: bool = flag(
+        True, help="CPU: a short step's layers replayed from their recorded kernel calls, where every op in them is "
+        "one of bouquet's kernels (int8 on AMX)"
+    )  # fmt: skip
     cuda_graphs: CudaGraphConfig = CudaGraphConfig()
     # None: measured at start-up (and cached per machine).
     attention_table: Path | None = flag(

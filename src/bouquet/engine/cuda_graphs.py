@@ -187,9 +187,13 @@ class LazyGraphs:
     stays eager too, with the error logged and kept in `capture_errors`: retrying would fail every step.
     """
 
-    def __init__(self, capturer: Capturer, max_graphs: int):
+    def __init__(
+        self, capturer: Capturer, max_graphs: int, kind: str = "CUDA graph", failure_level: int = logging.WARNING
+    ):
         self.capturer = capturer
         self.max_graphs = max_graphs
+        self.kind = kind  # as the log names it
+        self.failure_level = failure_level  # a CPU graph fails by design where a model's layers run torch's ops
         self.states: dict[Bucket, BucketState] = {}
         self.graphs: dict[Bucket, tuple[Graph, torch.Tensor]] = {}
         self.capture_errors: dict[Bucket, str] = {}
@@ -223,16 +227,16 @@ class LazyGraphs:
         try:
             self.graphs[bucket] = self.capturer.capture(capture())
         except Exception as error:
-            logger.warning(
-                "CUDA graph capture failed for %s tokens x %s sequences (max_seqlen %s, %s), eager from now on: %r",
-                *bucket, error,
+            logger.log(
+                self.failure_level, "%s capture failed for %s tokens x %s sequences (max_seqlen %s, %s), eager from "
+                "now on: %r", self.kind, *bucket, error,
             )  # fmt: skip
             self.capture_errors[bucket] = f"{type(error).__name__}: {error}"
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
-        logger.info("captured a CUDA graph for %s tokens x %s sequences (max_seqlen %s, %s)", *bucket)
+        logger.info("captured a %s for %s tokens x %s sequences (max_seqlen %s, %s)", self.kind, *bucket)
         return BucketState.CAPTURED
 
 

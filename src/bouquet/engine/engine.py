@@ -13,6 +13,7 @@ from torch import nn
 from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.cpu_features import AVX512, cpu_features
+from bouquet.engine.cpu_graphs import CpuLayerGraphs
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
@@ -247,6 +248,8 @@ class Engine:
         backend = self._create_backend(model)
         runner = ModelRunner(model, pooler, backend, self.device)
         runner.token_buckets = self.config.cpu_token_buckets if self.device.type == "cpu" else 0
+        if self.device.type == "cpu" and self.config.cpu_graphs:  # after quantizing: graphs address the weights
+            runner.layer_graphs = CpuLayerGraphs()
         return runner
 
     def _split_threads(self) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from bouquet.batch import Batch
+from bouquet.engine.cpu_graphs import CpuLayerGraphs
 from bouquet.engine.cuda_graphs import CudaGraphRunner
 from bouquet.engine.inputs import ModelInputs, prepare_inputs, prepare_sparse
 from bouquet.engine.memory import pad_to_bucket
@@ -30,6 +31,7 @@ class ModelRunner:
         self.pooler = pooler
         self.device = device
         self.graphs: CudaGraphRunner | None = None  # set by the engine on CUDA when the backend can be captured
+        self.layer_graphs: CpuLayerGraphs | None = None  # set by the engine on the CPU (--cpu-graphs)
         self.token_buckets = 0  # eager steps' token counts per doubling (engine/memory.py); 0: exact
         self._key_lens_backend: AttentionBackend | None = None  # SDPA, for batches whose keys end early
         self.set_backend(backend)
@@ -75,6 +77,8 @@ class ModelRunner:
             ctx.backend = self.key_lens_backend()
             prepare = ctx.backend.prepare
         ctx.attn_metadata = prepare(ctx)
+        if self.layer_graphs is not None and inputs.pixel_values is None:
+            ctx.layer_graphs = self.layer_graphs.bind(ctx, prepare, self.backend.backend_for(ctx.max_seqlen))
         with forward_context(ctx):
             if inputs.image_grid_thw is not None:  # patch images inside token sequences (Batch)
                 images = {

@@ -17,6 +17,7 @@ import torch
 
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
+from bouquet.kernels.recording import kernel_call
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def pack_for_amx(rows: torch.Tensor) -> torch.Tensor:
 def amx_linear(library_args: tuple[object, ...]) -> None:
     """One int8 linear on AMX, quantizing and dequantizing included (`bouquet_amx_linear`'s arguments, built by
     layers/int8_linear.py, which owns the passes' conventions)."""
-    if _library().bouquet_amx_linear(*library_args):
+    if kernel_call(_library().bouquet_amx_linear, *library_args):
         raise RuntimeError("the AMX int8 product ran where this build has no AMX")
 
 
@@ -87,9 +88,11 @@ def amx_product(values: torch.Tensor, packed: torch.Tensor, out_features: int) -
     rows, inputs = values.shape
     assert packed.numel() == inputs * out_features, "a weight packed for another shape"
     out = torch.empty(rows, out_features, dtype=torch.int32)
-    failed = _library().bouquet_amx_product(
-        values.data_ptr(), rows, inputs, values.stride(0), packed.data_ptr(), out_features, out.data_ptr(), out_features
-    )
+    failed = kernel_call(
+        _library().bouquet_amx_product,
+        values.data_ptr(), rows, inputs, values.stride(0),
+        packed.data_ptr(), out_features, out.data_ptr(), out_features,
+    )  # fmt: skip
     if failed:
         raise RuntimeError("the AMX int8 product ran where this build has no AMX")
     return out

@@ -24,6 +24,9 @@ class ForwardContext:
     # query expansion). None: every token is a key.
     key_lens: list[int] | None = None
     backend: Any = None  # the backend for this forward when it is not the one bound to the layers (key_lens)
+    # (layers, hidden) -> hidden: runs a model's stack of layers where a CPU graph may replay it (layer_stack.py);
+    # None: the layers run one after another.
+    layer_graphs: Any = None
 
 
 # Per thread, so two engines (or a test beside an engine) never see each other's batch.

@@ -35,6 +35,7 @@ from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
+from bouquet.kernels.recording import kernel_call
 from bouquet.layers.amx_product import AMX_PRODUCT, amx_linear, amx_product, pack_for_amx
 from bouquet.layers.amx_product import fits as amx_fits
 
@@ -217,7 +218,8 @@ def quantize_rows(x: torch.Tensor, rotation: InputRotation | None = None, out: I
 
 def _quantize_into(x: torch.Tensor, rows: Int8Rows, signs: int | None, block: int) -> None:
     num_rows, cols = x.shape
-    _library().bouquet_quantize_rows(
+    kernel_call(
+        _library().bouquet_quantize_rows,
         x.data_ptr(), num_rows, cols, x.stride(0), rows.values.data_ptr(), rows.scales.data_ptr(),
         rows.zeros.data_ptr(), signs, block,
     )  # fmt: skip
@@ -267,7 +269,8 @@ def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activ
     assert products.dtype in (torch.int32, torch.float32) and products.is_contiguous()
     num_rows, cols = products.shape
     scales, sums, bias, _, _ = weight.pointers
-    _library().bouquet_dequantize(
+    kernel_call(
+        _library().bouquet_dequantize,
         products.data_ptr(), num_rows, cols, rows.scales.data_ptr(), rows.zeros.data_ptr(), scales, sums, bias,
         ACTIVATIONS[activation], products.dtype == torch.float32,
     )  # fmt: skip
@@ -322,7 +325,8 @@ def int8_linear_add_norm(
     products = int8_product(rows.values, weight)
     assert products.is_contiguous() and products.shape == residual_rows.shape
     scales, sums, bias, _, _ = weight.pointers
-    _library().bouquet_dequantize_add_norm(
+    kernel_call(
+        _library().bouquet_dequantize_add_norm,
         products.data_ptr(), products.shape[0], products.shape[1], rows.scales.data_ptr(), rows.zeros.data_ptr(),
         scales, sums, bias, products.dtype == torch.float32, residual_rows.data_ptr(), residual_rows.stride(0),
         norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps,

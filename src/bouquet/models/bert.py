@@ -16,6 +16,7 @@ from torch import nn
 
 from bouquet.layers.attention import Attention
 from bouquet.layers.heads import ClassifierHead, MaskedLMHead, take_head_weights, take_masked_lm_head
+from bouquet.layers.layer_stack import run_layers
 from bouquet.layers.linear import Linear, LinearActivation, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, strip_prefixes
@@ -153,10 +154,7 @@ class BertModel(nn.Module):
     ) -> torch.Tensor:  # [T, D] float32
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        hidden = self.embeddings(input_ids, positions, token_type_ids)
-        for layer in self.encoder.layer:
-            hidden = layer(hidden)
-        return hidden
+        return run_layers(self.encoder.layer, self.embeddings(input_ids, positions, token_type_ids))
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         state = drop_ignored(strip_prefixes(state, ("bert.",)), _IGNORED)

@@ -89,6 +89,10 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [T, H, D]
         ...
 
+    def backend_for(self, max_seqlen: int) -> str:
+        """The name of the backend a batch of this longest sequence runs on (AutoBackend chooses one)."""
+        return self.name
+
     def graph_backend(self, max_seqlen: int) -> AttentionBackend | None:
         """The backend whose kernels a CUDA graph records for a batch whose longest sequence has `max_seqlen`
         tokens, or None when such a batch cannot be captured (it runs eagerly)."""

@@ -18,6 +18,7 @@ import torch
 
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
+from bouquet.kernels.recording import kernel_call
 from bouquet.layers.attention_backends.base import AttentionBackend, AttentionShape, BackendUnavailableError
 from bouquet.layers.context import ForwardContext
 
@@ -125,8 +126,8 @@ class CpuVarlenBackend(AttentionBackend):
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit the batch's "
                              f"{covered} tokens")  # fmt: skip
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        failed = self._attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
+        failed = kernel_call(
+            self._attention, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_seqlens.data_ptr(),
             len(cu_seqlens) - 1, num_heads, kv_heads, head_dim,
             q.stride(0), k.stride(0), v.stride(0), out.stride(0),
             scale, int(causal), int(q.dtype == torch.bfloat16), int(self.bf16_dot), *(window or (-1, -1)),

@@ -102,6 +102,9 @@ class AutoBackend(AttentionBackend):
         backend = self.backends[self.table.choose(ctx.max_seqlen)]
         return _Choice(backend, replace(ctx, attn_metadata=backend.prepare(ctx)))
 
+    def backend_for(self, max_seqlen: int) -> str:
+        return self.backends[self.table.choose(max_seqlen)].name
+
     def graph_backend(self, max_seqlen: int) -> AttentionBackend | None:
         return self.backends[self.table.choose(max_seqlen)].graph_backend(max_seqlen)
 

@@ -1,0 +1,181 @@
+"""CPU graphs: a short step's stack of layers recorded as its kernel calls and replayed for later steps of the
+same shape, without the Python between the calls.
+
+Where every op in a model's layers is one of bouquet's C kernels (int8 linears on AMX tiles, `cpu_varlen`
+attention), a short step's time is mostly the Python around them: modules, views, allocations, argument
+packing (docs/benchmarks.md). A step is keyed by its (tokens, sequences, attention backend); as CUDA graphs do
+(cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is captured, later ones replay.
+
+Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
+copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:
+it keeps alive every tensor the run creates (the recorded pointers address them) and refuses any op that
+computes, since a replay would skip it: a model whose layers run torch's own ops (float32 linears, a LayerNorm)
+cannot be replayed from kernel calls, and its steps stay eager. Memory the run did not create is the model's
+(weights) or the thread's (int8's scratch rows): both outlive the thread's graphs. Graphs are per engine thread,
+since two workers replaying one graph would share its buffers, and bounded in count and bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from bouquet.engine.cuda_graphs import Bucket, BucketState, LazyGraphs
+from bouquet.kernels.recording import KernelProgram, recording
+from bouquet.layers.context import ForwardContext, forward_context
+from bouquet.layers.layer_stack import run_eagerly
+
+logger = logging.getLogger(__name__)
+
+MAX_TOKENS = 256  # longer steps run eagerly: their Python is a small share of their time
+MAX_GRAPHS = 64  # per engine thread
+MAX_BYTES = 256 * 2**20  # per engine thread: the tensors its graphs keep
+# Ops that only allocate: what they return is written by the kernels that follow, which the graph records.
+_ALLOCATING = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty"}
+
+
+class NotReplayable(RuntimeError):
+    """The layers did work outside bouquet's kernels, or their graph would not fit the thread's budget."""
+
+
+class _KeepAndGuard(TorchDispatchMode):
+    """Keeps every tensor an op returns; refuses ops that compute, and views that turn out to be copies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        name = func._schema.name
+        if name not in _ALLOCATING and not (func.is_view and _shares_storage(outputs, (args, kwargs))):
+            raise NotReplayable(f"{name} computes outside bouquet's kernels")
+        self.kept.extend(outputs)
+        return out
+
+
+def _shares_storage(outputs: list[torch.Tensor], given: Any) -> bool:
+    """Whether every output views an input's memory: a view op may still copy (a reshape of strided rows)."""
+    storages = {t.untyped_storage().data_ptr() for t in tree_leaves(given) if isinstance(t, torch.Tensor)}
+    return all(t.untyped_storage().data_ptr() in storages for t in outputs)
+
+
+@dataclass
+class CpuGraph:
+    program: KernelProgram
+    kept: list[torch.Tensor]  # every tensor the recorded calls may address, besides the model's and the thread's
+
+    def replay(self) -> None:
+        self.program.replay()
+
+
+class CpuCapturer:
+    """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs."""
+
+    def __init__(self, max_bytes: int):
+        self.bytes_left = max_bytes
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[CpuGraph, torch.Tensor]:
+        guard = _KeepAndGuard()
+        with recording() as program, guard:
+            output = fn()
+        size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in guard.kept}.values())
+        if size > self.bytes_left:
+            raise NotReplayable(f"its {size / 2**20:.1f} MB would pass the thread's graph budget")
+        if not program.calls:
+            raise NotReplayable("the layers made no kernel call")
+        self.bytes_left -= size
+        return CpuGraph(program, guard.kept), output
+
+
+@dataclass
+class _Inputs:
+    """A graph's own copies of what a step brings: a replay copies the step's into them."""
+
+    hidden: torch.Tensor  # [T, D]
+    cu_seqlens: torch.Tensor  # [B + 1] int32
+
+
+class _ThreadGraphs(threading.local):
+    def __init__(self, max_graphs: int, max_bytes: int) -> None:
+        self.graphs = LazyGraphs(CpuCapturer(max_bytes), max_graphs, "CPU graph", failure_level=logging.DEBUG)
+        self.inputs: dict[Bucket, _Inputs] = {}
+
+
+class CpuLayerGraphs:
+    """The engine's CPU graphs: `bind(prepare, backend_for)` gives the forward context's `layer_graphs`."""
+
+    def __init__(self, max_tokens: int = MAX_TOKENS, max_graphs: int = MAX_GRAPHS, max_bytes: int = MAX_BYTES):
+        self.max_tokens = max_tokens
+        self._local = _ThreadGraphs(max_graphs, max_bytes)
+        self._reasons: set[str] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def thread_graphs(self) -> LazyGraphs:
+        """This thread's graphs (their states and counts, for tests and logs)."""
+        return self._local.graphs
+
+    def bind(
+        self, ctx: ForwardContext, prepare: Callable[[ForwardContext], Any], backend: str
+    ) -> Callable[[Sequence[nn.Module], torch.Tensor], torch.Tensor] | None:
+        """What runs the layers of the step whose context is `ctx`: None (eager) above the token bound or when
+        the step plans its attention on a backend other than the layers' own (ColBERT's key lengths)."""
+        num_tokens = sum(ctx.seq_lens)
+        if ctx.backend is not None or num_tokens > self.max_tokens:
+            return None
+        bucket = Bucket(num_tokens, len(ctx.seq_lens), 0, backend)
+        return lambda layers, hidden: self.run(bucket, layers, hidden, ctx, prepare)
+
+    def run(
+        self,
+        bucket: Bucket,
+        layers: Iterable[nn.Module],
+        hidden: torch.Tensor,
+        ctx: ForwardContext,
+        prepare: Callable[[ForwardContext], Any],
+    ) -> torch.Tensor:
+        local = self._local
+
+        def capture() -> Callable[[], torch.Tensor]:
+            inputs = local.inputs[bucket] = _Inputs(hidden.clone(), ctx.cu_seqlens.clone())
+            own = replace(ctx, cu_seqlens=inputs.cu_seqlens, attn_metadata=None, layer_graphs=None)
+            own.attn_metadata = prepare(own)  # the backend's metadata on the graph's cu_seqlens
+
+            def layers_on_own_inputs() -> torch.Tensor:
+                with forward_context(own):
+                    return run_eagerly(layers, inputs.hidden)
+
+            return layers_on_own_inputs
+
+        def before_replay() -> None:
+            inputs = local.inputs[bucket]
+            inputs.hidden.copy_(hidden)
+            inputs.cu_seqlens.copy_(ctx.cu_seqlens)
+
+        output = local.graphs.run(bucket, lambda: run_eagerly(layers, hidden), capture, before_replay)
+        state = local.graphs.states.get(bucket)
+        if state is BucketState.EAGER:
+            local.inputs.pop(bucket, None)
+            self._explain(local.graphs.capture_errors.get(bucket))
+        # The graph's output is rewritten by its next replay: the step gets its own copy.
+        return output.clone() if state is BucketState.CAPTURED else output
+
+    def _explain(self, reason: str | None) -> None:
+        """Says once per reason why a step shape stays eager (a model's layers with torch's ops: every shape)."""
+        if reason is None:
+            return
+        with self._lock:
+            if reason in self._reasons:
+                return
+            self._reasons.add(reason)
+        logger.info("CPU graphs: a step shape stays eager: %s", reason)

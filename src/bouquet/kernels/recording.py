@@ -1,0 +1,53 @@
+"""Calls into bouquet's C kernels, recorded so that a CPU graph (engine/cpu_graphs.py) can replay them.
+
+Every kernel call a forward makes goes through `kernel_call`. While a thread records (`recording`), each call
+is kept with its arguments, exactly as passed: raw pointers and sizes. Replaying the list makes the same calls
+on the same memory, with none of the Python between them (modules, views, allocations, argument packing),
+which is most of a short step's time on the CPU. The recorder only keeps calls; whoever records makes sure
+the memory behind every pointer outlives the recording and that nothing but these calls computed anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+_local = threading.local()
+
+
+class KernelFailed(RuntimeError):
+    """A replayed kernel returned non-zero: it could not allocate its scratch, or its ISA is missing."""
+
+
+@dataclass
+class KernelProgram:
+    """The kernel calls of one recorded run, in order."""
+
+    calls: list[tuple[Callable[..., int], tuple[object, ...]]] = field(default_factory=list)
+
+    def replay(self) -> None:
+        for function, args in self.calls:
+            if function(*args):
+                raise KernelFailed(f"{getattr(function, '__name__', function)} failed on replay")
+
+
+def kernel_call(function: Callable[..., int], *args: object) -> int:
+    """`function(*args)`, kept in the thread's recording if one is open. Returns the kernel's status."""
+    program: KernelProgram | None = getattr(_local, "program", None)
+    if program is not None:
+        program.calls.append((function, args))
+    return function(*args)
+
+
+@contextmanager
+def recording() -> Iterator[KernelProgram]:
+    """Records this thread's kernel calls until the block ends."""
+    assert getattr(_local, "program", None) is None, "recordings do not nest"
+    program = KernelProgram()
+    _local.program = program
+    try:
+        yield program
+    finally:
+        _local.program = None
