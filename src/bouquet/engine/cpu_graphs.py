@@ -107,7 +107,7 @@ class _Inputs:
 
 class _ThreadGraphs(threading.local):
     def __init__(self, max_graphs: int, max_bytes: int) -> None:
-        self.graphs = LazyGraphs(CpuCapturer(max_bytes), max_graphs, "CPU graph", failure_level=logging.DEBUG)
+        self.graphs = LazyGraphs(CpuCapturer(max_bytes), max_graphs, "CPU graph", quiet=True)
         self.inputs: dict[Bucket, _Inputs] = {}
 
 

@@ -187,13 +187,13 @@ class LazyGraphs:
     stays eager too, with the error logged and kept in `capture_errors`: retrying would fail every step.
     """
 
-    def __init__(
-        self, capturer: Capturer, max_graphs: int, kind: str = "CUDA graph", failure_level: int = logging.WARNING
-    ):
+    def __init__(self, capturer: Capturer, max_graphs: int, kind: str = "CUDA graph", quiet: bool = False):
         self.capturer = capturer
         self.max_graphs = max_graphs
         self.kind = kind  # as the log names it
-        self.failure_level = failure_level  # a CPU graph fails by design where a model's layers run torch's ops
+        # Captures and failures logged at DEBUG: CPU graphs are many and small, and fail by design where a
+        # model's layers run torch's own ops (their owner says so once).
+        self.capture_level, self.failure_level = (logging.DEBUG,) * 2 if quiet else (logging.INFO, logging.WARNING)
         self.states: dict[Bucket, BucketState] = {}
         self.graphs: dict[Bucket, tuple[Graph, torch.Tensor]] = {}
         self.capture_errors: dict[Bucket, str] = {}
@@ -236,7 +236,9 @@ class LazyGraphs:
             return BucketState.EAGER
         self.stats.captures += 1
         self.states[bucket] = BucketState.CAPTURED
-        logger.info("captured a %s for %s tokens x %s sequences (max_seqlen %s, %s)", self.kind, *bucket)
+        logger.log(
+            self.capture_level, "captured a %s for %s tokens x %s sequences (max_seqlen %s, %s)", self.kind, *bucket
+        )
         return BucketState.CAPTURED
 
 

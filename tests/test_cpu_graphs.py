@@ -1,0 +1,184 @@
+"""CPU graphs (engine/cpu_graphs.py): a layer stack recorded as its kernel calls and replayed, against the same
+layers run eagerly. The stacks here are made of bouquet's `cpu_varlen` attention kernel (every x86-64 CPU), so
+the replay machinery is exercised where AMX is absent; the int8 engine test needs AMX and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bouquet.batch import Batch
+from bouquet.config import create_engine_config, default_model_path
+from bouquet.engine.cpu_graphs import CpuLayerGraphs, NotReplayable, _KeepAndGuard
+from bouquet.engine.cuda_graphs import BucketState
+from bouquet.layers.amx_product import amx_available
+from bouquet.layers.attention_backends.base import AttentionShape
+from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
+from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
+from bouquet.layers.layer_stack import run_layers
+
+HEADS, HEAD_DIM = 2, 16
+
+
+class KernelAttention(nn.Module):
+    """Self-attention of the hidden states' heads on themselves (q = k = v), by the cpu_varlen kernel only."""
+
+    def __init__(self, backend: CpuVarlenBackend):
+        super().__init__()
+        self.backend = backend
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H * D]
+        heads = hidden.unflatten(1, (HEADS, HEAD_DIM))
+        ctx = get_forward_context()
+        out = self.backend.forward(heads, heads, heads, ctx, causal=False, scale=0.7)
+        return out.flatten(1)
+
+
+class TorchScale(nn.Module):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden * 2.0  # torch's own op: a replay of kernel calls would skip it
+
+
+@pytest.fixture(scope="module")
+def backend() -> CpuVarlenBackend:
+    backend = CpuVarlenBackend()
+    backend.bind(AttentionShape(HEADS, HEADS, HEAD_DIM, False, torch.float32))
+    return backend
+
+
+def step(
+    layers: list[nn.Module], hidden: torch.Tensor, seq_lens: list[int], backend: CpuVarlenBackend,
+    graphs: CpuLayerGraphs | None,
+) -> torch.Tensor:  # fmt: skip
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(seq_lens)], dtype=torch.int32)
+    ctx = ForwardContext(cu_seqlens, max(seq_lens), list(seq_lens))
+    ctx.attn_metadata = backend.prepare(ctx)
+    if graphs is not None:
+        ctx.layer_graphs = graphs.bind(ctx, backend.prepare, backend.name)
+    with torch.inference_mode(), forward_context(ctx):
+        return run_layers(layers, hidden)
+
+
+def states(seed: int, tokens: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(tokens, HEADS * HEAD_DIM, generator=generator) * 3  # far from uniform attention
+
+
+def test_replays_equal_eager_runs_for_new_states_and_sequence_bounds(backend: CpuVarlenBackend) -> None:
+    layers: list[nn.Module] = [KernelAttention(backend) for _ in range(3)]
+    graphs = CpuLayerGraphs()
+    # One key (16 tokens, 2 sequences): eager, captured, then replayed with other states and other bounds.
+    for seed, seq_lens in enumerate([[5, 11], [9, 7], [1, 15], [8, 8], [15, 1]]):
+        hidden = states(seed, 16)
+        expected = step(layers, hidden, seq_lens, backend, None)
+        got = step(layers, hidden, seq_lens, backend, graphs)
+        assert torch.equal(got, expected), seq_lens
+    stats = graphs.thread_graphs.stats
+    assert (stats.eager, stats.captures, stats.replays) == (1, 1, 4)  # the capturing step replays too (LazyGraphs)
+    # Another sequence count is another graph; the first's output stays the caller's after the next replay.
+    kept = step(layers, states(10, 16), [16], backend, graphs)
+    kept_copy = kept.clone()
+    for seed in range(11, 14):
+        assert torch.equal(step(layers, states(seed, 16), [16], backend, graphs),
+                           step(layers, states(seed, 16), [16], backend, None))  # fmt: skip
+    assert torch.equal(kept, kept_copy)
+    assert graphs.thread_graphs.stats.captures == 2
+
+
+def test_layers_with_torch_ops_stay_eager_and_say_why_once(
+    backend: CpuVarlenBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    layers: list[nn.Module] = [KernelAttention(backend), TorchScale(), KernelAttention(backend)]
+    graphs = CpuLayerGraphs()
+    with caplog.at_level(logging.INFO, logger="bouquet.engine.cpu_graphs"):
+        for seed, tokens in itertools.product(range(3), (12, 20)):
+            hidden = states(seed, tokens)
+            expected = step(layers, hidden, [tokens], backend, None)
+            assert torch.equal(step(layers, hidden, [tokens], backend, graphs), expected)
+    assert graphs.thread_graphs.stats.captures == 0
+    assert set(graphs.thread_graphs.states.values()) == {BucketState.EAGER}
+    said = [r.message for r in caplog.records if "stays eager" in r.message]
+    assert len(said) == 1 and "aten::mul computes outside bouquet's kernels" in said[0]
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_a_view_that_copies_is_refused(inference: bool) -> None:
+    rows = torch.randn(8, 6)
+    with torch.inference_mode(inference), pytest.raises(NotReplayable, match="computes outside"), _KeepAndGuard():
+        rows.t().reshape(-1, 2)  # not viewable: reshape copies
+
+
+def test_views_and_allocations_pass_and_are_kept() -> None:
+    rows = torch.randn(8, 6)
+    with torch.inference_mode(), _KeepAndGuard() as guard:
+        torch.empty(4, 3)
+        rows.view(6, 8).unflatten(1, (2, 4)).chunk(2, dim=1)
+    assert len(guard.kept) >= 4
+
+
+def test_bounds_tokens_bytes_and_other_backends(backend: CpuVarlenBackend) -> None:
+    layers: list[nn.Module] = [KernelAttention(backend)]
+    cu_seqlens = torch.tensor([0, 16], dtype=torch.int32)
+    ctx = ForwardContext(cu_seqlens, 16, [16])
+    assert CpuLayerGraphs(max_tokens=8).bind(ctx, backend.prepare, backend.name) is None
+    assert CpuLayerGraphs().bind(dataclasses.replace(ctx, backend=backend), backend.prepare, backend.name) is None
+    tight = CpuLayerGraphs(max_bytes=1024)  # less than one graph's states
+    for seed in range(3):
+        hidden = states(seed, 16)
+        assert torch.equal(step(layers, hidden, [16], backend, tight), step(layers, hidden, [16], backend, None))
+    assert tight.thread_graphs.stats.captures == 0
+    assert "graph budget" in next(iter(tight.thread_graphs.capture_errors.values()))
+
+
+def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:
+    layers: list[nn.Module] = [KernelAttention(backend)]
+    graphs = CpuLayerGraphs()
+    for seed in range(3):
+        step(layers, states(seed, 16), [16], backend, graphs)
+    assert graphs.thread_graphs.stats.replays == 2
+    seen: list[tuple[int, int, int]] = []
+
+    def other() -> None:
+        for seed in range(3):
+            hidden = states(seed, 16)
+            assert torch.equal(step(layers, hidden, [16], backend, graphs), step(layers, hidden, [16], backend, None))
+        stats = graphs.thread_graphs.stats
+        seen.append((stats.eager, stats.captures, stats.replays))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [(1, 1, 2)]
+
+
+@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
+def test_int8_engine_rows_are_the_same_with_graphs() -> None:
+    from bouquet.engine.engine import Engine
+    from bouquet.tokenizer import TextTokenizer
+
+    path = default_model_path()
+    config = dataclasses.replace(create_engine_config(path, device="cpu", dtype="int8"), cpu_warmup_tokens=0)
+    tokenizer = TextTokenizer(path / "tokenizer.json", 256)
+    texts = ["what is a packed batch", "graphs on the cpu", "a longer query about int8 products on amx tiles"]
+    texts += ["Replays must give the very same rows as the eager layers: bit for bit, every time."] * 2
+    ids = tokenizer.encode(texts)
+    batches = [Batch.pack([one]) for one in ids] + [Batch.pack(ids[:3]), Batch.pack(ids[1:4])]
+    with_graphs, eager = (Engine(dataclasses.replace(config, cpu_graphs=on)) for on in (True, False))
+    try:
+        for _ in range(3):
+            for batch in batches:
+                with torch.inference_mode():
+                    got = with_graphs.runner.execute(batch).numpy()
+                assert np.array_equal(got, eager.embed(batch))
+        stats = with_graphs.runner.layer_graphs.thread_graphs.stats  # type: ignore[union-attr]
+        assert stats.captures >= 5 and stats.replays >= 5
+    finally:
+        with_graphs.close()
+        eager.close()
