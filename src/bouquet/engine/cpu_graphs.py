@@ -35,9 +35,11 @@ from bouquet.layers.layer_stack import run_eagerly
 
 logger = logging.getLogger(__name__)
 
-MAX_TOKENS = 256  # longer steps run eagerly: their Python is a small share of their time
+MAX_TOKENS = 128  # longer steps run eagerly: their Python is a smaller share of their time
 MAX_GRAPHS = 64  # per engine thread
-MAX_BYTES = 256 * 2**20  # per engine thread: the tensors its graphs keep
+# Per engine thread, the tensors its graphs keep (MiniLM: ~0.1 MB a token; docs/memory.md): graphs do not share
+# memory, since buffers that outlive a capture (int8's scratch rows) cannot be told from those that do not.
+MAX_BYTES = 64 * 2**20
 # Ops that only allocate: what they return is written by the kernels that follow, which the graph records.
 _ALLOCATING = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty"}
 
@@ -94,6 +96,7 @@ class CpuCapturer:
         if not program.calls:
             raise NotReplayable("the layers made no kernel call")
         self.bytes_left -= size
+        logger.debug("a CPU graph of %d kernel calls keeps %.1f MB", len(program.calls), size / 2**20)
         return CpuGraph(program, guard.kept), output
 
 
