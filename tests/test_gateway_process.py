@@ -122,8 +122,10 @@ def test_workers_share_the_port_and_sigterm_drains_them(replica):
     parent = start_gateway(port, [replica], "--workers", "2", "--api-key", API_KEY)
     url = f"http://127.0.0.1:{port}"
     try:
-        parent.wait_ready()
-        wait_healthy(url)
+        parent.wait_ready()  # every worker listens, each only once it has heard its replica's model
+        with ThreadPoolExecutor(8) as pool:  # at once, on fresh connections the kernel spreads over both workers
+            answers = list(pool.map(lambda _: post(f"{url}/v1/embeddings", {"input": "x", "model": MODEL}), range(16)))
+        assert [len(answer["data"]) for answer in answers] == [1] * 16  # none a 503 "no replica has reported"
         workers = [command for command in children(parent.process.pid) if "bouquet.cli gateway" in command]
         assert len(workers) == 2
         assert not any("--workers" in command or API_KEY in command for command in workers)

@@ -20,6 +20,10 @@ from bouquet.gateway.http.request_ids import RequestIds
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.service import Service
 
+# The most a gateway's start waits to hear from its replicas (each answers or fails in milliseconds; this bounds
+# one that does neither, a blackholed address) before it takes requests: http/server.py listens only after.
+_FIRST_ROUND_SECONDS = 10.0
+
 
 def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> Starlette:
     service = Service(config, metrics)
@@ -27,6 +31,7 @@ def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         service.start()
+        await service.pool.first_round(_FIRST_ROUND_SECONDS)  # the models its replicas serve are known
         grpc_server = None
         if config.grpc_port is not None:  # the Open Inference Protocol's gRPC twin, on the same service
             grpc_server = OpenInferenceServer(service, config.host, config.grpc_port)

@@ -59,11 +59,18 @@ def scheme(config: GatewayConfig) -> str:
 
 class _Server(uvicorn.Server):
     """uvicorn re-raises a captured SIGTERM after its graceful shutdown; a drained gateway exits 0 instead. The
-    first SIGTERM or SIGINT also starts the service's drain (`on_exit`)."""
+    first SIGTERM or SIGINT also starts the service's drain (`on_exit`); `on_listening` runs once the app has
+    started (its replicas heard from) and the socket listens."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None], on_listening: Callable[[], None]):
         super().__init__(config)
         self._on_exit = on_exit
+        self._on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if not self.should_exit:
+            self._on_listening()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
@@ -79,12 +86,14 @@ class _Server(uvicorn.Server):
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
+    """Bound, not yet listening: uvicorn listens once the app has started. Until then the kernel gives this
+    process no connection (an SO_REUSEPORT sibling that listens takes them all), so a gateway never holds a
+    request it can only answer 503 because it has not yet heard what its replicas serve."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
     sock.setblocking(False)
     return sock
 
@@ -94,12 +103,15 @@ async def serve_gateway(config: GatewayConfig) -> int:
     # httptools with every connection bounded (protocol.py); no WebSocket route, so no upgrade either.
     sock = bind_socket(config.host, config.port)
     service = app.state.service
-    server = _Server(uvicorn_config(app, config), lambda: service.begin_drain(config.drain_seconds))
     port = sock.getsockname()[1]
+
+    def listening() -> None:
+        print(f"bouquet gateway: listening on {scheme(config)}://{config.host}:{port}", file=sys.stderr, flush=True)
+
+    server = _Server(uvicorn_config(app, config), lambda: service.begin_drain(config.drain_seconds), listening)
     serve_lock.hold_while_alive()  # serve's replicas, orphaned, serve this process until it has exited
     # What start-up made lives as long as the process: later collections need not scan it (a full one took 11 ms).
     gc.collect()
     gc.freeze()
-    print(f"bouquet gateway: listening on {scheme(config)}://{config.host}:{port}", file=sys.stderr, flush=True)
     await server.serve(sockets=[sock])
     return 0

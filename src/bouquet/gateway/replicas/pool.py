@@ -47,6 +47,7 @@ _WINDOW_BATCHES = 4  # the least a replica is kept ahead: two steps computing, t
 _ATTEMPT_SLACK = 4.0  # an attempt may take this many times what the replica's speed predicts...
 _ATTEMPT_FLOOR_S = 2.0  # ...and never less than this: a cold bucket, a noisy neighbour
 _RECHECK_S = 0.05  # a waiting chunk looks again this often (a replica back, an ejection over)
+_FIRST_ROUND_RECHECK_S = 0.01
 
 
 @dataclass(order=True)
@@ -80,6 +81,7 @@ class ReplicaPool:
         self._dns_names = dns_names  # NAME:PORT each
         self._dns_interval = dns_interval
         self._dns_members: dict[str, set[str]] = {}  # per NAME:PORT, the addresses it gave last
+        self._dns_looked_up: set[str] = set()  # the names looked up at least once, found or not
         # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.catalog = catalog
@@ -104,6 +106,14 @@ class ReplicaPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
 
+    async def first_round(self, seconds: float) -> None:
+        """Until every replica has answered its first health check (serving, its model registered, or not) or failed
+        it, and every DNS name has had its first lookup; `seconds` at most. A gateway process listens only then."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                while not (self._dns_looked_up.issuperset(self._dns_names) and all(r.heard for r in self.replicas)):
+                    await asyncio.sleep(_FIRST_ROUND_RECHECK_S)
+
     async def _follow_dns(self, target: str) -> None:
         """Re-resolves NAME:PORT every few seconds; replicas join and leave as its records do."""
         name, _, port = target.rpartition(":")
@@ -117,6 +127,7 @@ class ReplicaPool:
                                len(self._dns_members.get(target, ())))  # fmt: skip
             else:
                 self.follow(target, {_address(str(info[4][0]), int(port)) for info in infos})
+            self._dns_looked_up.add(target)
             await asyncio.sleep(self._dns_interval)
 
     def follow(self, target: str, addresses: set[str]) -> None:
@@ -309,8 +320,7 @@ class ReplicaPool:
 
     def _set_healthy(self, replica: Replica, healthy: bool) -> None:
         if healthy:
-            replica.problem = None
-            replica.problems_said.clear()  # said again if it comes back
+            replica.serving_again()
         if replica.healthy != healthy:
             # A replica going down is worth an operator's attention; one coming up is routine.
             log = logger.info if healthy else logger.warning
@@ -337,18 +347,13 @@ class ReplicaPool:
                     if reply.status == _SERVING:
                         await self._discover(replica)  # a restarted replica may serve another model
                     self._set_healthy(replica, reply.status == _SERVING)
+                    replica.heard = True
             except grpc.aio.AioRpcError as error:
-                self._unusable(replica, unusable_cause(error))
+                replica.unusable(unusable_cause(error))
+            finally:
+                replica.heard = True  # failed, or gone: the gateway knows what it can of it
             self._set_healthy(replica, False)
             await asyncio.sleep(self._probe_interval)
-
-    def _unusable(self, replica: Replica, cause: str) -> None:
-        """Says why a replica cannot be used, once per replica and cause: a wrong token or a TLS mismatch would
-        otherwise show only as 503s, with nothing in the log at the default level."""
-        if cause not in replica.problems_said:
-            logger.warning("replica %s cannot be used: %s", replica.address, cause)
-            replica.problems_said.add(cause)
-        replica.problem = cause
 
     def unusable(self) -> dict[str, str]:
         """Each replica that is not serving, and why as far as the gateway knows."""
@@ -377,7 +382,7 @@ class ReplicaPool:
                         await self._discover(replica)
                         self._set_healthy(replica, True)
                 except grpc.aio.AioRpcError as error:
-                    self._unusable(replica, unusable_cause(error))
+                    replica.unusable(unusable_cause(error))
         finally:
             replica.probing = False
 

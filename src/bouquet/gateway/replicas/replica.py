@@ -4,6 +4,7 @@ to it and not yet answered, how fast it computes, and whether it is ejected for 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
@@ -11,6 +12,8 @@ from grpc_health.v1 import health_pb2_grpc
 
 from bouquet.gateway.replicas.catalog import ServedModel
 from bouquet.proto import embedding_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 _MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # a large request's rows, or a tokenizer in Info (~11 MB for Qwen3)
 CHANNEL_OPTIONS = [
@@ -84,7 +87,8 @@ class Replica:
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.model: ServedModel | None = None  # known once Info has answered
         self.healthy = False
-        self.problem: str | None = None  # why it cannot be used, as last seen (pool.unusable_cause)
+        self.heard = False  # its first health answer (and Info, if serving) is in, or its first check failed
+        self.problem: str | None = None  # why it cannot be used, as last seen (unusable_cause)
         self.problems_said: set[str] = set()  # the causes logged since it last served
         self.outstanding_tokens = 0  # sent and not yet answered
         self.rate = ServiceRate()
@@ -112,6 +116,18 @@ class Replica:
         self._ejected_until = time.monotonic() + seconds
         self._eject_seconds = min(_EJECT_MAX_S, seconds * 2)
         return seconds
+
+    def unusable(self, cause: str) -> None:
+        """Says why it cannot be used, once per cause (until it serves again): a wrong token or a TLS mismatch
+        would otherwise show only as 503s, with nothing in the log at the default level."""
+        if cause not in self.problems_said:
+            logger.warning("replica %s cannot be used: %s", self.address, cause)
+            self.problems_said.add(cause)
+        self.problem = cause
+
+    def serving_again(self) -> None:
+        self.problem = None
+        self.problems_said.clear()  # said again if it fails again
 
     def succeeded(self) -> None:
         self._eject_seconds = _EJECT_FIRST_S
