@@ -178,3 +178,82 @@ def test_image_steps_build_no_primitive_after_the_warmup(save, tmp_path, minilm_
     image_tokens = save(tmp_path, minilm_path)
     assert _primitives_built(_IMAGE_STEPS_AFTER_LOAD, str(tmp_path), str(8 * image_tokens)) == 0
     assert _primitives_built(_IMAGE_STEPS_AFTER_LOAD, str(tmp_path), "0") >= 8  # without: built as steps meet them
+
+
+def test_image_sequences_pad_with_one_pad_image() -> None:
+    """SigLIP 2's step: its images' patches (75, beside a text) rounded up to a bucket (76) by one more sequence, a
+    pad image of one row of patches of zeros; the sequences before it unchanged; exact counts left as they are."""
+    rng = np.random.default_rng(0)
+    grids = np.array([[1, 5, 7], [1, 4, 10]], np.int32)
+    images = Batch.pack_image_sequences(rng.standard_normal((75, 12)).astype(np.float32), grids)
+    batch = Batch.concat([Batch.pack([[101, 7, 102]]), images])
+    padded = pad_to_bucket(batch, 16)
+    assert padded.num_seqs == 4 and padded.num_tokens == 3 + 76 and len(padded.pixel_values) == 76
+    assert padded.image_grid_thw.tolist() == [[1, 5, 7], [1, 4, 10], [1, 1, 1]] and padded.image_sequences
+    np.testing.assert_array_equal(padded.pixel_values[:75], batch.pixel_values)
+    assert not padded.pixel_values[75:].any() and padded.cu_images.tolist() == [0, 0, 1, 2, 3]
+    np.testing.assert_array_equal(padded.cu_seqlens[:4], batch.cu_seqlens)
+    assert pad_to_bucket(batch, 0) is batch
+    on_bucket = Batch.pack_image_sequences(np.zeros((76, 12), np.float32), np.array([[1, 4, 19]], np.int32))
+    assert pad_to_bucket(on_bucket, 16) is on_bucket
+
+
+def test_siglip2_rows_are_the_same_with_and_without_buckets(tmp_path: Path, minilm_path: Path) -> None:
+    """Texts and images of several grids in one step, its patches off the buckets: padded with a pad image, the
+    rows are those of the exact count."""
+    from siglip2_models import image, processed, save_siglip2
+
+    save_siglip2(tmp_path, minilm_path)
+    patches, grids, _ = processed(tmp_path, [image(w, h, s) for s, (w, h) in enumerate([(50, 80), (17, 9), (9, 300)])])
+    images = Batch.pack_image_sequences(np.concatenate(patches), grids)
+    batch = Batch.concat([Batch.pack([[101, *range(2000, 2009), 102]]), images, Batch.pack([[101, 2500, 102]])])
+    assert pad_to_bucket(batch, 16) is not batch  # the step is padded
+    engine = Engine(EngineConfig(model_path=tmp_path, device="cpu", dtype="float32", cpu_warmup_tokens=0))
+    try:
+        bucketed = engine.embed(batch)
+        engine.runner.token_buckets = 0
+        exact = engine.embed(batch)
+    finally:
+        engine.close()
+    assert bucketed.shape == exact.shape == (5, 64)
+    np.testing.assert_allclose(bucketed, exact, rtol=1e-5, atol=1e-6)
+
+
+# SigLIP 2's image steps: patch counts of any value, padded to the text buckets' counts by a pad image, so the
+# start-up build covers them too.
+_NAFLEX_STEPS_AFTER_LOAD = """
+import ctypes, sys
+from pathlib import Path
+import numpy as np
+from bouquet.batch import Batch
+from bouquet.config import EngineConfig
+from bouquet.engine.engine import Engine
+
+engine = Engine(EngineConfig(Path(sys.argv[1]), "cpu", "float32", cpu_warmup_tokens=int(sys.argv[2])))
+patch_dim = engine.image_patches[0]
+libc = ctypes.CDLL(None)
+libc.puts(b"=== loaded")
+rng = np.random.default_rng(0)
+steps = []
+for _ in range(24):
+    grids = np.array([[1, *rng.integers(1, 13, 2)] for _ in range(rng.integers(1, 5))], np.int32)
+    pixels = rng.standard_normal((int(grids.prod(1).sum()), patch_dim)).astype(np.float32)
+    steps.append(engine.step(Batch.pack_image_sequences(pixels, grids)))
+    if len(steps) > 2:
+        steps.pop(0).result()
+for step in steps:
+    step.result()
+libc.fflush(None)
+"""
+
+
+@pytest.mark.long
+@pytest.mark.process
+def test_siglip2_image_steps_build_no_primitive_after_the_warmup(tmp_path: Path, minilm_path: Path) -> None:
+    """Steps of 1 to 4 images of random grids (1 to 144 patches each): every count padded to a bucket built at
+    load, so none builds a primitive; without the build, the steps build them as they go."""
+    from siglip2_models import save_siglip2
+
+    save_siglip2(tmp_path, minilm_path)
+    assert _primitives_built(_NAFLEX_STEPS_AFTER_LOAD, str(tmp_path), "1024") == 0
+    assert _primitives_built(_NAFLEX_STEPS_AFTER_LOAD, str(tmp_path), "0") >= 8

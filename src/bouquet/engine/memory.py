@@ -13,7 +13,9 @@ of a new count spends 1-3 ms a linear building its primitives again.
 2 x `per_doubling`), so at most (log2(max tokens) - log2(per_doubling) + 1) x per_doubling counts
 ever reach oneDNN: 112 up to 1,024 tokens with 16 a doubling, about 260 MB of primitives at most,
 all of them cached. The pad tokens form one extra sequence of their own (as in CUDA graphs' buckets), whose
-row the caller drops; a step pads by less than 1/16 of its tokens.
+row the caller drops; a step pads by less than 1/16 of its tokens. A step of SigLIP 2's images, whose patch
+counts take any value, has its images' patches rounded up the same way by a pad image: without it every new
+count built the vision tower's primitives again and kept them (docs/benchmarks.md).
 
 `build_primitives` builds them all at start-up (`cpu_warmup_tokens`), for each OpenMP team size a step can run
 with (oneDNN keys a primitive by its thread count too): a replica then starts at its plateau and stays flat,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -49,12 +52,30 @@ def bucket_tokens(num_tokens: int, per_doubling: int) -> int:
 def pad_to_bucket(batch: Batch, per_doubling: int) -> Batch:
     """`batch` with its token count rounded up by `bucket_tokens`: the pad tokens are one more sequence, the
     last; sequences 0..B-1 are unchanged. The batch itself when its count is already a bucket's."""
-    num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
-    if num_tokens == batch.num_tokens or batch.cu_spans is not None or batch.key_lens is not None:
+    if batch.cu_spans is not None or batch.key_lens is not None:
         return batch  # a batch with pooling spans (contextual, /embed_all, ColBERT) runs at its exact count
-    if batch.pixel_values is not None:
-        return batch  # an image batch's tokens are its images' (a pad sequence would have no image)
+    if batch.image_sequences and batch.pixel_values is not None and len(batch.pixel_values):
+        return _pad_image_sequences(batch, per_doubling)
+    num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
+    if num_tokens == batch.num_tokens or batch.pixel_values is not None:
+        # Fixed-size images run at whole images' counts (built at start-up: `image_warmup`); images inside token
+        # sequences (Qwen3-VL) at their exact counts, as a pad sequence would need an image and its placeholders.
+        return batch
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
+
+
+def _pad_image_sequences(batch: Batch, per_doubling: int) -> Batch:
+    """A step holding images each a sequence of their own (SigLIP 2), its vision tower's tokens (every image's
+    patches) rounded up by `bucket_tokens` with one pad image, a single row of patches of zeros, the last
+    sequence: its row is dropped as a pad sequence's is. Texts in the step keep their counts (SigLIP 2 pads each
+    to the text positions already)."""
+    assert batch.pixel_values is not None and batch.image_grid_thw is not None, "asked of a step with images"
+    patches = len(batch.pixel_values)
+    pad = bucket_tokens(patches, per_doubling) - patches
+    if not pad:
+        return batch
+    zeros = np.zeros((pad, batch.pixel_values.shape[1]), np.float32)
+    return Batch.concat([batch, Batch.pack_image_sequences(zeros, np.array([[1, 1, pad]], np.int32))])
 
 
 # Primitives oneDNN keeps: the buckets' (above) for models of up to about 10 linear kinds. A bound on count, not
