@@ -182,3 +182,18 @@ def test_int8_engine_rows_are_the_same_with_graphs() -> None:
     finally:
         with_graphs.close()
         eager.close()
+
+
+def test_capturing_does_not_import_dynamo() -> None:
+    """The dispatch mode's first use would import torch._dynamo (seconds, on a request's step) unless told not to."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from bouquet.engine.cpu_graphs import _KeepAndGuard\n"
+        "with torch.inference_mode(), _KeepAndGuard():\n"
+        "    torch.empty(3).view(3, 1)\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

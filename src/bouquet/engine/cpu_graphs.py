@@ -55,6 +55,12 @@ class _KeepAndGuard(TorchDispatchMode):
         super().__init__()
         self.kept: list[torch.Tensor] = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # False: __torch_dispatch__ is not wrapped to keep torch.compile out of it, a wrapper whose first call
+        # imports torch._dynamo (2.5 s and 74 MB here, on a request's step); nothing is compiled under this mode.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
