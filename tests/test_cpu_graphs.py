@@ -80,7 +80,7 @@ def test_replays_equal_eager_runs_for_new_states_and_sequence_bounds(backend: Cp
         expected = step(layers, hidden, seq_lens, backend, None)
         got = step(layers, hidden, seq_lens, backend, graphs)
         assert torch.equal(got, expected), seq_lens
-    stats = graphs.thread_graphs.stats
+    stats = graphs.thread_graphs(layers).stats
     assert (stats.eager, stats.captures, stats.replays) == (1, 1, 4)  # the capturing step replays too (LazyGraphs)
     # Another sequence count is another graph; the first's output stays the caller's after the next replay.
     kept = step(layers, states(10, 16), [16], backend, graphs)
@@ -89,7 +89,18 @@ def test_replays_equal_eager_runs_for_new_states_and_sequence_bounds(backend: Cp
         assert torch.equal(step(layers, states(seed, 16), [16], backend, graphs),
                            step(layers, states(seed, 16), [16], backend, None))  # fmt: skip
     assert torch.equal(kept, kept_copy)
-    assert graphs.thread_graphs.stats.captures == 2
+    assert graphs.thread_graphs(layers).stats.captures == 2
+
+
+def test_two_stacks_of_one_shape_keep_their_own_graphs(backend: CpuVarlenBackend) -> None:
+    one: list[nn.Module] = [KernelAttention(backend)]
+    two: list[nn.Module] = [KernelAttention(backend), KernelAttention(backend)]
+    graphs = CpuLayerGraphs()
+    for seed in range(4):
+        hidden = states(seed, 16)
+        for layers in (one, two):  # same tokens, sequences and backend
+            assert torch.equal(step(layers, hidden, [16], backend, graphs), step(layers, hidden, [16], backend, None))
+    assert graphs.thread_graphs(one).stats.captures == graphs.thread_graphs(two).stats.captures == 1
 
 
 def test_layers_with_torch_ops_stay_eager_and_say_why_once(
@@ -102,8 +113,8 @@ def test_layers_with_torch_ops_stay_eager_and_say_why_once(
             hidden = states(seed, tokens)
             expected = step(layers, hidden, [tokens], backend, None)
             assert torch.equal(step(layers, hidden, [tokens], backend, graphs), expected)
-    assert graphs.thread_graphs.stats.captures == 0
-    assert set(graphs.thread_graphs.states.values()) == {BucketState.EAGER}
+    assert graphs.thread_graphs(layers).stats.captures == 0
+    assert set(graphs.thread_graphs(layers).states.values()) == {BucketState.EAGER}
     said = [r.message for r in caplog.records if "stays eager" in r.message]
     assert len(said) == 1 and "aten::mul computes outside bouquet's kernels" in said[0]
 
@@ -133,8 +144,8 @@ def test_bounds_tokens_bytes_and_other_backends(backend: CpuVarlenBackend) -> No
     for seed in range(3):
         hidden = states(seed, 16)
         assert torch.equal(step(layers, hidden, [16], backend, tight), step(layers, hidden, [16], backend, None))
-    assert tight.thread_graphs.stats.captures == 0
-    assert "graph budget" in next(iter(tight.thread_graphs.capture_errors.values()))
+    assert tight.thread_graphs(layers).stats.captures == 0
+    assert "graph budget" in next(iter(tight.thread_graphs(layers).capture_errors.values()))
 
 
 def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:
@@ -142,14 +153,14 @@ def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:
     graphs = CpuLayerGraphs()
     for seed in range(3):
         step(layers, states(seed, 16), [16], backend, graphs)
-    assert graphs.thread_graphs.stats.replays == 2
+    assert graphs.thread_graphs(layers).stats.replays == 2
     seen: list[tuple[int, int, int]] = []
 
     def other() -> None:
         for seed in range(3):
             hidden = states(seed, 16)
             assert torch.equal(step(layers, hidden, [16], backend, graphs), step(layers, hidden, [16], backend, None))
-        stats = graphs.thread_graphs.stats
+        stats = graphs.thread_graphs(layers).stats
         seen.append((stats.eager, stats.captures, stats.replays))
 
     thread = threading.Thread(target=other)
@@ -177,7 +188,7 @@ def test_int8_engine_rows_are_the_same_with_graphs() -> None:
                 with torch.inference_mode():
                     got = with_graphs.runner.execute(batch).numpy()
                 assert np.array_equal(got, eager.embed(batch))
-        stats = with_graphs.runner.layer_graphs.thread_graphs.stats  # type: ignore[union-attr]
+        stats = with_graphs.runner.layer_graphs.thread_graphs(with_graphs.model.encoder.layer).stats  # type: ignore[union-attr]
         assert stats.captures >= 5 and stats.replays >= 5
     finally:
         with_graphs.close()

@@ -36,7 +36,7 @@ from bouquet.layers.layer_stack import run_eagerly
 logger = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # longer steps run eagerly: their Python is a smaller share of their time
-MAX_GRAPHS = 64  # per engine thread
+MAX_GRAPHS = 64  # per engine thread and stack of layers
 # Per engine thread, the tensors its graphs keep (MiniLM: ~0.1 MB a token; docs/memory.md): graphs do not share
 # memory, since buffers that outlive a capture (int8's scratch rows) cannot be told from those that do not.
 MAX_BYTES = 64 * 2**20
@@ -115,13 +115,22 @@ class _Inputs:
 
 
 class _ThreadGraphs(threading.local):
+    """One thread's graphs, per stack of layers (a model may have two: CLIP's towers), one byte budget for all."""
+
     def __init__(self, max_graphs: int, max_bytes: int) -> None:
-        self.graphs = LazyGraphs(CpuCapturer(max_bytes), max_graphs, "CPU graph", quiet=True)
-        self.inputs: dict[Bucket, _Inputs] = {}
+        self.capturer = CpuCapturer(max_bytes)
+        self.max_graphs = max_graphs
+        self.stacks: dict[int, LazyGraphs] = {}  # by the stack's id: a model's ModuleList lives as long as it
+        self.inputs: dict[tuple[int, Bucket], _Inputs] = {}
+
+    def of(self, stack: int) -> LazyGraphs:
+        if stack not in self.stacks:
+            self.stacks[stack] = LazyGraphs(self.capturer, self.max_graphs, "CPU graph", quiet=True)
+        return self.stacks[stack]
 
 
 class CpuLayerGraphs:
-    """The engine's CPU graphs: `bind(prepare, backend_for)` gives the forward context's `layer_graphs`."""
+    """The engine's CPU graphs; `bind` gives a step's forward context its `layer_graphs`."""
 
     def __init__(self, max_tokens: int = MAX_TOKENS, max_graphs: int = MAX_GRAPHS, max_bytes: int = MAX_BYTES):
         self.max_tokens = max_tokens
@@ -129,10 +138,9 @@ class CpuLayerGraphs:
         self._reasons: set[str] = set()
         self._lock = threading.Lock()
 
-    @property
-    def thread_graphs(self) -> LazyGraphs:
-        """This thread's graphs (their states and counts, for tests and logs)."""
-        return self._local.graphs
+    def thread_graphs(self, layers: Iterable[nn.Module]) -> LazyGraphs:
+        """This thread's graphs of a stack of layers (their states and counts, for tests and logs)."""
+        return self._local.of(id(layers))
 
     def bind(
         self, ctx: ForwardContext, prepare: Callable[[ForwardContext], Any], backend: str
@@ -153,10 +161,11 @@ class CpuLayerGraphs:
         ctx: ForwardContext,
         prepare: Callable[[ForwardContext], Any],
     ) -> torch.Tensor:
-        local = self._local
+        local, key = self._local, (id(layers), bucket)
+        graphs = local.of(id(layers))
 
         def capture() -> Callable[[], torch.Tensor]:
-            inputs = local.inputs[bucket] = _Inputs(hidden.clone(), ctx.cu_seqlens.clone())
+            inputs = local.inputs[key] = _Inputs(hidden.clone(), ctx.cu_seqlens.clone())
             own = replace(ctx, cu_seqlens=inputs.cu_seqlens, attn_metadata=None, layer_graphs=None)
             own.attn_metadata = prepare(own)  # the backend's metadata on the graph's cu_seqlens
 
@@ -167,15 +176,15 @@ class CpuLayerGraphs:
             return layers_on_own_inputs
 
         def before_replay() -> None:
-            inputs = local.inputs[bucket]
+            inputs = local.inputs[key]
             inputs.hidden.copy_(hidden)
             inputs.cu_seqlens.copy_(ctx.cu_seqlens)
 
-        output = local.graphs.run(bucket, lambda: run_eagerly(layers, hidden), capture, before_replay)
-        state = local.graphs.states.get(bucket)
+        output = graphs.run(bucket, lambda: run_eagerly(layers, hidden), capture, before_replay)
+        state = graphs.states.get(bucket)
         if state is BucketState.EAGER:
-            local.inputs.pop(bucket, None)
-            self._explain(local.graphs.capture_errors.get(bucket))
+            local.inputs.pop(key, None)
+            self._explain(graphs.capture_errors.get(bucket))
         # The graph's output is rewritten by its next replay: the step gets its own copy.
         return output.clone() if state is BucketState.CAPTURED else output
 
