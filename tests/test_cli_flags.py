@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
+from test_replica_tls import make_certificates
 
 from bouquet.cli import (
     build_parser,
@@ -50,9 +52,10 @@ INTERNAL = {
 }  # fmt: skip
 SERVE_PICKS = {"--listen", "--metrics-port", "--replica", "--config"}  # serve gives these itself, per child
 # What serve has no use for: its replicas are its own children on Unix sockets (no TLS, no DNS, always a token).
-NOT_FOR_SERVE = {"--tls-cert", "--tls-key", "--tls-client-ca", "--replica-tls-ca", "--replica-tls-cert",
-                 "--replica-tls-key", "--replica-tls-server-name", "--replicas-dns", "--dns-interval",
-                 "--insecure"}  # fmt: skip
+NOT_FOR_SERVE = {"--replica-tls-ca", "--replica-tls-cert", "--replica-tls-key", "--replica-tls-server-name",
+                 "--replicas-dns", "--dns-interval", "--insecure"}  # fmt: skip
+# A replica's own TLS: serve's options of these names are its gateways' (HTTPS for its clients).
+REPLICA_TLS = {"--tls-cert", "--tls-key", "--tls-client-ca"}
 
 
 def command(name: str) -> argparse.ArgumentParser:
@@ -96,7 +99,7 @@ def test_an_option_takes_its_fields_help_and_default():
 
 
 def test_serve_takes_every_replica_and_gateway_option():
-    assert flags("replica") - SERVE_PICKS - NOT_FOR_SERVE <= flags("serve")
+    assert flags("replica") - SERVE_PICKS - NOT_FOR_SERVE - REPLICA_TLS <= flags("serve")
     assert flags("gateway") - SERVE_PICKS - NOT_FOR_SERVE - {"--workers"} <= flags("serve")
 
 
@@ -199,6 +202,14 @@ def test_serve_hands_on_only_what_it_was_given_and_what_it_resolved(tmp_path: Pa
     }}  # fmt: skip
 
 
+def test_serve_gives_its_tls_options_to_its_gateways_only(tmp_path: Path):
+    tls = {"--tls-cert": tmp_path / "s.pem", "--tls-key": tmp_path / "s.key", "--tls-client-ca": tmp_path / "ca.pem"}
+    config = serve_config(parse("serve", *(f"{flag}={path}" for flag, path in tls.items())))
+    gateway = config.gateway_config["gateway"]
+    assert (gateway["tls_cert"], gateway["tls_key"], gateway["tls_client_ca"]) == tuple(tls.values())
+    assert not any(name.startswith("tls_") for name in config.replica_configs[0]["replica"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -269,15 +280,20 @@ def config_file_of(command_line: str) -> str:
 
 @pytest.mark.long  # CI's long tier: the default run stays within its ~10 minutes
 @pytest.mark.process
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the gateways' certificates")
 def test_serve_hands_each_child_the_configs_its_options_give(minilm_path: Path, tmp_path: Path):
     """A replica serve started holds the configs `bouquet replica` builds from the same options (but the socket
     serve gives it); its gateway those `bouquet gateway` builds (but the replicas, and the shared fields)."""
     replica_given = as_given(replica_samples(minilm_path, tmp_path))
-    gateway_given = as_given(GATEWAY_SAMPLES)
+    tls = make_certificates(tmp_path)  # the gateways' HTTPS, mutual (test_replica_tls's CA)
+    gateway_tls = {
+        "--tls-cert": tls / "replica.pem", "--tls-key": tls / "replica.key", "--tls-client-ca": tls / "ca.pem",
+    }  # fmt: skip
+    gateway_given = [*as_given(GATEWAY_SAMPLES), *(f"{flag}={path}" for flag, path in gateway_tls.items())]
     # Every option is sampled: a new one fails here until it is given and seen to arrive.
-    replica_flags = flags("replica") - SERVE_PICKS - NOT_FOR_SERVE - {"--log-level"}
+    replica_flags = flags("replica") - SERVE_PICKS - NOT_FOR_SERVE - REPLICA_TLS - {"--log-level"}
     assert set(replica_samples(minilm_path, tmp_path)) == replica_flags
-    assert set(GATEWAY_SAMPLES) | {"--model", "--host", "--port", "--drain-seconds"} == flags(
+    assert set(GATEWAY_SAMPLES) | set(gateway_tls) | {"--model", "--host", "--port", "--drain-seconds"} == flags(
         "gateway"
     ) - SERVE_PICKS - NOT_FOR_SERVE - {"--workers", "--api-key", "--api-key-file", "--log-level"}
     port = free_port()

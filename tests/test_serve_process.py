@@ -6,15 +6,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import ssl
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import corpus
+import httpx
+import numpy as np
 import pytest
+from conftest import row_cosines
+from test_replica_tls import make_certificates
 
 from bouquet.gateway.testing import children, free_port, start_serve
 
@@ -60,11 +66,56 @@ def test_sigterm_finishes_requests_in_flight():
             while in_flight(url) < 7:  # six requests and this /metrics call, summed over both workers
                 assert time.monotonic() < deadline, "the requests never arrived"
             serve.process.send_signal(signal.SIGTERM)
-            results = [call.result() for call in calls]
+            signalled = time.monotonic()
+            results = [_answered(call, signalled, serve.lines) for call in calls]
         assert results == [(200, 48)] * 6
         assert serve.process.wait(timeout=120) == 0
     finally:
         serve.stop()
+
+
+def _answered(call: Future[tuple[int, int]], signalled: float, log: list[str]) -> tuple[int, int]:
+    """A drained request's status and rows; a refusal fails naming its status, body, when it came after SIGTERM (a
+    drain's 503 comes at --drain-seconds) and serve's last log lines."""
+    try:
+        return call.result()
+    except urllib.error.HTTPError as error:
+        after = time.monotonic() - signalled
+        pytest.fail(f"HTTP {error.code} {error.read()[:300]!r} {after:.1f} s after SIGTERM; log: {log[-30:]}")
+
+
+@pytest.mark.long  # a serve start: CI's long tier
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the certificates")
+def test_serve_over_mutual_tls(tmp_path: Path, sentence_transformer) -> None:
+    """serve --tls-cert --tls-key --tls-client-ca: its gateways (two workers) answer over HTTPS clients holding a
+    certificate the CA signed, with sentence-transformers' rows; a client without one, or in plaintext, gets none.
+    serve is ready without probing them over HTTP (each gateway listens once it has heard from the replicas)."""
+    tls = make_certificates(tmp_path)  # "replica" is a server certificate for 127.0.0.1, "gateway" a client's
+    port = free_port()
+    serve = start_serve(
+        port, "--workers", "2", "--device", "cpu", "--dtype", "float32", "--tls-cert", str(tls / "replica.pem"),
+        "--tls-key", str(tls / "replica.key"), "--tls-client-ca", str(tls / "ca.pem"),
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{port}"
+    trusted = ssl.create_default_context(cafile=tls / "ca.pem")
+    client_certificate = ssl.create_default_context(cafile=tls / "ca.pem")
+    client_certificate.load_cert_chain(tls / "gateway.pem", tls / "gateway.key")
+    texts = [*corpus.documents(6), *corpus.queries(3)]
+    try:
+        serve.wait_ready()
+        assert any(f"ready on {url}" in line for line in serve.lines)
+        fresh = httpx.Limits(max_keepalive_connections=0)  # a connection each, spread over both workers
+        with httpx.Client(verify=client_certificate, timeout=120, limits=fresh) as client:
+            answers = [client.post(f"{url}/v1/embeddings", json={"input": texts}) for _ in range(4)]
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            rows = np.array([item["embedding"] for item in answer.json()["data"]], np.float32)
+            assert row_cosines(rows, sentence_transformer.encode(texts)).min() >= 0.99999
+        for context, where in ((trusted, url), (None, url.replace("https://", "http://"))):
+            with httpx.Client(verify=context or False, timeout=10) as client, pytest.raises(httpx.TransportError):
+                client.get(f"{where}/health")
+    finally:
+        assert serve.stop() == 0
 
 
 @pytest.mark.fault

@@ -43,11 +43,11 @@ SERVE_OPTIONS = options_of(ServeConfig)
 _SERVE_SETS = [
     "model_path", "listen", "metrics_port", "tls_cert", "tls_key", "tls_client_ca", "served_model_names", "insecure",
 ]  # fmt: skip
-# Nor the gateway's own TLS: serve probes its gateways' /health itself, which a client certificate would refuse;
-# `bouquet gateway --tls-cert` (or a proxy in front of serve) serves clients over TLS.
+# Its gateways take their own TLS from serve's user (--tls-cert, --tls-key, --tls-client-ca: the gateway's options,
+# as `bouquet gateway` takes them); the TLS between gateway and replicas is serve's own choice, none, on its sockets.
 _SERVE_GATEWAY_SETS = [
     "replicas", "replicas_dns", "dns_interval", "replica_tls_ca", "replica_tls_cert", "replica_tls_key", "model_dirs",
-    "host", "port", "drain_seconds", "workers", "replica_tls_server_name", "tls_cert", "tls_key", "tls_client_ca",
+    "host", "port", "drain_seconds", "workers", "replica_tls_server_name",
 ]  # fmt: skip
 _SERVE_ENGINE = options_of(EngineConfig, skip=_SERVE_SETS)
 _SERVE_REPLICA = options_of(ReplicaConfig, skip=[*_SERVE_SETS, "drain_seconds"])

@@ -362,7 +362,7 @@ class GatewayConfig:
         "(default: off)",
     )  # fmt: skip
     # Clients reach both ports over TLS with these (HTTPS on --port, TLS on --grpc-port): one certificate, as the
-    # replicas' --tls-cert is theirs. `serve` takes none: its health probe and its replicas are its own, on loopback.
+    # replicas' --tls-cert is theirs. `serve` hands its gateways these (its replicas, on its own sockets, take none).
     tls_cert: Path | None = flag(
         None, help="PEM certificate: serve HTTPS on --port and gRPC over TLS on --grpc-port (with --tls-key)"
     )
@@ -520,7 +520,7 @@ class ServeConfig:
     # adds each one's listen address), and the gateways' (serve adds the replicas' addresses).
     replica_configs: tuple[Mapping[str, Any], ...] = ()
     gateway_config: Mapping[str, Any] = field(default_factory=dict)
-    ready_timeout: float = flag(300.0, help="seconds for replicas to load and the gateway to answer /health")
+    ready_timeout: float = flag(300.0, help="seconds for replicas to load and the gateways to listen")
     # The children's too, so each is done before serve stops waiting for it.
     drain_seconds: float = flag(30.0, help="after SIGTERM, time to finish the work in hand, for every child")
 

@@ -1,6 +1,8 @@
 """`bouquet serve`: N local `bouquet replica` processes per model and `workers` gateway processes on one port,
-each its own process (visible in `ps`, stoppable alone). Waits until the replicas serve and the gateway answers
-/health; restarts a child that dies; on SIGTERM or SIGINT drains the gateways first, then the replicas.
+each its own process (visible in `ps`, stoppable alone). Waits until the replicas serve and every gateway listens
+(each only once it has heard from the replicas: gateway/app.py), so it needs no HTTP probe (which a gateway's
+client certificates would refuse); restarts a child that dies; on SIGTERM or SIGINT drains the gateways first, then
+the replicas.
 
 The replicas listen on Unix sockets in a directory only this user can enter, not on TCP: no other user or host
 can reach them, whatever the firewall; they also need this run's token."""
@@ -11,8 +13,6 @@ import os
 import secrets
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,7 +41,8 @@ class ServeSupervisor(Supervisor):
         serve_lock.create(os.path.join(self._sockets.name, "gateways.lock"))
         if not (self._start_replicas() and self._start_gateways()):
             return False
-        print(f"bouquet serve: ready on http://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)
+        scheme = "https" if self.config.gateway_config["gateway"].get("tls_cert") else "http"
+        print(f"bouquet serve: ready on {scheme}://{self.config.host}:{self.config.port}", file=sys.stderr, flush=True)
         return True
 
     def groups(self) -> list[list[Child]]:
@@ -93,16 +94,7 @@ class ServeSupervisor(Supervisor):
         c = self.config
         sections = {"gateway": {**c.gateway_config["gateway"], "replicas": list(self.replica_addresses.values())}}
         path = write_config_file(Path(self._sockets.name) / "gateway.json", sections)
-        listening = self.start_gateways(path, c.workers, c.api_key)
-        return listening and self.wait(self._healthy, self.gateways, "/health to answer 200")
-
-    def _healthy(self) -> bool:
-        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
-        try:
-            with urllib.request.urlopen(f"http://{host}:{self.config.port}/health", timeout=2) as reply:
-                return bool(reply.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return self.start_gateways(path, c.workers, c.api_key)
 
 
 def run_serve(config: ServeConfig) -> int:
