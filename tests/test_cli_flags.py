@@ -244,7 +244,8 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
     this CPU), as given on serve's command line, keyed by flag."""
     return {
         "--model": str(model), "--device": "cpu", "--dtype": "float32", "--attention-backend": "sdpa",
-        "--attention-table": str(tmp_path / "table.json"), "--cuda-graphs": "", "--num-threads": "1",
+        "--attention-table": str(tmp_path / "table.json"), "--cuda-graphs": "", "--cpu-graphs": "",
+        "--num-threads": "1",
         "--cpu-workers": "1", "--cpu-lone-step-tokens": "64", "--cpu-token-buckets": "8", "--cpu-warmup-tokens": "256",
         "--max-batch-tokens": "512",
         "--max-batch-seqs": "32", "--max-queue-tokens": "100000", "--drain-seconds": "20.0",
@@ -268,7 +269,8 @@ GATEWAY_SAMPLES = {
 
 def as_given(samples: dict[str, str]) -> list[str]:
     """Flags with an empty sample are switches, given in their non-default form."""
-    switched = {"--cuda-graphs": "--no-cuda-graphs", "--token-id-input": "--no-token-id-input",
+    switched = {"--cuda-graphs": "--no-cuda-graphs", "--cpu-graphs": "--no-cpu-graphs",
+                "--token-id-input": "--no-token-id-input",
                 "--allow-unknown-fields": "--allow-unknown-fields"}  # fmt: skip
     return [switched[flag] if value == "" else f"{flag}={value}" for flag, value in samples.items()]
 
