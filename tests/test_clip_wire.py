@@ -48,6 +48,7 @@ def replica(clip_recorder: RecordingEngine) -> Iterator[ReplicaThread]:
 def test_info_says_which_images_the_model_takes(stub) -> None:
     info = stub.Info(embedding_pb2.InfoRequest(), timeout=30)
     assert list(info.image_shape) == [3, 32, 32] and info.image_tokens == IMAGE_TOKENS
+    assert info.HasField("logit_scale") and not info.HasField("logit_bias")  # CLIP's scale, and no bias
 
 
 def test_images_and_texts_through_a_replica(stub, clip_recorder: RecordingEngine, clip_engine: Engine) -> None:

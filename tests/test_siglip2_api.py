@@ -109,6 +109,8 @@ def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model)
     score = server.post("/score", json={"model": NAME, "text_1": text, "text_2": content})
     assert score.status_code == 200, score.text
     assert abs(score.json()["data"][0]["score"] - cosine) < 2e-5
+    probability = server.post("/score", json={"model": NAME, "text_1": text, "text_2": content, "use_activation": True})
+    assert abs(probability.json()["data"][0]["score"] - float(logits.sigmoid())) < 1e-5, probability.text
 
 
 def test_a_bad_image_among_good_ones_is_a_400_naming_it(server: httpx.Client) -> None:

@@ -60,6 +60,7 @@ def test_info_says_each_image_is_a_sequence_of_its_own(stub) -> None:
     assert info.image_patch_dim == 3 * 8 * 8 and info.image_sequences and info.image_tokens == 0
     assert not info.image_shape and not info.chat_template and '"max_num_patches": 48' in info.image_processor_json
     assert info.image_max_patches == MAX_IMAGE_PATCHES  # the bound the replica refuses over (the gateway's too)
+    assert info.HasField("logit_scale") and info.HasField("logit_bias")  # the checkpoint's, for zero-shot scores
 
 
 def test_texts_and_images_share_steps_through_a_replica(

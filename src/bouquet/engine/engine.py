@@ -220,6 +220,12 @@ class Engine:
         return tuple(getattr(self.model, "image_shape", ()))
 
     @property
+    def zero_shot_logit(self) -> tuple[float | None, float | None]:
+        """A text-and-image model's (logit_scale, logit_bias) as its checkpoint has them (logit = exp(logit_scale) x
+        cosine + logit_bias); None where it has none."""
+        return getattr(self.model, "logit_scale", None), getattr(self.model, "logit_bias", None)
+
+    @property
     def image_tokens(self) -> int:
         """The tokens one image is laid out as; 0 when the model takes no images."""
         return int(getattr(self.model, "image_tokens", 0))

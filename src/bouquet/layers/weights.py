@@ -24,6 +24,12 @@ def drop_ignored(state: dict[str, torch.Tensor], ignored: re.Pattern[str]) -> di
     return {name: tensor for name, tensor in state.items() if not ignored.fullmatch(name)}
 
 
+def scalar(state: dict[str, torch.Tensor], name: str) -> float | None:
+    """A one-value tensor of the checkpoint as a float (kept out of the model's dtype); None when it has none."""
+    tensor = state.get(name)
+    return None if tensor is None else float(tensor.float().reshape(()))
+
+
 def fuse(state: dict[str, torch.Tensor], fused_name: str, part_names: list[str]) -> None:
     """Concatenates parts (q, k, v projections) along the output dimension into one parameter, in place."""
     missing = [name for name in part_names if name not in state]

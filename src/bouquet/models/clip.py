@@ -29,7 +29,7 @@ from torch import nn
 from bouquet.layers.attention import Attention
 from bouquet.layers.linear import Linear, LinearActivation, QKVLinear
 from bouquet.layers.norms import LayerNorm
-from bouquet.layers.weights import drop_ignored, fuse
+from bouquet.layers.weights import drop_ignored, fuse, scalar
 from bouquet.model_dir import PoolingMethod
 
 # The contrastive temperature and the position-id buffers of older checkpoints; embeddings never use them.
@@ -232,6 +232,10 @@ class TwoTowerModel(nn.Module):
 
     config: Any  # ClipConfig or SiglipConfig: max_positions, image_tokens, num_channels, image_size
     vision_model: nn.Module
+    # Its zero-shot logit, exp(logit_scale) x cosine + logit_bias, as trained: read from the checkpoint as it is
+    # converted (None: it has none; CLIP has no bias)
+    logit_scale: float | None = None
+    logit_bias: float | None = None
 
     def image_linears(self) -> list[tuple[nn.Module, int, int]]:
         """The modules that only run on image steps, each with its rows for k images (k x per image + extra), so
@@ -292,6 +296,7 @@ class ClipModel(TwoTowerModel):
         return self.text_projection(hidden).float()
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.logit_scale = scalar(state, "logit_scale")
         state = drop_ignored(state, _IGNORED)
         for tower, config in (("text_model", self.config.text), ("vision_model", self.config.vision)):
             for i in range(config.num_layers):

@@ -26,7 +26,7 @@ from torch import nn
 from bouquet.layers.context import get_forward_context
 from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
-from bouquet.layers.weights import drop_ignored, fuse
+from bouquet.layers.weights import drop_ignored, fuse, scalar
 from bouquet.model_dir import PoolingMethod
 from bouquet.models.clip import ClipEncoder, ClipMLP, TowerConfig, TwoTowerModel, check_images, to_patches
 from bouquet.models.siglip_text import SiglipTextTransformer
@@ -200,6 +200,7 @@ class SiglipModel(TwoTowerModel):
         return self.vision_model(pixel_values, positions)
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.logit_scale, self.logit_bias = scalar(state, "logit_scale"), scalar(state, "logit_bias")
         return convert_siglip_checkpoint(state, self.config)
 
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from bouquet.layers.attention import planned_context
 from bouquet.layers.context import forward_context, get_forward_context
+from bouquet.layers.weights import scalar
 from bouquet.model_dir import PoolingMethod
 from bouquet.models.siglip import SiglipConfig, convert_siglip_checkpoint
 from bouquet.models.siglip2_vision import Siglip2VisionTransformer
@@ -61,6 +62,8 @@ class Siglip2Model(nn.Module):
         self.text_model = SiglipTextTransformer(config)
         self.vision_model = Siglip2VisionTransformer(config)
         self.text_padding: TextPadding | None = None
+        self.logit_scale: float | None = None  # SigLIP's zero-shot logit's, read as the checkpoint is converted
+        self.logit_bias: float | None = None
 
     @classmethod
     def from_hf_config(cls, hf_config: dict[str, Any]) -> Siglip2Model:
@@ -144,4 +147,5 @@ class Siglip2Model(nn.Module):
             raise ValueError("each image must be a sequence of its own, one token per patch")
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.logit_scale, self.logit_bias = scalar(state, "logit_scale"), scalar(state, "logit_bias")
         return convert_siglip_checkpoint(state, self.config)

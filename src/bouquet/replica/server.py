@@ -101,6 +101,15 @@ def _chat_template(model_dir: Path, limits: Limits) -> str:
     return read_chat_template(model_dir) if conversations else ""
 
 
+def _set_zero_shot_logit(info: embedding_pb2.InfoResponse, engine: StepEngine) -> None:
+    """Info's logit_scale and logit_bias, those the model has (a stand-in engine of the tests may say nothing)."""
+    scale, bias = getattr(engine, "zero_shot_logit", (None, None))
+    if scale is not None:
+        info.logit_scale = scale
+    if bias is not None:
+        info.logit_bias = bias
+
+
 def _takes_images(limits: Limits) -> bool:
     return bool(limits.image_tokens or limits.patch_images.patch_dim)
 
@@ -134,6 +143,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
         )  # fmt: skip
+        _set_zero_shot_logit(self._info, engine)
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
         self._info_with_tokenizer.CopyFrom(self._info)

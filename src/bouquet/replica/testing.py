@@ -39,6 +39,7 @@ class RecordingEngine:
         self.image_shape = engine.image_shape
         self.image_tokens = engine.image_tokens
         self.image_patches = engine.image_patches
+        self.zero_shot_logit = engine.zero_shot_logit
         self.workers = 1  # its one thread runs the steps in order
         self.batches: list[Batch] = []  # in submission order
         self._open = threading.Event()

@@ -150,9 +150,11 @@ def score_job(body: ScoreRequest) -> RerankJob:
 
 
 def zero_shot_job(body: ScoreRequest) -> zero_shot.ZeroShotJob:
-    """/score with a side in vLLM's multimodal form: one item against every item of the other side, or as many."""
+    """/score with a side in vLLM's multimodal form: one item against every item of the other side, or as many;
+    the cosine unless `use_activation` asks for the model's probability (true) or logit (false)."""
     queries, documents = (_items(body, names) for names in SCORE_SIDES.values())
-    return zero_shot.ZeroShotJob(body.model, _paired(queries, documents, "items"))
+    activation = given_activation(body.activation, body.use_activation)
+    return zero_shot.ZeroShotJob(body.model, _paired(queries, documents, "items"), activation)
 
 
 def _paired(queries: list[T], documents: list[U], what: str) -> list[tuple[T, U]]:
@@ -196,10 +198,15 @@ def _given(body: ScoreRequest, names: tuple[str, ...]) -> tuple[str, Side]:
 
 def raw_scores(activation: bool | None, use_activation: bool | None) -> bool:
     """vLLM's `activation` (older) or `use_activation`: false asks for the logits, the model's activation undone."""
+    return given_activation(activation, use_activation) is False
+
+
+def given_activation(activation: bool | None, use_activation: bool | None) -> bool | None:
+    """What vLLM's `activation` (older) or `use_activation` says, None when neither is given."""
     values = {activation, use_activation} - {None}
     if len(values) > 1:
         raise InvalidRequest("'activation' and 'use_activation' disagree", "invalid_value", "use_activation")
-    return values == {False}
+    return values.pop() if values else None
 
 
 class Score(ResponseBody):

@@ -59,6 +59,9 @@ class ServedModel:
     multi_vector: embedding_pb2.MultiVector | None = None
     # The images it takes and how they are preprocessed, from Info (image_processing.py); None: it takes none
     images: ModelImages | None = None
+    # A text-and-image model's zero-shot logit, exp(logit_scale) x cosine + logit_bias, from Info (zero_shot.py)
+    logit_scale: float | None = None
+    logit_bias: float | None = None
 
     @property
     def routes(self) -> str:
@@ -198,6 +201,8 @@ class ModelCatalog:
             labels=_labels(spec, info), sparse_dimension=info.sparse_dimension,
             multi_vector=info.multi_vector if info.HasField("multi_vector") else None,
             images=_images(spec, info),
+            logit_scale=info.logit_scale if info.HasField("logit_scale") else None,
+            logit_bias=info.logit_bias if info.HasField("logit_bias") else None,
         )  # fmt: skip
 
 
