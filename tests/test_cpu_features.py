@@ -170,3 +170,14 @@ def test_an_emulated_avx2_cpu_runs_bfloat16_and_picks_float32_for_auto(tmp_path)
         assert isa in ("avx2", "-"), line  # cpu_varlen runs its AVX2 code, or SDPA was measured faster
     assert float(lines[3].split()[1]) >= 0.999
     assert lines[4] == "auto float32"
+
+
+@pytest.mark.parametrize("flags", [ZEN4, SAPPHIRE_RAPIDS.replace(",amx_bf16", "")])
+def test_bfloat16_tiles_only_where_the_probe_grants_amx_bf16(probe, flags: str) -> None:
+    from bouquet.layers import bf16_amx
+    from bouquet.layers.linear import Linear, use_amx_bf16_linears
+
+    probe(flags)
+    model = torch.nn.Sequential(Linear(64, 32).to(torch.bfloat16))
+    assert not bf16_amx.available()
+    assert use_amx_bf16_linears(model) == 0 and model[0].amx_bf16 is None

@@ -278,6 +278,7 @@ void bouquet_dequantize_add_norm(void* data, int64_t rows, int64_t cols, const f
 // a few microseconds of arithmetic each side of the product, less than three calls from Python and three OpenMP
 // teams cost.
 #include "int8_linear_amx.h"
+#include "int8_linear_bf16.h"
 
 // x: [rows, k] float32 (`x_stride` elements between rows) -> out: [rows, n] float32, contiguous: the rows quantized
 // (rotated first where `signs`; into codes [rows, k], row_scales, row_zeros: the caller's scratch), times the packed

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.cpu_features import cpu_features
+from bouquet.layers import bf16_amx
 from bouquet.layers.activation import get_activation
+from bouquet.layers.bf16_amx import amx_bf16_linear
 from bouquet.layers.int8_linear import (
     ACTIVATIONS,
     FULL_WEIGHT_LIMIT,
@@ -53,6 +55,11 @@ class Linear(nn.Linear):
     int8: Int8Weight | None = None
     # The norm `add_norm` last saw and whether the int8 kernel can apply it.
     _fused_norm: tuple[nn.Module, bool] | None = None
+    # bfloat16 on AMX tiles (layers/bf16_amx.py): the packed weight, the bias in float32, and up to how many rows a
+    # call runs there (-1: every count; oneDNN's copy is then dropped).
+    amx_bf16: torch.Tensor | None = None
+    amx_bias: torch.Tensor | None = None
+    amx_bf16_rows: int = 0
 
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -62,6 +69,15 @@ class Linear(nn.Linear):
         self.int8 = with_products(weight, plan.small, plan.large, plan.from_rows)
         self.packed_weight = None
         self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
+
+    def use_amx_bf16(self, up_to_rows: int) -> None:
+        """Runs calls of up to `up_to_rows` rows (-1: all) on bf16_amx.py's kernel; needs the plain weight."""
+        self.amx_bf16 = bf16_amx.pack(self.weight)
+        self.amx_bias = None if self.bias is None else self.bias.detach().float()
+        self.amx_bf16_rows = up_to_rows
+        if up_to_rows == -1:  # oneDNN never runs this linear: neither copy of the weight is needed
+            self.packed_weight = None
+            self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
@@ -78,12 +94,25 @@ class Linear(nn.Linear):
         return norm(residual + self(x))
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
+        if self.amx_bf16 is not None and self._runs_on_amx_bf16(x):
+            return amx_bf16_linear(x, self.amx_bf16, self.out_features, self.amx_bias, _activation_of(epilogue))
         x = x.to(self.weight.dtype)
         if self.packed_weight is not None and x.device.type == "cpu" and not x.requires_grad:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, *epilogue)
         if epilogue is not _NO_EPILOGUE and onednn_runs(self.weight) and not x.requires_grad:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, *epilogue)
         return F.linear(x, self.weight, self.bias)
+
+    def _runs_on_amx_bf16(self, x: torch.Tensor) -> bool:
+        if x.device.type != "cpu" or x.requires_grad:
+            return False
+        return self.amx_bf16_rows == -1 or x.numel() // x.shape[-1] <= self.amx_bf16_rows
+
+
+def _activation_of(epilogue: tuple[str, list[object], str]) -> str:
+    """oneDNN's epilogue as bf16_amx.py names the activation."""
+    name, _, algorithm = epilogue
+    return ("gelu_tanh" if algorithm == "tanh" else "gelu") if name == "gelu" else name
 
 
 class LinearActivation(Linear):
@@ -152,3 +181,18 @@ def quantize_cpu_linears(model: nn.Module, heads: nn.Module, threads: int = 1) -
         if linear not in kept:
             linear.quantize_int8(limit, plan)
     return len(linears) - len(kept), len(kept), plan
+
+
+def use_amx_bf16_linears(model: nn.Module, threads: int = 1) -> int:
+    """Moves every bfloat16 Linear whose shape fits onto bf16_amx.py's kernel, for the rows measured faster there
+    than oneDNN at the model's shapes on `threads` threads (an engine worker's share). Returns up to how many rows
+    (-1: every count; 0: none moved)."""
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.weight.dtype == torch.bfloat16]
+    linears = [
+        m for m in linears if m.weight.numel() and m.int8 is None and bf16_amx.fits(m.in_features, m.out_features)
+    ]
+    up_to_rows = bf16_amx.choose_bf16_rows(sorted({(m.in_features, m.out_features) for m in linears}), threads)
+    if up_to_rows:
+        for linear in linears:
+            linear.use_amx_bf16(up_to_rows)
+    return up_to_rows

@@ -1,0 +1,140 @@
+"""bfloat16 linears on AMX tiles by a kernel of bouquet's own (kernels/int8_linear_bf16.h), where the engine measures
+them faster than oneDNN's bfloat16 linear at the model's shapes (`choose_bf16_rows`); the weight is packed once
+at load. The CPU probe's `amx_bf16` gates it, so `$ONEDNN_MAX_CPU_ISA` and `$BOUQUET_CPU_FEATURES` emulate a CPU
+without it."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from bouquet.cpu_features import cpu_features
+from bouquet.kernels.build import KernelBuildError, load_kernel
+from bouquet.kernels.recording import kernel_call
+
+logger = logging.getLogger(__name__)
+
+ACTIVATION_CODES = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # int8_linear.c's ACT_*
+_INPUT_BLOCK, _OUTPUT_BLOCK = 32, 16
+# Row counts the choice is measured at: a query's step, a short step, a document step's share.
+MEASURED_ROWS = (16, 128, 512)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    library = load_kernel("int8_linear")
+    library.bouquet_amx_bf16_available.restype = ctypes.c_int
+    library.bouquet_amx_bf16_available.argtypes = []
+    library.bouquet_amx_bf16_pack.restype = None
+    library.bouquet_amx_bf16_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    library.bouquet_amx_bf16_linear.restype = ctypes.c_int
+    library.bouquet_amx_bf16_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, in_features, x's row stride
+        ctypes.c_void_p, ctypes.c_int64,  # packed weight, out_features
+        ctypes.c_void_p, ctypes.c_int,  # float32 bias or NULL, activation
+        ctypes.c_void_p, ctypes.c_int64,  # out, its row stride
+    ]  # fmt: skip
+    return library
+
+
+def available() -> bool:
+    """Whether the probe grants AMX-BF16 (read at every call, so that an emulated CPU is honoured), the CPU has it,
+    Linux lets this process use the tiles, and the kernel builds here."""
+    return all(cpu_features().has(flag) for flag in ("amx_tile", "amx_bf16")) and _tiles_granted()
+
+
+@functools.cache
+def _tiles_granted() -> bool:
+    try:
+        return bool(_library().bouquet_amx_bf16_available())
+    except KernelBuildError as error:
+        logger.warning("bfloat16: the AMX product is unavailable, its kernel did not build: %s", error)
+        return False
+
+
+def fits(in_features: int, out_features: int) -> bool:
+    return in_features % _INPUT_BLOCK == 0 and out_features % _OUTPUT_BLOCK == 0
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bfloat16 -> its N * K values in the tiles' block order."""
+    assert weight.dtype == torch.bfloat16 and weight.dim() == 2 and fits(weight.shape[1], weight.shape[0])
+    weight = weight.detach().contiguous()
+    packed = torch.empty(weight.numel(), dtype=torch.bfloat16)
+    _library().bouquet_amx_bf16_pack(weight.data_ptr(), weight.shape[0], weight.shape[1], packed.data_ptr())
+    return packed
+
+
+def amx_bf16_linear(
+    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, activation: str = "none"
+) -> torch.Tensor:
+    """act(x @ W.T + b): x [..., K] bfloat16 -> [..., N] bfloat16; `bias` float32 or None."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype != torch.bfloat16 or rows.stride(-1) != 1:
+        rows = rows.to(torch.bfloat16).contiguous()
+    out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+    failed = kernel_call(
+        _library().bouquet_amx_bf16_linear,
+        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), out_features,
+        None if bias is None else bias.data_ptr(), ACTIVATION_CODES[activation], out.data_ptr(), out_features,
+    )  # fmt: skip
+    if failed:
+        raise RuntimeError("the AMX bfloat16 product ran where this build has no AMX")
+    return out.view(*x.shape[:-1], out_features)
+
+
+def choose_bf16_rows(shapes: list[tuple[int, int]], threads: int) -> int:
+    """Up to how many rows a step's linears run on the AMX kernel (0: never; -1: at every count): timed against
+    oneDNN's bfloat16 linear on packed weights at MEASURED_ROWS, over the model's (in, out) shapes, on `threads`
+    threads: up to half the first count where oneDNN is faster, every count when it never is."""
+    shapes = [shape for shape in shapes if fits(*shape)]
+    if not available() or not shapes:
+        return 0
+    weights = [torch.randn(n, k).to(torch.bfloat16) for k, n in shapes]
+    ours = [(pack(w), torch.randn(w.shape[0])) for w in weights]
+    theirs = [(torch.ops.mkldnn._reorder_linear_weight(w), w.new_zeros(w.shape[0])) for w in weights]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in MEASURED_ROWS:
+            inputs = [torch.randn(rows, k).to(torch.bfloat16) for k, _ in shapes]
+            mine, onednn = _median_seconds(
+                functools.partial(_run_ours, inputs, ours, shapes), functools.partial(_run_onednn, inputs, theirs)
+            )
+            logger.debug("bfloat16 linears at %d rows: AMX %.3f ms, oneDNN %.3f ms", rows, mine * 1e3, onednn * 1e3)
+            if mine >= onednn:
+                return rows // 2 if rows > MEASURED_ROWS[0] else 0
+    finally:
+        torch.set_num_threads(previous)
+    return -1
+
+
+def _run_ours(
+    inputs: list[torch.Tensor], ours: list[tuple[torch.Tensor, torch.Tensor]], shapes: list[tuple[int, int]]
+) -> None:
+    for x, (packed, bias), (_, n) in zip(inputs, ours, shapes, strict=True):
+        amx_bf16_linear(x, packed, n, bias)
+
+
+def _run_onednn(inputs: list[torch.Tensor], theirs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for x, (weight, bias) in zip(inputs, theirs, strict=True):
+        torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _median_seconds(*works: Callable[[], object], repeats: int = 7) -> list[float]:
+    """Each work's median time, the works alternated so that a busy spell weighs on all of them alike."""
+    for work in works:
+        work()
+    times: list[list[float]] = [[] for _ in works]
+    for _ in range(repeats):
+        for work, kept in zip(works, times, strict=True):
+            start = time.perf_counter()
+            work()
+            kept.append(time.perf_counter() - start)
+    return [statistics.median(kept) for kept in times]
