@@ -220,6 +220,24 @@ def test_a_model_without_a_head_is_refused(client: httpx.Client, minilm_path: Pa
         assert reply.status_code in (400, 424) and "makes no scores" in reply.text, reply.text
 
 
+def test_colbert_vectors_are_bounded_per_request(
+    client: httpx.Client, m3_engines: list[Engine], model_dirs: dict[str, Path]
+) -> None:
+    """`--max-token-vectors` bounds /encode's colbert_vecs as it bounds /v1/multi-vector's: a request of exactly
+    the limit is served, one vector over it is a 413; dense and sparse alone are not bounded by it."""
+    body = {"model": M3, "sentences": ["What is BGE M3?", "BM25 is a bag-of-words retrieval function"],
+            "return_sparse": True, "return_colbert_vecs": True}  # fmt: skip
+    served = client.post("/encode", json=body)
+    assert served.status_code == 200, served.text
+    vectors = sum(map(len, served.json()["colbert_vecs"]))
+    with api(m3_engines[:1], model_dirs=(model_dirs[M3],), max_token_vectors=vectors) as http:
+        assert http.post("/encode", json=body).status_code == 200
+    with api(m3_engines[:1], model_dirs=(model_dirs[M3],), max_token_vectors=vectors - 1) as http:
+        refused = http.post("/encode", json=body)
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "too_many_token_vectors"
+        assert http.post("/encode", json={**body, "return_colbert_vecs": False}).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -11,20 +11,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cohere
+import grpc
 import httpx
 import numpy as np
 import pytest
 from colbert_models import build_pylate, pylate_encode
-from in_process import BASE_URL, api
+from in_process import BASE_URL, api, served
 from safetensors.torch import load_file
 from test_colbert import _projection
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
+from bouquet.gateway.late_interaction import lay_out, pack, token_limit
+from bouquet.proto import embedding_pb2_grpc
 from bouquet.replica.client import embed_request
 from bouquet.replica.request import InvalidInput, Limits, decode_request
+from bouquet.replica.server import multi_vector_info
 from bouquet.scoring import maxsim
+from bouquet.tokenizer import TextTokenizer
 
 COLBERT = "tiny-colbert"
 QUERY = "What is late interaction, exactly?"
@@ -87,6 +92,35 @@ def test_cohere_client_v2_reranks_by_maxsim(engine: Engine, colbert_dir: Path) -
     assert [result.index for result in response.results] == list(best)
     for result in response.results:
         assert result.relevance_score == pytest.approx(float(expected[result.index]), rel=1e-5)
+
+
+def test_cohere_v1_rerank_gives_maxsim(client: httpx.Client, colbert_dir: Path) -> None:
+    reply = client.post("/v1/rerank", json={"model": COLBERT, "query": QUERY, "documents": DOCUMENTS})
+    assert reply.status_code == 200, reply.text
+    expected = pylate_scores(colbert_dir, QUERY, DOCUMENTS)
+    results = reply.json()["results"]
+    assert [item["index"] for item in results] == list(np.argsort(-expected))
+    np.testing.assert_allclose([item["relevance_score"] for item in results],
+                               expected[[item["index"] for item in results]], rtol=1e-5)  # fmt: skip
+
+
+def test_only_scores_cross_the_wire(engine: Engine, colbert_dir: Path) -> None:
+    """The replica's answer to the gateway's MaxSim request over real gRPC (the query, then the documents, laid out as
+    the gateway lays them out): one float32 a document, PyLate's score, and no token vector."""
+    info = multi_vector_info(engine.spec.multi_vector, engine.max_seq_length)
+    assert info is not None
+    options = RowOptions(normalize=True, token_vectors=True)
+    parts = []
+    for texts, is_query in (([QUERY], True), (DOCUMENTS, False)):
+        tokenizer = TextTokenizer(engine.spec.tokenizer_file, max_length=token_limit(info, is_query))
+        parts.append(pack(lay_out(tokenizer.encode(texts), info, is_query), options))
+    batch = Batch.concat(parts)
+    with served([engine], model_dirs=(colbert_dir,)) as running, grpc.insecure_channel(running.replicas[0]) as channel:
+        response = embedding_pb2_grpc.EmbeddingStub(channel).Embed(embed_request(batch, maxsim=True), timeout=60)
+    assert (response.num_seqs, response.dimension) == (len(DOCUMENTS), 1)
+    assert len(response.embeddings) == 4 * len(DOCUMENTS) and not response.token_rows and not response.sparse_values
+    scores = np.frombuffer(response.embeddings, "<f4")
+    np.testing.assert_allclose(scores, pylate_scores(colbert_dir, QUERY, DOCUMENTS), rtol=1e-5)
 
 
 def test_vllm_score_groups_pairs_by_query(client: httpx.Client, colbert_dir: Path) -> None:

@@ -3,7 +3,8 @@ layout (tests/colbert_models.py's `build_jina_colbert`: HF_ColBERT, Jina's rotar
 beside the encoder, its marker tokens) behind the gateway app and a real replica in this process
 (tests/in_process.py): Jina's `/v1/multi-vector` gives each input's token vectors as PyLate lays the model out on
 transformers' forward (markers, queries padded with the mask token and attending to it, documents without their
-punctuation), and TEI's `/rerank` and vLLM's `/score` give PyLate's MaxSim of those vectors."""
+punctuation), and TEI's `/rerank` and vLLM's `/score` give PyLate's MaxSim of those vectors; embcli-jina, a client of
+Jina's API, reads the same vectors over a real socket."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from colbert_models import JINA_MARKERS, QUERY_LENGTH, build_jina_colbert, pylate_encode
-from in_process import api
+from in_process import api, served
 from safetensors.torch import load_file
 from test_colbert import _projection
 from test_colbert_scores import DOCUMENTS, QUERY
@@ -33,13 +34,16 @@ def jina_colbert(tmp_path_factory: pytest.TempPathFactory, minilm_path: Path) ->
 
 
 @pytest.fixture(scope="module")
-def client(jina_colbert: tuple[Path, torch.nn.Module]) -> Iterator[httpx.Client]:
+def engine(jina_colbert: tuple[Path, torch.nn.Module]) -> Iterator[Engine]:
     engine = Engine(EngineConfig(jina_colbert[0], "cpu", "float32", cpu_warmup_tokens=0))
-    try:
-        with api([engine], model_dirs=(jina_colbert[0],)) as http:
-            yield http
-    finally:
-        engine.close()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine, jina_colbert: tuple[Path, torch.nn.Module]) -> Iterator[httpx.Client]:
+    with api([engine], model_dirs=(jina_colbert[0],)) as http:
+        yield http
 
 
 def _reference(jina_colbert: tuple[Path, torch.nn.Module], texts: list[str], is_query: bool) -> list[np.ndarray]:
@@ -76,3 +80,29 @@ def test_rerank_and_score_give_the_librarys_maxsim(client: httpx.Client, jina_co
     assert reply.status_code == 200, reply.text
     scores = [item["score"] for item in sorted(reply.json()["data"], key=lambda item: item["index"])]
     np.testing.assert_allclose(scores, expected, rtol=1e-5)
+
+
+def test_embcli_jina_client_reads_the_token_vectors(
+    engine: Engine, jina_colbert, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """embcli-jina's JinaEmbeddingModel (the pip-installable client found that speaks /v1/multi-vector) over a real
+    loopback socket, the model served under the name it sends: its body (model, input, input_type, dimensions), its
+    bearer key, and its reading of `data[].embeddings`, which yields each input's token rows in turn (its `embed`
+    keeps the first row only: a single-vector interface)."""
+    from embcli_jina.jina import JinaEmbeddingModel
+
+    monkeypatch.setenv("JINA_API_KEY", "jina-key")
+    with served([engine], ("jina-colbert-v2",), listen=True, api_key="jina-key") as running:
+        model = JinaEmbeddingModel("jina-colbert-v2")
+        model.endpoint = f"{running.url}/v1/multi-vector"  # the library's table names api.jina.ai's route only
+        queries = np.array(list(model.embed_batch(TEXTS, None, input_type="query")), np.float32)
+        documents = np.array(list(model.embed_batch_for_ingest(DOCUMENTS, 3)), np.float32)  # two requests
+        narrow = np.array(list(model.embed_batch_for_ingest(DOCUMENTS[:1], None, dimensions=8)), np.float32)
+        first = np.array(model.embed_for_search(QUERY), np.float32)
+    expected_queries = np.concatenate(_reference(jina_colbert, TEXTS, True))
+    expected_documents = _reference(jina_colbert, DOCUMENTS, False)
+    assert _least_cosine([queries], [expected_queries]) >= 0.99999
+    assert _least_cosine([documents], [np.concatenate(expected_documents)]) >= 0.99999
+    assert narrow.shape == (len(expected_documents[0]), 8)
+    assert _least_cosine([narrow], [expected_documents[0][:, :8]]) >= 0.99999
+    assert _least_cosine([first[None]], [_reference(jina_colbert, [QUERY], True)[0][:1]]) >= 0.99999

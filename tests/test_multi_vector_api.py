@@ -16,9 +16,11 @@ import pytest
 from colbert_models import QUERY_LENGTH, build_pylate, pylate_encode
 from in_process import api
 from safetensors.torch import load_file
+from sentence_transformers.util.quantization import quantize_embeddings
 from test_colbert import _projection
 
 from bouquet.config import EngineConfig
+from bouquet.encodings import int8_rows
 from bouquet.engine.engine import Engine
 
 COLBERT = "tiny-colbert"
@@ -93,6 +95,30 @@ def test_float16_rows_in_base64(client: httpx.Client) -> None:
         np.testing.assert_array_equal(rows, np.array(expected["embeddings"], np.float32).astype(np.float16))
 
 
+@pytest.mark.parametrize(
+    ("embedding_type", "dimensions"), [("int8", None), ("uint8", None), ("binary", None), ("ubinary", None),
+                                       ("int8", 12), ("ubinary", 12)],
+)  # fmt: skip
+def test_compact_rows_are_each_token_rows_own(
+    client: httpx.Client, embedding_type: str, dimensions: int | None
+) -> None:
+    """Each token row encoded alone at the model's (or the asked) width, not at the step's padded one: int8 as
+    bouquet's rows (round(127 x / |x|), uint8 that + 128), binary and ubinary as sentence-transformers'
+    quantize_embeddings packs the float rows the route answers (12 dimensions: the last byte's low bits unused)."""
+    body = {"model": COLBERT, "input": TEXTS, "dimensions": dimensions}
+    floats = client.post("/v1/multi-vector", json=body)
+    compact = client.post("/v1/multi-vector", json={**body, "embedding_type": embedding_type})
+    assert floats.status_code == 200 and compact.status_code == 200, compact.text
+    for item, expected in zip(compact.json()["data"], floats.json()["data"], strict=True):
+        rows, reference = np.array(item["embeddings"]), np.array(expected["embeddings"], np.float32)
+        if embedding_type in ("binary", "ubinary"):
+            wanted = quantize_embeddings(reference, precision=embedding_type)
+        else:
+            wanted = int8_rows(reference).astype(np.int64) + (128 if embedding_type == "uint8" else 0)
+        assert rows.shape == wanted.shape
+        np.testing.assert_array_equal(rows, wanted)
+
+
 def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None:
     dense = client.post("/v1/embeddings", json={"model": COLBERT, "input": "a"})
     assert dense.status_code == 400 and dense.json()["error"]["code"] == "wrong_task"
@@ -101,6 +127,12 @@ def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None
     assert multi.status_code == 400 and multi.json()["error"]["code"] == "wrong_task"
     card = client.get(f"/v1/models/{COLBERT}").json()
     assert card["task"] == "multi_vector"
+    listed = {card["id"]: card["task"] for card in client.get("/v1/models").json()["data"]}
+    assert listed == {COLBERT: "multi_vector", "all-MiniLM-L6-v2": "embed"}
+    info = client.get("/info", params={"model": COLBERT}).json()
+    assert info["task"] == "multi_vector" and info["model_id"] == COLBERT
+    tei = client.post("/embed", json={"model": COLBERT, "inputs": "a"})
+    assert tei.status_code == 424 and "/v1/multi-vector" in tei.json()["error"], tei.text  # TEI's wrong-model status
 
 
 @pytest.mark.parametrize(
