@@ -49,18 +49,20 @@ def bucket_tokens(num_tokens: int, per_doubling: int) -> int:
     return -(-num_tokens // step) * step
 
 
-def pad_to_bucket(batch: Batch, per_doubling: int) -> Batch:
+def pad_to_bucket(batch: Batch, per_doubling: int, placeholder: tuple[int, int] | None = None) -> Batch:
     """`batch` with its token count rounded up by `bucket_tokens`: the pad tokens are one more sequence, the
-    last; sequences 0..B-1 are unchanged. The batch itself when its count is already a bucket's."""
+    last; sequences 0..B-1 are unchanged. The batch itself when its count is already a bucket's. `placeholder`:
+    (merge size, placeholder token id) of a model whose images sit inside token sequences (Qwen3-VL)."""
     if batch.cu_spans is not None or batch.key_lens is not None:
         return batch  # a batch with pooling spans (contextual, /embed_all, ColBERT) runs at its exact count
-    if batch.image_sequences and batch.pixel_values is not None and len(batch.pixel_values):
+    has_patches = batch.patch_images and batch.pixel_values is not None and len(batch.pixel_values) > 0
+    if has_patches and batch.image_sequences:
         return _pad_image_sequences(batch, per_doubling)
+    if has_patches and placeholder is not None:
+        return _pad_patch_images(batch, per_doubling, *placeholder)
     num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
     if num_tokens == batch.num_tokens or batch.pixel_values is not None:
-        # Fixed-size images run at whole images' counts (built at start-up: `image_warmup`); images inside token
-        # sequences (Qwen3-VL) at their exact counts, as a pad sequence would need an image and its placeholders.
-        return batch
+        return batch  # fixed-size images run at whole images' counts (built at start-up: `image_warmup`)
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
 
 
@@ -76,6 +78,27 @@ def _pad_image_sequences(batch: Batch, per_doubling: int) -> Batch:
         return batch
     zeros = np.zeros((pad, batch.pixel_values.shape[1]), np.float32)
     return Batch.concat([batch, Batch.pack_image_sequences(zeros, np.array([[1, 1, pad]], np.int32))])
+
+
+def _pad_patch_images(batch: Batch, per_doubling: int, merge: int, placeholder_id: int) -> Batch:
+    """A step whose images sit inside token sequences (Qwen3-VL): one pad sequence brings both counts to buckets,
+    the vision tower's (every image's patches: a pad image of `merge` rows of zero patches) and the decoder's (its
+    tokens: the pad image's placeholders, then pad tokens). A bucket of a count of whole merge blocks is one too
+    (every bucket above 2 x `per_doubling` is a multiple of 4), and so is a quarter of it, the merger's rows."""
+    assert batch.pixel_values is not None, "asked of a step with images"
+    patches = len(batch.pixel_values)
+    pad_patches = bucket_tokens(patches, per_doubling) - patches
+    if pad_patches % (merge * merge):
+        pad_patches = 0  # a count this rounding cannot reach in whole blocks: the vision tower's stays exact
+    image_tokens = pad_patches // (merge * merge)
+    pad_tokens = bucket_tokens(batch.num_tokens + image_tokens, per_doubling) - batch.num_tokens
+    if not pad_tokens:
+        return batch
+    pad = Batch.pack([[placeholder_id] * image_tokens + [0] * (pad_tokens - image_tokens)])
+    if image_tokens:
+        zeros = np.zeros((pad_patches, batch.pixel_values.shape[1]), np.float32)
+        pad = pad.with_patch_images(zeros, np.array([[1, merge, pad_patches // merge]], np.int32), [1])
+    return Batch.concat([batch, pad])
 
 
 # Primitives oneDNN keeps: the buckets' (above) for models of up to about 10 linear kinds. A bound on count, not

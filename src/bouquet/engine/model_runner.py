@@ -33,6 +33,7 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None  # set by the engine on CUDA when the backend can be captured
         self.layer_graphs: CpuLayerGraphs | None = None  # set by the engine on the CPU (--cpu-graphs)
         self.token_buckets = 0  # eager steps' token counts per doubling (engine/memory.py); 0: exact
+        self.placeholder = _placeholder(model)
         self._key_lens_backend: AttentionBackend | None = None  # SDPA, for batches whose keys end early
         self.set_backend(backend)
 
@@ -48,7 +49,7 @@ class ModelRunner:
             raise ValueError(f"this model ({type(self.model).__name__}) takes no {kind}")
         if self.graphs is not None and batch.key_lens is None and (rows := self.graphs.run(batch)) is not None:
             return rows
-        padded = pad_to_bucket(batch, self.token_buckets)
+        padded = pad_to_bucket(batch, self.token_buckets, self.placeholder)
         inputs = prepare_inputs(padded, self.device, self._sparse_inputs(batch), real_tokens=batch.num_tokens)
         rows = self.forward(inputs, self.backend.prepare, uniform_normalize(batch))
         return rows[: batch.num_rows]  # the pad sequence's row, if any, dropped
@@ -109,3 +110,11 @@ def uniform_normalize(batch: Batch) -> bool | None:
     if batch.normalize.all():
         return True
     return False if not batch.normalize.any() else None
+
+
+def _placeholder(model: nn.Module) -> tuple[int, int] | None:
+    """(merge size, placeholder token id) of a model whose images sit inside token sequences (Qwen3-VL)."""
+    if not getattr(model, "variable_images", False):
+        return None
+    _, merge, placeholder_id, image_sequences, _ = model.image_patches
+    return None if image_sequences else (merge, placeholder_id)
