@@ -32,6 +32,7 @@ PREFIXES = ("[unused0]", "[unused1]")  # tokens of the MiniLM vocabulary, standi
 # must be other tokens than [unused0]).
 ENCODERS = ("bert", "modernbert", "xlm-roberta")
 XLM_R_PREFIXES = ("[unused2]", "[unused3]")
+PYLATE_PREFIXES = ("[Q] ", "[D] ")  # PyLate's defaults, which it adds to the tokenizer (ids 30522 and 30523 here)
 
 
 def _encoder(family: str = "bert") -> torch.nn.Module:
@@ -63,11 +64,24 @@ def _projection(hidden: int, dimension: int, seed: int, bias: bool = False) -> t
 
 
 def build_pylate(
-    out: Path, tokenizer_dir: Path, attend_to_expansion: bool = False, seed: int = 0, encoder: str = "bert"
-) -> Path:
-    """PyLate's layout: the encoder at the root, `1_Dense` (PyLate's Dense, 64 -> 24, no bias)."""
-    save_tiny(_encoder(encoder), out, tokenizer_dir, seed, WEIGHT_SCALE)
+    out: Path, tokenizer_dir: Path, attend_to_expansion: bool = False, seed: int = 0, encoder: str = "bert",
+    added_prefixes: bool = False,
+) -> Path:  # fmt: skip
+    """PyLate's layout: the encoder at the root, `1_Dense` (PyLate's Dense, 64 -> 24, no bias). `added_prefixes`:
+    its default prefixes "[Q] " and "[D] " added to the tokenizer and the word embeddings resized, as PyLate's
+    ColBERT.__init__ does before it saves (BERT only), instead of tokens of the vocabulary."""
+    model = _encoder(encoder)
+    if added_prefixes:
+        model.resize_token_embeddings(VOCAB_SIZE + len(PYLATE_PREFIXES))
+    save_tiny(model, out, tokenizer_dir, seed, WEIGHT_SCALE)
     prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
+    if added_prefixes:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        tokenizer.add_tokens(list(PYLATE_PREFIXES))
+        tokenizer.save_pretrained(str(out))
+        prefixes = PYLATE_PREFIXES
     _write_pylate_modules(out, _projection(64, 24, seed), prefixes, QUERY_LENGTH, DOCUMENT_LENGTH, attend_to_expansion)
     return out
 

@@ -17,6 +17,7 @@ from colbert_models import (
     JINA_DIMENSION,
     JINA_MARKERS,
     PREFIXES,
+    PYLATE_PREFIXES,
     QUERY_LENGTH,
     WEIGHT_SCALE,
     XLM_R_PREFIXES,
@@ -137,6 +138,21 @@ def other_encoder_dirs(tmp_path_factory, minilm_path: Path) -> dict[str, Path]:
 def test_pylate_vectors_on_other_encoders_match(other_encoder_dirs, encoder: str, is_query: bool, dtype: str) -> None:
     prefixes = XLM_R_PREFIXES if encoder == "xlm-roberta" else PREFIXES
     _against_pylate(other_encoder_dirs[encoder], dtype, is_query, False, prefixes)
+
+
+@pytest.fixture(scope="module")
+def added_prefixes_dir(tmp_path_factory, minilm_path: Path) -> Path:
+    return build_pylate(tmp_path_factory.mktemp("pylate-added-prefixes"), minilm_path, added_prefixes=True)
+
+
+@pytest.mark.parametrize("is_query", [True, False])
+def test_pylate_added_prefix_tokens_match(added_prefixes_dir: Path, is_query: bool) -> None:
+    """PyLate's own prefixes, "[Q] " and "[D] ", as it saves them: tokens added past the vocabulary (a space in
+    each), the word embeddings resized."""
+    model_dir = added_prefixes_dir
+    layout = read_model_dir(model_dir).multi_vector
+    assert layout is not None and (layout.query_prefix, layout.document_prefix) == ((30522,), (30523,))
+    _against_pylate(model_dir, "float32", is_query, False, PYLATE_PREFIXES)
 
 
 def test_hidden_expansion_tokens_change_the_query_vectors(pylate_dirs) -> None:
