@@ -171,19 +171,27 @@ def test_hidden_expansion_tokens_change_the_query_vectors(pylate_dirs) -> None:
     assert np.abs(hidden - attended).max() > 1e-3
 
 
-def test_hf_colbert_vectors_match(tmp_path, minilm_path: Path) -> None:
+@pytest.mark.parametrize(("weights", "dtype"), [("model.safetensors", "float32"), ("model.safetensors", "bfloat16"),
+                                               ("pytorch_model.bin", "float32")])  # fmt: skip
+def test_hf_colbert_vectors_match(tmp_path, minilm_path: Path, weights: str, dtype: str) -> None:
+    """Stanford's layout; also as colbertv2.0 was released (2022, before safetensors was transformers' default): one
+    pytorch_model.bin, the projection's width from artifact.metadata's dim."""
     model_dir = build_hf_colbert(tmp_path / "colbert", minilm_path)
+    state = load_file(str(model_dir / "model.safetensors"))
+    if weights == "pytorch_model.bin":
+        (model_dir / "model.safetensors").unlink()
+        torch.save(state, model_dir / weights)
     spec = read_model_dir(model_dir)
     assert spec.task == "multi_vector" and spec.architecture == "BertModel" and spec.multi_vector is not None
     assert spec.multi_vector.source == "model" and spec.multi_vector.query_prefix == (1,)
-    projection = _projection(load_file(str(model_dir / "model.safetensors"))["linear.weight"])
-    engine = _engine(model_dir)
+    projection = _projection(state["linear.weight"])
+    engine = _engine(model_dir, dtype)
     try:
         ours = {is_query: engine_vectors(engine, TEXTS, is_query) for is_query in (True, False)}
     finally:
         engine.close()
     for is_query in (True, False):
-        assert_vectors_match(ours[is_query], pylate_encode(model_dir, projection, TEXTS, is_query), "float32")
+        assert_vectors_match(ours[is_query], pylate_encode(model_dir, projection, TEXTS, is_query), dtype)
 
 
 def flag_embedding_colbert(
