@@ -300,8 +300,8 @@ def test_qwen3_vl_rows_are_the_same_with_and_without_buckets(tmp_path: Path, min
 
 
 # Qwen3-VL's steps: texts with images of random grids inside them, both the vision tower's patches and the
-# decoder's tokens padded to the buckets' counts by a sequence holding a pad image. Lone steps are off: with them,
-# the merger's few rows still met a team size the start-up build had not used (docs/benchmarks.md).
+# decoder's tokens padded to the buckets' counts by a sequence holding a pad image. Lone steps are off: whether a
+# short step widens its team depends on timings, and one run with them built the merger's few rows (benchmarks.md).
 _QWEN3_VL_STEPS_AFTER_LOAD = """
 import ctypes, sys
 from pathlib import Path
