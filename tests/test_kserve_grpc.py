@@ -23,6 +23,7 @@ import pytest
 from conftest import row_cosines
 from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from in_process import Served, served
@@ -154,7 +155,8 @@ def test_reflection_lists_and_describes_the_service(running: Served) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
         services, service = reflected(channel)
     assert sorted(services) == [
-        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection", "inference.GRPCInferenceService"
+        "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection",
+        "inference.GRPCInferenceService",
     ]  # fmt: skip
     methods = {method.name: (method.input_type.full_name, method.output_type.full_name) for method in service.methods}
     assert methods == {
@@ -163,6 +165,43 @@ def test_reflection_lists_and_describes_the_service(running: Served) -> None:
     }
     reflected_fields = {f.name: f.number for f in service.methods_by_name["ModelInfer"].input_type.fields}
     assert reflected_fields == {f.name: f.number for f in pb.ModelInferRequest.DESCRIPTOR.fields}
+
+
+def _v1(name: str) -> type:
+    return message_factory.GetMessageClass(
+        descriptor_pool.Default().FindMessageTypeByName(f"grpc.reflection.v1.{name}")
+    )
+
+
+def test_reflection_v1_as_a_client_that_speaks_only_v1(running: Served) -> None:
+    # v1's messages as grpc's reflection/v1/reflection.proto numbers them: a request's file_containing_symbol 4 and
+    # list_services 7, a response's file_descriptor_response 4, list_services_response 6, error_response 7
+    request_class, response_class = _v1("ServerReflectionRequest"), _v1("ServerReflectionResponse")
+    numbers = {f.name: f.number for c in (request_class, response_class) for f in c.DESCRIPTOR.fields}
+    assert {k: numbers[k] for k in ("file_containing_symbol", "list_services", "file_descriptor_response",
+            "list_services_response", "error_response")} == {"file_containing_symbol": 4, "list_services": 7,
+            "file_descriptor_response": 4, "list_services_response": 6, "error_response": 7}  # fmt: skip
+    asked = [
+        request_class(list_services=""),
+        request_class(file_containing_symbol="inference.GRPCInferenceService"),
+        request_class(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+        request_class(file_containing_symbol="no.such.Service"),
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{running.app.state.grpc_port}") as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=request_class.SerializeToString, response_deserializer=response_class.FromString,
+        )  # fmt: skip
+        listed, inference, itself, missing = list(info(iter(asked), timeout=30))
+    assert "grpc.reflection.v1.ServerReflection" in {service.name for service in listed.list_services_response.service}
+    files = [FileDescriptorProto.FromString(raw) for raw in inference.file_descriptor_response.file_descriptor_proto]
+    (service,) = [service for file in files for service in file.service if service.name == "GRPCInferenceService"]
+    assert "ModelInfer" in {method.name for method in service.method}
+    (own,) = [FileDescriptorProto.FromString(raw) for raw in itself.file_descriptor_response.file_descriptor_proto]
+    assert own.package == "grpc.reflection.v1" and own.service[0].method[0].input_type == (
+        ".grpc.reflection.v1.ServerReflectionRequest"
+    )
+    assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
 
 
 def test_readmes_grpcurl_call_through_reflection_alone(running: Served, sentence_transformer) -> None:

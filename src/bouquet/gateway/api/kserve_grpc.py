@@ -13,8 +13,8 @@ answer `ready: false` (status OK) where the REST routes answer a 4xx, as the pro
 gateway drains, while no replica (of the model) is healthy, and for a model or version not served.
 
 Over TLS with the gateway's --tls-cert (mutual with --tls-client-ca), as its HTTPS port; with gRPC server reflection
-(grpc.reflection.v1alpha), so grpcurl and grpcui list and call the service without the .proto file; and with
-gRPC's health service (api/grpc_health.py) for Kubernetes' gRPC probes."""
+(grpc.reflection.v1 and v1alpha: api/grpc_reflection.py), so grpcurl and grpcui list and call the service without the
+.proto file; and with gRPC's health service (api/grpc_health.py) for Kubernetes' gRPC probes."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from grpc_reflection.v1alpha import reflection
 
 from bouquet.batch import RowOptions
 from bouquet.config import GatewayConfig
 from bouquet.gateway.api.grpc_health import add_health
+from bouquet.gateway.api.grpc_reflection import add_reflection
 from bouquet.gateway.api.kserve import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -299,7 +299,7 @@ class OpenInferenceServer:
         self.server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(OpenInferenceServicer(service), self.server)
         health = add_health(self.server, service, SERVICE_NAME)
-        reflection.enable_server_reflection((SERVICE_NAME, health, reflection.SERVICE_NAME), self.server)
+        add_reflection(self.server, (SERVICE_NAME, health))
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.tls = service.config.tls_cert is not None
         self.port = _add_port(self.server, address, service.config)
