@@ -55,6 +55,31 @@ def test_products_round_the_float32_sums_once(
     assert error.max() <= 2**-8 + 1e-4
 
 
+def test_float32_rows_are_rounded_once_on_the_way_in() -> None:
+    weight, bias, x = bf16(48, 64, scale=0.1, seed=5), torch.randn(48), torch.randn(20, 96)[:, :64] * 2
+    packed = bf16_amx.pack(weight)
+    from_float = bf16_amx.amx_bf16_linear(x, packed, 48, bias, "gelu")  # strided float32 rows
+    assert torch.equal(from_float, bf16_amx.amx_bf16_linear(x.to(torch.bfloat16), packed, 48, bias, "gelu"))
+
+
+@pytest.mark.parametrize(("rows", "inputs", "outputs"), [(1, 384, 384), (40, 1536, 384), (7, 64, 48)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_add_norm_keeps_the_float32_stream(rows: int, inputs: int, outputs: int, threads: int) -> None:
+    weight, bias = bf16(outputs, inputs, scale=0.05, seed=6), torch.randn(outputs)
+    x, residual = torch.randn(rows, inputs), torch.randn(rows, outputs) * 3
+    gamma, beta = torch.rand(outputs) + 0.5, torch.randn(outputs)
+    summed = residual.double() + F.linear(x.to(torch.bfloat16).double(), weight.double(), bias.double())
+    expected = F.layer_norm(summed, (outputs,), gamma.double(), beta.double(), eps=1e-12)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = bf16_amx.amx_bf16_linear_add_norm(x, bf16_amx.pack(weight), outputs, bias, residual, gamma, beta, 1e-12)
+    finally:
+        torch.set_num_threads(previous)
+    assert got.dtype == torch.float32
+    assert (got.double() - expected).abs().max() <= 1e-4  # float32 sums of exact bfloat16 products
+
+
 def test_strided_rows_and_threads_agree_bit_for_bit() -> None:
     weight, x = bf16(64, 128, scale=0.1, seed=3), bf16(40, 256, seed=4)
     rows = x[:, 64:192]  # each row 128 values, 256 apart
@@ -88,6 +113,15 @@ def test_linears_run_on_the_tiles_up_to_their_rows() -> None:
         with torch.inference_mode():
             cosine = F.cosine_similarity(linear(x).float(), plain(x).float(), dim=-1)
         assert cosine.min() >= 0.9999
+    projection = Linear(384, 1536).to(torch.bfloat16)
+    projection.use_amx_bf16(16)
+    norm = torch.nn.LayerNorm(1536)
+    residual = torch.randn(8, 1536)
+    with torch.inference_mode(), recording() as program:
+        fused = projection.add_norm(bf16(8, 384), residual, norm)
+        projection.add_norm(bf16(8, 384), residual.to(torch.bfloat16), norm)  # not the float32 stream: torch's norm
+    called = [function.__name__ for function, _ in program.calls]
+    assert fused.dtype == torch.float32 and called == ["bouquet_amx_bf16_linear_add_norm", "bouquet_amx_bf16_linear"]
     everywhere = Linear(384, 384).to(torch.bfloat16)
     everywhere.prepack()
     everywhere.use_amx_bf16(-1)
@@ -120,3 +154,33 @@ def test_minilm_on_the_tiles_matches_sentence_transformers(minilm_on_tiles: Engi
     cosines = row_cosines(ours, reference)
     assert cosines.min() >= 0.999, f"min cosine {cosines.min():.6f}"
     assert np.median(cosines) >= 0.9999, f"median cosine {np.median(cosines):.6f}"
+
+
+def test_minilm_layers_on_the_tiles_replay_as_cpu_graphs(minilm_on_tiles: Engine, minilm_path: Path,
+                                                          minilm_tokenizer) -> None:  # fmt: skip
+    """Every op of a bfloat16 BERT layer is a kernel here, so short steps replay their calls, bit for bit."""
+    import dataclasses
+
+    from bouquet.batch import Batch
+    from bouquet.config import create_engine_config
+
+    chosen = bf16_amx.choose_bf16_rows
+    bf16_amx.choose_bf16_rows = lambda shapes, threads: -1  # type: ignore[assignment]
+    try:
+        config = create_engine_config(minilm_path, device="cpu", dtype="bfloat16")
+        eager = Engine(dataclasses.replace(config, cpu_graphs=False))
+    finally:
+        bf16_amx.choose_bf16_rows = chosen  # type: ignore[assignment]
+    try:
+        ids = minilm_tokenizer.encode(["a query", "another short query", "and a third one, a little longer"])
+        batches = [Batch.pack([one]) for one in ids] + [Batch.pack(ids)]
+        for _ in range(3):
+            for batch in batches:
+                with torch.inference_mode():
+                    got = minilm_on_tiles.runner.execute(batch)
+                    assert torch.equal(got, eager.runner.execute(batch))
+        layers = minilm_on_tiles.model.encoder.layer
+        stats = minilm_on_tiles.runner.layer_graphs.thread_graphs(layers).stats  # type: ignore[union-attr]
+        assert stats.captures == len(batches) and stats.replays >= len(batches)
+    finally:
+        eager.close()

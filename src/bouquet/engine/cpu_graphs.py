@@ -65,15 +65,17 @@ class _KeepAndGuard(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         name = func._schema.name
-        if name not in _ALLOCATING and not (func.is_view and _shares_storage(outputs, (args, kwargs))):
+        given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        returned_as_given = all(any(o is t for t in given) for o in outputs)  # `.to` its own dtype
+        if name not in _ALLOCATING and not returned_as_given and not (func.is_view and _shares_storage(outputs, given)):
             raise NotReplayable(f"{name} computes outside bouquet's kernels")
         self.kept.extend(outputs)
         return out
 
 
-def _shares_storage(outputs: list[torch.Tensor], given: Any) -> bool:
+def _shares_storage(outputs: list[torch.Tensor], given: list[torch.Tensor]) -> bool:
     """Whether every output views an input's memory: a view op may still copy (a reshape of strided rows)."""
-    storages = {t.untyped_storage().data_ptr() for t in tree_leaves(given) if isinstance(t, torch.Tensor)}
+    storages = {t.untyped_storage().data_ptr() for t in given}
     return all(t.untyped_storage().data_ptr() in storages for t in outputs)
 
 

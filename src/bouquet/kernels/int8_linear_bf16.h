@@ -64,7 +64,7 @@ AMX_BF16_TARGET static void bf16_configure(int rows) {
 // bias + activation on one row's 16 x `blocks` float32 sums, rounded to bfloat16 (nearest even). One loop per
 // activation, so that each vectorizes with its activation inlined.
 AMX_BF16_TARGET static void bf16_finish_row(float* sums, int blocks, const float* bias, int activation,
-                                            uint16_t* out) {
+                                            uint16_t* out, float* out_f32) {
     const int count = 16 * blocks;
     if (bias)
         for (int i = 0; i < count; i++) sums[i] += bias[i];
@@ -81,6 +81,10 @@ AMX_BF16_TARGET static void bf16_finish_row(float* sums, int blocks, const float
         default:
             break;
     }
+    if (out_f32) {  // the fused add and LayerNorm's input (bouquet_amx_bf16_linear_add_norm)
+        memcpy(out_f32, sums, sizeof(float) * count);
+        return;
+    }
     for (int j = 0; j < blocks; j++)
         _mm256_storeu_si256((__m256i*)(out + j * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sums + j * 16)));
 }
@@ -88,7 +92,7 @@ AMX_BF16_TARGET static void bf16_finish_row(float* sums, int blocks, const float
 // Channel blocks [nb0, nb1) of rows [m_begin, m), one row block by up to four channel blocks at a time.
 AMX_BF16_TARGET static void bf16_share(const uint16_t* x, int64_t m_begin, int64_t m, int64_t k, int64_t ldx,
                                        const uint16_t* packed, int64_t nb0, int64_t nb1, const float* bias,
-                                       int activation, uint16_t* out, int64_t ldo) {
+                                       int activation, uint16_t* out, float* out_f32, int64_t ldo) {
     const int64_t input_blocks = k / BF16_BLOCK_INPUTS;
     float sums[16 * 64] __attribute__((aligned(64)));
     int configured = 0;
@@ -132,7 +136,8 @@ AMX_BF16_TARGET static void bf16_share(const uint16_t* x, int64_t m_begin, int64
             _tile_stored(3, sums + 48, 256);
             for (int r = 0; r < rows; r++)
                 bf16_finish_row(sums + r * 64, blocks, bias ? bias + nb * BLOCK_CHANNELS : NULL, activation,
-                                out + (m0 + r) * ldo + nb * BLOCK_CHANNELS);
+                                out ? out + (m0 + r) * ldo + nb * BLOCK_CHANNELS : NULL,
+                                out_f32 ? out_f32 + (m0 + r) * ldo + nb * BLOCK_CHANNELS : NULL);
         }
     }
     _tile_release();
@@ -142,7 +147,7 @@ AMX_BF16_TARGET static void bf16_share(const uint16_t* x, int64_t m_begin, int64
 // a time: four tiles loaded a step for four products, where one row block by four channel blocks loads five.
 AMX_BF16_TARGET static void bf16_pairs(const uint16_t* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* packed,
                                        int64_t nb0, int64_t nb1, const float* bias, int activation, uint16_t* out,
-                                       int64_t ldo) {
+                                       float* out_f32, int64_t ldo) {
     const int64_t input_blocks = k / BF16_BLOCK_INPUTS, stride = input_blocks * BF16_BLOCK_VALUES;
     float sums[16 * 64] __attribute__((aligned(64)));
     bf16_configure(BLOCK_ROWS);
@@ -173,8 +178,11 @@ AMX_BF16_TARGET static void bf16_pairs(const uint16_t* x, int64_t m, int64_t k, 
                     _tile_stored(3, sums + 16, 256);
                 }
                 const int64_t first = m0 + half * BLOCK_ROWS;
-                for (int r = 0; r < BLOCK_ROWS; r++)
-                    bf16_finish_row(sums + r * 64, 2, pair_bias, activation, out + (first + r) * ldo + nb * BLOCK_CHANNELS);
+                for (int r = 0; r < BLOCK_ROWS; r++) {
+                    const int64_t at = (first + r) * ldo + nb * BLOCK_CHANNELS;
+                    bf16_finish_row(sums + r * 64, 2, pair_bias, activation, out ? out + at : NULL,
+                                    out_f32 ? out_f32 + at : NULL);
+                }
             }
         }
     }
@@ -182,29 +190,91 @@ AMX_BF16_TARGET static void bf16_pairs(const uint16_t* x, int64_t m, int64_t k, 
 }
 #endif
 
-// out [m, n] (row stride ldo) = act(x [m, k] (row stride ldx) W^T + bias); bias float32 or NULL. Returns non-zero
-// where this build has no AMX.
-int bouquet_amx_bf16_linear(const uint16_t* x, int64_t m, int64_t k, int64_t ldx, const uint16_t* packed, int64_t n,
-                            const float* bias, int activation, uint16_t* out, int64_t ldo) {
 #if BOUQUET_AMX
+// This thread's share of the channels, all rows: bfloat16 into out, or float32 into out_f32 where it is given.
+AMX_BF16_TARGET static void bf16_product_share(const uint16_t* x, int64_t m, int64_t k, int64_t ldx,
+                                               const uint16_t* packed, int64_t n, const float* bias, int activation,
+                                               uint16_t* out, float* out_f32, int64_t ldo) {
     const int64_t groups = (n / BLOCK_CHANNELS + 3) / 4;
+    const int team = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t nb0 = groups * me / team * 4, nb1_group = groups * (me + 1) / team * 4;
+    const int64_t nb1 = nb1_group < n / BLOCK_CHANNELS ? nb1_group : n / BLOCK_CHANNELS;
+    const int64_t paired_rows = m / (2 * BLOCK_ROWS) * (2 * BLOCK_ROWS), paired_end = nb0 + (nb1 - nb0) / 2 * 2;
+    if (nb0 < nb1 && paired_rows) {
+        bf16_pairs(x, paired_rows, k, ldx, packed, nb0, paired_end, bias, activation, out, out_f32, ldo);
+        if (paired_end < nb1)
+            bf16_share(x, 0, paired_rows, k, ldx, packed, paired_end, nb1, bias, activation, out, out_f32, ldo);
+    }
+    if (nb0 < nb1 && paired_rows < m)
+        bf16_share(x, paired_rows, m, k, ldx, packed, nb0, nb1, bias, activation, out, out_f32, ldo);
+}
+
+// One row, in place: LayerNorm(v + residual) * gamma + beta, all float32.
+AMX_BF16_TARGET static void bf16_add_norm_row(float* v, const float* residual, int64_t n, const float* gamma,
+                                              const float* beta, float eps) {
+    float mean = 0.0f, square = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        v[c] += residual[c];
+        mean += v[c];
+    }
+    mean /= (float)n;
+    for (int64_t c = 0; c < n; c++) square += (v[c] - mean) * (v[c] - mean);
+    const float scale = 1.0f / sqrtf(square / (float)n + eps);
+    for (int64_t c = 0; c < n; c++) v[c] = (v[c] - mean) * scale * gamma[c] + beta[c];
+}
+
+// Rows of float32 x as bfloat16 (nearest even) into `rows`, k values a row: the tiles read bfloat16 from memory.
+// Inside the caller's parallel region; its end is the team's barrier.
+AMX_BF16_TARGET static void bf16_rows_from_f32(const float* x, int64_t m, int64_t k, int64_t ldx, uint16_t* rows) {
+#pragma omp for
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < k; c += 16)  // k is a multiple of 32 (the caller's requirement)
+            _mm256_storeu_si256((__m256i*)(rows + r * k + c), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * ldx + c)));
+}
+#endif
+
+// out [m, n] bfloat16 (row stride ldo) = act(x [m, k] W^T + bias); x bfloat16, or float32 where x_f32 (then
+// converted into `converted`, [m, k] bfloat16 of the caller's), rows ldx apart; bias float32 or NULL. Returns
+// non-zero where this build has no AMX.
+int bouquet_amx_bf16_linear(const void* x, int x_f32, int64_t m, int64_t k, int64_t ldx, const uint16_t* packed,
+                            int64_t n, const float* bias, int activation, uint16_t* out, int64_t ldo,
+                            uint16_t* converted) {
+#if BOUQUET_AMX
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
     {
-        const int team = omp_get_num_threads(), me = omp_get_thread_num();
-        const int64_t nb0 = groups * me / team * 4, nb1_group = groups * (me + 1) / team * 4;
-        const int64_t nb1 = nb1_group < n / BLOCK_CHANNELS ? nb1_group : n / BLOCK_CHANNELS;
-        const int64_t paired_rows = m / (2 * BLOCK_ROWS) * (2 * BLOCK_ROWS), paired_end = nb0 + (nb1 - nb0) / 2 * 2;
-        if (nb0 < nb1 && paired_rows) {
-            bf16_pairs(x, paired_rows, k, ldx, packed, nb0, paired_end, bias, activation, out, ldo);
-            if (paired_end < nb1)
-                bf16_share(x, 0, paired_rows, k, ldx, packed, paired_end, nb1, bias, activation, out, ldo);
-        }
-        if (nb0 < nb1 && paired_rows < m)
-            bf16_share(x, paired_rows, m, k, ldx, packed, nb0, nb1, bias, activation, out, ldo);
+        if (x_f32) bf16_rows_from_f32((const float*)x, m, k, ldx, converted);
+        const uint16_t* rows = x_f32 ? converted : (const uint16_t*)x;
+        bf16_product_share(rows, m, k, x_f32 ? k : ldx, packed, n, bias, activation, out, NULL, ldo);
     }
     return 0;
 #else
-    (void)x, (void)m, (void)k, (void)ldx, (void)packed, (void)n, (void)bias, (void)activation, (void)out, (void)ldo;
+    (void)x, (void)x_f32, (void)m, (void)k, (void)ldx, (void)packed, (void)n, (void)bias, (void)activation;
+    (void)out, (void)ldo, (void)converted;
+    return 1;
+#endif
+}
+
+// out [m, n] float32 = LayerNorm(residual + x W^T + bias) with gamma, beta and eps: a post-norm block's end in one
+// call, its float32 residual stream never rounded. x as in bouquet_amx_bf16_linear; residual float32, rows ldr
+// apart; out contiguous.
+int bouquet_amx_bf16_linear_add_norm(const void* x, int x_f32, int64_t m, int64_t k, int64_t ldx,
+                                     const uint16_t* packed, int64_t n, const float* bias, const float* residual,
+                                     int64_t ldr, const float* gamma, const float* beta, float eps, float* out,
+                                     uint16_t* converted) {
+#if BOUQUET_AMX
+#pragma omp parallel if (m * n * k >= PARALLEL_WORK)
+    {
+        if (x_f32) bf16_rows_from_f32((const float*)x, m, k, ldx, converted);
+        const uint16_t* rows = x_f32 ? converted : (const uint16_t*)x;
+        bf16_product_share(rows, m, k, x_f32 ? k : ldx, packed, n, bias, ACT_NONE, NULL, out, n);
+#pragma omp barrier
+#pragma omp for
+        for (int64_t r = 0; r < m; r++) bf16_add_norm_row(out + r * n, residual + r * ldr, n, gamma, beta, eps);
+    }
+    return 0;
+#else
+    (void)x, (void)x_f32, (void)m, (void)k, (void)ldx, (void)packed, (void)n, (void)bias, (void)residual, (void)ldr;
+    (void)gamma, (void)beta, (void)eps, (void)out, (void)converted;
     return 1;
 #endif
 }

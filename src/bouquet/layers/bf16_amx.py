@@ -35,10 +35,18 @@ def _library() -> ctypes.CDLL:
     library.bouquet_amx_bf16_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.bouquet_amx_bf16_linear.restype = ctypes.c_int
     library.bouquet_amx_bf16_linear.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, in_features, x's row stride
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, float32?, rows, K, stride
         ctypes.c_void_p, ctypes.c_int64,  # packed weight, out_features
         ctypes.c_void_p, ctypes.c_int,  # float32 bias or NULL, activation
-        ctypes.c_void_p, ctypes.c_int64,  # out, its row stride
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # out, its row stride, bfloat16 scratch for float32 x
+    ]  # fmt: skip
+    library.bouquet_amx_bf16_linear_add_norm.restype = ctypes.c_int
+    library.bouquet_amx_bf16_linear_add_norm.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # as above
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # packed weight, out_features, float32 bias or NULL
+        ctypes.c_void_p, ctypes.c_int64,  # float32 residual, its row stride
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,  # the norm's float32 weight and bias, eps
+        ctypes.c_void_p, ctypes.c_void_p,  # float32 out, bfloat16 scratch for float32 x
     ]  # fmt: skip
     return library
 
@@ -71,22 +79,59 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def _input_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [..., K] as rows the kernel reads (bfloat16, or float32 that it converts into the returned scratch)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype not in (torch.bfloat16, torch.float32) or rows.stride(-1) != 1:
+        rows = rows.float().contiguous()
+    converted = torch.empty(rows.shape, dtype=torch.bfloat16) if rows.dtype == torch.float32 else None
+    return rows, converted
+
+
 def amx_bf16_linear(
     x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None, activation: str = "none"
 ) -> torch.Tensor:
-    """act(x @ W.T + b): x [..., K] bfloat16 -> [..., N] bfloat16; `bias` float32 or None."""
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.dtype != torch.bfloat16 or rows.stride(-1) != 1:
-        rows = rows.to(torch.bfloat16).contiguous()
+    """act(x @ W.T + b): x [..., K] bfloat16 or float32 (rounded to bfloat16) -> [..., N] bfloat16; `bias`
+    float32 or None."""
+    rows, converted = _input_rows(x)
     out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
     failed = kernel_call(
         _library().bouquet_amx_bf16_linear,
-        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), out_features,
-        None if bias is None else bias.data_ptr(), ACTIVATION_CODES[activation], out.data_ptr(), out_features,
+        rows.data_ptr(), converted is not None, rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(),
+        out_features, None if bias is None else bias.data_ptr(), ACTIVATION_CODES[activation], out.data_ptr(),
+        out_features, None if converted is None else converted.data_ptr(),
     )  # fmt: skip
     if failed:
         raise RuntimeError("the AMX bfloat16 product ran where this build has no AMX")
     return out.view(*x.shape[:-1], out_features)
+
+
+def amx_bf16_linear_add_norm(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """LayerNorm(residual + x @ W.T + b) in one call: x as `amx_bf16_linear` takes it, the float32 residual stream
+    [..., N] -> [..., N] float32, the sum never rounded to bfloat16; bias and the norm's weight and bias float32."""
+    rows, converted = _input_rows(x)
+    residual_rows = residual.reshape(-1, out_features)
+    assert residual_rows.dtype == torch.float32 and residual_rows.stride(-1) == 1, "a float32 residual stream"
+    out = torch.empty(rows.shape[0], out_features)
+    failed = kernel_call(
+        _library().bouquet_amx_bf16_linear_add_norm,
+        rows.data_ptr(), converted is not None, rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(),
+        out_features, None if bias is None else bias.data_ptr(), residual_rows.data_ptr(), residual_rows.stride(0),
+        norm_weight.data_ptr(), norm_bias.data_ptr(), eps, out.data_ptr(),
+        None if converted is None else converted.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise RuntimeError("the AMX bfloat16 product ran where this build has no AMX")
+    return out.view(residual.shape)
 
 
 def choose_bf16_rows(shapes: list[tuple[int, int]], threads: int) -> int:

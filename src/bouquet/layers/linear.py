@@ -20,7 +20,7 @@ from torch import nn
 from bouquet.cpu_features import cpu_features
 from bouquet.layers import bf16_amx
 from bouquet.layers.activation import get_activation
-from bouquet.layers.bf16_amx import amx_bf16_linear
+from bouquet.layers.bf16_amx import amx_bf16_linear, amx_bf16_linear_add_norm
 from bouquet.layers.int8_linear import (
     ACTIVATIONS,
     FULL_WEIGHT_LIMIT,
@@ -60,6 +60,7 @@ class Linear(nn.Linear):
     amx_bf16: torch.Tensor | None = None
     amx_bias: torch.Tensor | None = None
     amx_bf16_rows: int = 0
+    _amx_norm: tuple[nn.Module, tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -91,7 +92,29 @@ class Linear(nn.Linear):
                 self._fused_norm = (norm, fuses_add_norm(norm))
             if self._fused_norm[1]:
                 return int8_linear_add_norm(x, self.int8, residual, norm)
+        stream = residual.dtype == torch.float32 and residual.stride(-1) == 1  # the kernel's residual
+        if self.amx_bf16 is not None and stream and self._runs_on_amx_bf16(x):
+            weights = self._amx_norm_weights(norm)
+            if weights is not None:
+                return amx_bf16_linear_add_norm(
+                    x, self.amx_bf16, self.out_features, self.amx_bias, residual, *weights, norm.eps
+                )
         return norm(residual + self(x))
+
+    def _amx_norm_weights(self, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The norm's weight and bias in float32 for the fused bfloat16 kernel, made once; None where the norm is
+        not a LayerNorm over the last dimension with both."""
+        if self._amx_norm is None or self._amx_norm[0] is not norm:
+            fits_kernel = (
+                isinstance(norm, nn.LayerNorm) and len(norm.normalized_shape) == 1 and norm.weight is not None
+                and norm.bias is not None and norm.normalized_shape[0] == self.out_features
+            )  # fmt: skip
+            weights = None
+            if fits_kernel:
+                assert isinstance(norm, nn.LayerNorm)
+                weights = (norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous())
+            self._amx_norm = (norm, weights)
+        return self._amx_norm[1]
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
         if self.amx_bf16 is not None and self._runs_on_amx_bf16(x):
@@ -123,6 +146,9 @@ class LinearActivation(Linear):
         self.activation = get_activation(activation)
         self.activation_name = activation
         self.epilogue = _ONEDNN_EPILOGUES.get(activation)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        return norm(residual + self(x))  # the fused kernels add no activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
