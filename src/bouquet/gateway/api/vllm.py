@@ -40,6 +40,10 @@ from bouquet.gateway.service import Service
 
 # vLLM's `activation` (older) or `use_activation`: false for the logits (TEI's raw_scores); given both, they agree
 Activation = Annotated[bool, described("vLLM's: false for the logits, no activation", default=True)] | None
+ScoreActivation = Annotated[bool, described(
+    "vLLM's: false for the logits, no activation; texts against images (zero-shot): unset gives their cosine, true "
+    "the model's probability, false its logit", default=True,
+)] | None  # fmt: skip
 
 
 class Content(msgspec.Struct, forbid_unknown_fields=True):
@@ -66,8 +70,8 @@ class ScoreRequest(RequestBody):
     model: Model = None
     truncate: Truncate = None
     instruction: Instruction = None
-    activation: Activation = None
-    use_activation: Activation = None
+    activation: ScoreActivation = None
+    use_activation: ScoreActivation = None
     queries: Annotated[Side, described("vLLM's: text_1")] | None = None
     data_1: Annotated[Side, described("vLLM's: text_1")] | None = None
     documents: Annotated[Side, described("vLLM's: text_2")] | None = None
