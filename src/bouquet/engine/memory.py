@@ -13,9 +13,10 @@ of a new count spends 1-3 ms a linear building its primitives again.
 2 x `per_doubling`), so at most (log2(max tokens) - log2(per_doubling) + 1) x per_doubling counts
 ever reach oneDNN: 112 up to 1,024 tokens with 16 a doubling, about 260 MB of primitives at most,
 all of them cached. The pad tokens form one extra sequence of their own (as in CUDA graphs' buckets), whose
-row the caller drops; a step pads by less than 1/16 of its tokens. A step of SigLIP 2's images, whose patch
-counts take any value, has its images' patches rounded up the same way by a pad image: without it every new
-count built the vision tower's primitives again and kept them (docs/benchmarks.md).
+row the caller drops; a step pads by less than 1/16 of its tokens. A step of images of any size, whose patch
+counts take any value, has its images' patches rounded up the same way by a pad image (SigLIP 2's a sequence of
+its own; Qwen3-VL's inside the pad sequence, with its placeholders): without it every new count built the vision
+tower's primitives again and kept them (docs/benchmarks.md).
 
 `build_primitives` builds them all at start-up (`cpu_warmup_tokens`), for each OpenMP team size a step can run
 with (oneDNN keys a primitive by its thread count too): a replica then starts at its plateau and stays flat,
