@@ -135,6 +135,7 @@ def test_an_image_url_on_a_listed_origin_embeds_as_the_same_image_inline(
     inline = client.embed(model=CLIP, images=[_data_uri(FILES[1])], input_type="image")
     np.testing.assert_allclose(_floats(by_url), _floats(inline), atol=1e-6)
     np.testing.assert_allclose(_floats(in_inputs), _floats(inline), atol=1e-6)
+    assert by_url.images == in_inputs.images == inline.images and inline.images[0].width == 300  # the fetched file's
 
 
 def _turned_jpeg(width: int, height: int) -> bytes:
