@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from colbert_models import QUERY_LENGTH, build_pylate, pylate_encode
+from colbert_models import DOCUMENT_LENGTH, QUERY_LENGTH, build_pylate, pylate_encode
 from in_process import api
 from safetensors.torch import load_file
 from sentence_transformers.util.quantization import quantize_embeddings
@@ -133,6 +133,33 @@ def test_each_task_is_refused_on_the_others_routes(client: httpx.Client) -> None
     assert info["task"] == "multi_vector" and info["model_id"] == COLBERT
     tei = client.post("/embed", json={"model": COLBERT, "inputs": "a"})
     assert tei.status_code == 424 and "/v1/multi-vector" in tei.json()["error"], tei.text  # TEI's wrong-model status
+
+
+@pytest.mark.parametrize("input_type", ["query", "document"])
+def test_long_inputs_are_cut_as_pylate_cuts_them_unless_truncate_is_false(
+    client: httpx.Client, colbert_dir: Path, input_type: str
+) -> None:
+    """Over the query or document length, an input is cut to it as PyLate's tokenize cuts it (length - 1 tokens,
+    then the prefix). With `truncate: false`: over the model's limit (the document length) the 413 every route gives
+    (`input_too_long`); a query over the query length but within the model's limit, a 400 with the same code."""
+    long_text = " ".join(f"word{i}" for i in range(3 * DOCUMENT_LENGTH))
+    body = {"model": COLBERT, "input": [long_text], "input_type": input_type}
+    reply = client.post("/v1/multi-vector", json=body)
+    assert reply.status_code == 200, reply.text
+    ours = [np.array(reply.json()["data"][0]["embeddings"], np.float32)]
+    assert len(ours[0]) == (QUERY_LENGTH if input_type == "query" else DOCUMENT_LENGTH)  # no punctuation to skip
+    projection = _projection(load_file(str(colbert_dir / "1_Dense" / "model.safetensors"))["linear.weight"])
+    theirs = [pylate_encode(colbert_dir, projection, [long_text], input_type == "query")[0].numpy()]
+    assert _least_cosine(ours, theirs) >= 0.99999
+    refused = client.post("/v1/multi-vector", json={**body, "truncate": False})
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "input_too_long", refused.text
+    between = " ".join(["word"] * (QUERY_LENGTH + 4))  # over the query length, under the model's
+    reply = client.post("/v1/multi-vector", json={**body, "input": [between], "truncate": False})
+    if input_type == "query":
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "input_too_long", reply.text
+        assert reply.json()["error"]["param"] == "input"
+    else:
+        assert reply.status_code == 200, reply.text
 
 
 @pytest.mark.parametrize(
