@@ -156,6 +156,8 @@ def test_padding_keeps_real_rows(engine_name: str, request: pytest.FixtureReques
 class _RecordingCapturer:
     """Stand-in for CudaCapturer: runs `fn` once at capture and replays by calling it again."""
 
+    computes = False  # as a CUDA capture: the capturing step replays
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
@@ -227,6 +229,8 @@ def test_capture_returns_the_static_output_and_replays_reuse_it() -> None:
 class _FailingCapturer:
     """A capture that raises, as a kernel that cannot be captured or a plan that outgrows its buffers does."""
 
+    computes = False
+
     def __init__(self) -> None:
         self.attempts = 0
 
@@ -268,6 +272,8 @@ def test_static_buffers_load_writes_all_a_bucket_reads() -> None:
 class _ReplayingCapturer:
     """Stand-in for CudaCapturer with CUDA graphs' semantics on the CPU: a replay runs the recorded function
     again and writes its result into the output tensor the capture returned."""
+
+    computes = False
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_Replay, torch.Tensor]:
         output = fn()

@@ -91,6 +91,8 @@ class CpuGraph:
 class CpuCapturer:
     """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs."""
 
+    computes = True  # the capture is an eager run: its output is the capturing step's answer
+
     def __init__(self, max_bytes: int):
         self.bytes_left = max_bytes
 

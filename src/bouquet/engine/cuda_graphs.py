@@ -144,6 +144,10 @@ class Graph(Protocol):
 
 
 class Capturer(Protocol):
+    # Whether recording runs `fn` for real (a CPU graph's capture is an eager run), so that the capturing step's
+    # output is already its answer; a CUDA capture only records, and the step replays.
+    computes: bool
+
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
         """Records `fn` once; returns the graph and `fn`'s output tensor, which every replay rewrites."""
         ...
@@ -151,6 +155,8 @@ class Capturer(Protocol):
 
 class CudaCapturer:
     """torch.cuda.CUDAGraph capture into one memory pool shared by all graphs (unverified without a GPU)."""
+
+    computes = False
 
     def __init__(self, stream: torch.cuda.Stream | None = None):
         self.pool = torch.cuda.graph_pool_handle()
@@ -210,6 +216,8 @@ class LazyGraphs:
         state = self.states.get(bucket)
         if state is BucketState.WARM:
             state = self._capture(bucket, capture)
+            if state is BucketState.CAPTURED and self.capturer.computes:
+                return self.graphs[bucket][1]
         if state is BucketState.CAPTURED:
             graph, output = self.graphs[bucket]
             before_replay()
