@@ -61,13 +61,17 @@ AMX_BF16_TARGET static void bf16_configure(int rows) {
     _tile_loadconfig(&config);
 }
 
-// bias + activation on one row's 16 x `blocks` float32 sums, rounded to bfloat16 (nearest even). One loop per
-// activation, so that each vectorizes with its activation inlined.
-AMX_BF16_TARGET static void bf16_finish_row(float* sums, int blocks, const float* bias, int activation,
-                                            uint16_t* out, float* out_f32) {
-    const int count = 16 * blocks;
+// A tile row block's float32 sums ([rows][64], the first 16 x `blocks` of each row used): plus the bias, through
+// the activation, rounded to bfloat16 into out (rows ldo apart), or copied as float32 into out_f32. One loop per
+// activation over the whole block, so that each vectorizes with its activation inlined.
+AMX_BF16_TARGET static void bf16_finish(float* sums, int rows, int blocks, const float* bias, int activation,
+                                        uint16_t* out, float* out_f32, int64_t ldo) {
+    const int width = 16 * blocks, count = rows * 64;
     if (bias)
-        for (int i = 0; i < count; i++) sums[i] += bias[i];
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < blocks; j++)
+                _mm512_store_ps(sums + r * 64 + j * 16,
+                                _mm512_add_ps(_mm512_load_ps(sums + r * 64 + j * 16), _mm512_loadu_ps(bias + j * 16)));
     switch (activation) {
         case ACT_GELU:
             for (int i = 0; i < count; i++) sums[i] = activate(sums[i], ACT_GELU);
@@ -81,12 +85,15 @@ AMX_BF16_TARGET static void bf16_finish_row(float* sums, int blocks, const float
         default:
             break;
     }
-    if (out_f32) {  // the fused add and LayerNorm's input (bouquet_amx_bf16_linear_add_norm)
-        memcpy(out_f32, sums, sizeof(float) * count);
-        return;
+    for (int r = 0; r < rows; r++) {
+        if (out_f32) {  // the fused add and LayerNorm's input (bouquet_amx_bf16_linear_add_norm)
+            memcpy(out_f32 + r * ldo, sums + r * 64, sizeof(float) * width);
+            continue;
+        }
+        for (int j = 0; j < blocks; j++)
+            _mm256_storeu_si256((__m256i*)(out + r * ldo + j * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(sums + r * 64 + j * 16)));
     }
-    for (int j = 0; j < blocks; j++)
-        _mm256_storeu_si256((__m256i*)(out + j * 16), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sums + j * 16)));
 }
 
 // Channel blocks [nb0, nb1) of rows [m_begin, m), one row block by up to four channel blocks at a time.
@@ -134,10 +141,9 @@ AMX_BF16_TARGET static void bf16_share(const uint16_t* x, int64_t m_begin, int64
             _tile_stored(1, sums + 16, 256);
             _tile_stored(2, sums + 32, 256);
             _tile_stored(3, sums + 48, 256);
-            for (int r = 0; r < rows; r++)
-                bf16_finish_row(sums + r * 64, blocks, bias ? bias + nb * BLOCK_CHANNELS : NULL, activation,
-                                out ? out + (m0 + r) * ldo + nb * BLOCK_CHANNELS : NULL,
-                                out_f32 ? out_f32 + (m0 + r) * ldo + nb * BLOCK_CHANNELS : NULL);
+            const int64_t at = m0 * ldo + nb * BLOCK_CHANNELS;
+            bf16_finish(sums, rows, blocks, bias ? bias + nb * BLOCK_CHANNELS : NULL, activation, out ? out + at : NULL,
+                        out_f32 ? out_f32 + at : NULL, ldo);
         }
     }
     _tile_release();
@@ -177,12 +183,9 @@ AMX_BF16_TARGET static void bf16_pairs(const uint16_t* x, int64_t m, int64_t k, 
                     _tile_stored(2, sums, 256);
                     _tile_stored(3, sums + 16, 256);
                 }
-                const int64_t first = m0 + half * BLOCK_ROWS;
-                for (int r = 0; r < BLOCK_ROWS; r++) {
-                    const int64_t at = (first + r) * ldo + nb * BLOCK_CHANNELS;
-                    bf16_finish_row(sums + r * 64, 2, pair_bias, activation, out ? out + at : NULL,
-                                    out_f32 ? out_f32 + at : NULL);
-                }
+                const int64_t at = (m0 + half * BLOCK_ROWS) * ldo + nb * BLOCK_CHANNELS;
+                bf16_finish(sums, BLOCK_ROWS, 2, pair_bias, activation, out ? out + at : NULL,
+                            out_f32 ? out_f32 + at : NULL, ldo);
             }
         }
     }
