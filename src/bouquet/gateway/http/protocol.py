@@ -152,6 +152,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None  # the head's or body's deadline
         self._refusal: bytes | None = None  # an answer to send once the response in progress is done
         self._lingering = False
+        self._draining = False  # the server's shutdown began: the request in progress is this connection's last
 
     # The connection
 
@@ -164,6 +165,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         self._counted = True
         self._become_idle()
+
+    def shutdown(self) -> None:
+        """The server's drain. uvicorn closes every connection without a response in progress, one whose request
+        head is still arriving too: that request, sent before the drain, would get a closed connection instead of
+        its answer. It is answered, as the drain answers the requests in progress, and the connection then closes."""
+        self._draining = True
+        if self._in_message and not self._answering():
+            return  # its head is arriving: on_headers_complete makes its response the connection's last
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
@@ -221,6 +231,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._body_at = self.loop.time()
         self._set_timer(self.limits.body_timeout, self._body_timed_out)
         super().on_headers_complete()
+        if self._draining and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         self._body_at = self.loop.time()  # checked when the timer fires: cheaper than a new timer a read
