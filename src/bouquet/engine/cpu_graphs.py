@@ -2,10 +2,10 @@
 same shape, without the Python between the calls.
 
 Where every op in a model's layers is one of bouquet's C kernels (int8 and bfloat16 linears on AMX tiles,
-`cpu_varlen` attention), a short step's time is mostly the Python around them: modules, views, allocations, argument
-packing (docs/benchmarks.md). A step is keyed by its (tokens, sequences, attention backend) within its stack of
-layers; as CUDA graphs do
-(cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is captured, later ones replay.
+`cpu_varlen` attention), a short step's time is mostly the Python around them: modules, views, allocations,
+argument packing (docs/benchmarks.md). A step is keyed by its (tokens, sequences, attention backend) within its
+stack of layers; as CUDA graphs do (cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is
+captured, later ones replay.
 
 Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
 copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:
