@@ -141,7 +141,7 @@ def test_long_inputs_are_cut_as_pylate_cuts_them_unless_truncate_is_false(
 ) -> None:
     """Over the query or document length, an input is cut to it as PyLate's tokenize cuts it (length - 1 tokens,
     then the prefix). With `truncate: false`: over the model's limit (the document length) the 413 every route gives
-    (`input_too_long`); a query over the query length but within the model's limit, a 400 with the same code."""
+    (`input_too_long`); a query over the query length but within the model's limit, the same 413."""
     long_text = " ".join(f"word{i}" for i in range(3 * DOCUMENT_LENGTH))
     body = {"model": COLBERT, "input": [long_text], "input_type": input_type}
     reply = client.post("/v1/multi-vector", json=body)
@@ -156,7 +156,7 @@ def test_long_inputs_are_cut_as_pylate_cuts_them_unless_truncate_is_false(
     between = " ".join(["word"] * (QUERY_LENGTH + 4))  # over the query length, under the model's
     reply = client.post("/v1/multi-vector", json={**body, "input": [between], "truncate": False})
     if input_type == "query":
-        assert reply.status_code == 400 and reply.json()["error"]["code"] == "input_too_long", reply.text
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "input_too_long", reply.text
         assert reply.json()["error"]["param"] == "input"
     else:
         assert reply.status_code == 200, reply.text

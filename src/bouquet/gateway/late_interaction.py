@@ -141,7 +141,8 @@ async def _score_query(
 async def _token_ids(model: ServedModel, texts: list[str], truncate: bool, limit: int, field: str) -> list[list[int]]:
     ids = await model.require_tokenizer().encode(texts, "", truncate, "right", limit)
     if any(len(sequence) > limit for sequence in ids):
-        raise InvalidRequest(f"an input is over {limit} tokens and truncate is false", "input_too_long", field)
+        # Over a length limit, as over the model's (replicas/tokenization.py): the same 413 and code.
+        raise TooLarge(f"an input is over {limit} tokens and truncate is false", "input_too_long", field)
     return ids
 
 
