@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bouquet.batch import Batch
+from bouquet.gateway.errors import Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog, ServedModel
 from bouquet.gateway.replicas.pool import ReplicaPool
@@ -129,3 +130,56 @@ def test_a_replica_answering_nothing_is_measured_only_from_answers():
     rate.started(10.0)
     rate.answered(1_000, 10.5, still_busy=False)
     assert rate.tokens_per_second == pytest.approx(2_000)
+
+
+class _Unavailable(grpc.aio.AioRpcError):
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "ping timeout")
+
+
+class BreaksOnce(FakeStub):
+    """Its first Embed fails as a connection that broke does (a missed ping on a loaded host); later ones answer."""
+
+    async def Embed(self, request: embedding_pb2.EmbedRequest, timeout: float, metadata: object) -> object:
+        if not self.log:
+            self.log.append((self.name, -1))
+            raise _Unavailable()
+        return await super().Embed(request, timeout, metadata)
+
+
+def test_a_chunk_whose_only_replica_broke_waits_for_it_to_serve_again():
+    # Before, the chunk's retry found no replica it had not tried and the request was answered 503 at once.
+    async def scenario() -> tuple[object, bool, list[tuple[str, int]]]:
+        log: list[tuple[str, int]] = []
+        pool = _pool(["only"], log)
+        replica = pool.replicas[0]
+        replica.stub = BreaksOnce("only", log)  # type: ignore[assignment]
+        replica.stub.release.set()
+        chunk = asyncio.ensure_future(pool.embed("m", _batch(5)))
+        while replica.healthy:  # the failure marks it down
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # a while with no replica serving
+        waited = not chunk.done()
+        replica.healthy = True  # as its health watch finds it serving again
+        rows = await asyncio.wait_for(chunk, timeout=10)
+        await pool.close()
+        return rows, waited, log
+
+    rows, waited, log = asyncio.run(scenario())
+    assert waited and rows.shape == (1, 2)  # type: ignore[attr-defined]
+    assert log == [("only", -1), ("only", 5)]
+
+
+def test_a_chunk_whose_replicas_stay_down_is_answered_503_after_the_wait():
+    async def scenario() -> None:
+        log: list[tuple[str, int]] = []
+        catalog = ModelCatalog((), ThreadPoolExecutor(1))
+        pool = ReplicaPool(("only",), catalog, GatewayMetrics(), come_back_seconds=0.2)
+        replica = pool.replicas[0]
+        replica.model, replica.healthy = _model(), True
+        replica.stub = BreaksOnce("only", log)  # type: ignore[assignment]
+        with pytest.raises(Unavailable, match="no healthy replica"):
+            await asyncio.wait_for(pool.embed("m", _batch(5)), timeout=10)
+        await pool.close()
+
+    asyncio.run(scenario())

@@ -25,7 +25,6 @@ import logging
 import socket
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -36,6 +35,7 @@ from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.gateway.replicas.replica import Replica, unusable_cause
+from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
 
@@ -46,18 +46,7 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _WINDOW_BATCHES = 4  # the least a replica is kept ahead: two steps computing, two batches ready behind them
 _ATTEMPT_SLACK = 4.0  # an attempt may take this many times what the replica's speed predicts...
 _ATTEMPT_FLOOR_S = 2.0  # ...and never less than this: a cold bucket, a noisy neighbour
-_RECHECK_S = 0.05  # a waiting chunk looks again this often (a replica back, an ejection over)
 _FIRST_ROUND_RECHECK_S = 0.01
-
-
-@dataclass(order=True)
-class _Waiter:
-    """A chunk waiting for room at a replica: smaller requests first, then in order of arrival."""
-
-    priority: int
-    arrival: int
-    tried: set[Replica] = field(default_factory=set, compare=False)  # replicas it may not go back to
-    event: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
 
 
 class ReplicaPool:
@@ -75,6 +64,7 @@ class ReplicaPool:
         server_name: str | None = None,
         dns_names: tuple[str, ...] = (),
         dns_interval: float = 2.0,
+        come_back_seconds: float = 5.0,
     ):
         self._credentials, self._server_name = credentials, server_name
         self.replicas = [Replica(address, credentials, server_name) for address in addresses]
@@ -90,7 +80,8 @@ class ReplicaPool:
         self._timeout = timeout
         self._probe_interval = probe_interval
         self._window_seconds = window_seconds
-        self._waiting: dict[str, list[_Waiter]] = {}  # per model, a heap: chunks waiting for room
+        self._come_back_seconds = come_back_seconds
+        self._waiting: dict[str, list[Waiter]] = {}  # per model, a heap: chunks waiting for room
         self._arrivals = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -179,8 +170,10 @@ class ReplicaPool:
     async def embed(self, model: str, batch: Batch, priority: int = 0, maxsim: bool = False) -> Reply:
         """The rows of `batch`, [B, elements] in its encoding (or its sparse rows when it asks for them, or its
         AllOutputs; or, with `maxsim`, [B - 1, 1] scores of its first sequence against the others, [B - 1, 3] with
-        all outputs); `priority` orders chunks waiting
-        for a replica (lower first, then by arrival)."""
+        all outputs); `priority` orders chunks waiting for a replica (lower first, then by arrival). A replica whose
+        connection broke (UNAVAILABLE: a missed ping on a loaded host, a restart) may take the chunk again once it
+        serves, and a retry with every replica down waits `come_back_seconds` for one: else the only replica's
+        broken connection would answer 503 a request that it serves again a second later."""
         request = embed_request(batch, maxsim)
         tokens = batch.budget_tokens  # the work it brings, as the replica's budget counts it
         tried: set[Replica] = set()
@@ -188,7 +181,8 @@ class ReplicaPool:
         deadline = time.monotonic() + self._timeout
         arrival = next(self._arrivals)  # a retry keeps the chunk's place: it does not queue behind later chunks
         for attempt in range(self._max_attempts):
-            replica = await self._acquire(model, tokens, (priority, arrival), tried, deadline)
+            come_back = self._come_back_seconds if attempt else 0.0
+            replica = await self._acquire(model, tokens, (priority, arrival), tried, deadline, come_back)
             if replica is None:
                 break
             if attempt:
@@ -200,6 +194,8 @@ class ReplicaPool:
             except grpc.aio.AioRpcError as error:
                 last_code = error.code()
                 self._after_failure(replica, error, deadline)
+                if last_code is grpc.StatusCode.UNAVAILABLE:
+                    tried.discard(replica)  # marked down: chosen again only once it serves again
         if last_code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise Overloaded("every replica's queue is full; retry shortly", "overloaded", headers={"Retry-After": "1"})
         if time.monotonic() >= deadline:
@@ -260,17 +256,22 @@ class ReplicaPool:
         return reply
 
     async def _acquire(
-        self, model: str, tokens: int, place: tuple[int, int], tried: set[Replica], deadline: float
-    ) -> Replica | None:
+        self, model: str, tokens: int, place: tuple[int, int], tried: set[Replica], deadline: float,
+        come_back: float = 0.0,
+    ) -> Replica | None:  # fmt: skip
         """The least loaded replica of `model` not tried yet, once it has room in its window and no smaller
-        request's chunk waits before this one; None when no replica can take the chunk."""
+        request's chunk waits before this one; None when no replica can take the chunk (none serves, after
+        `come_back` seconds of waiting for one)."""
         started = time.monotonic()
         queue = self._waiting.setdefault(model, [])
-        me = _Waiter(*place, tried)
+        me = Waiter(*place, tried)
         queued = False
         try:
             while True:
                 replica = self._least_loaded(model, tried)
+                if replica is None and time.monotonic() < min(deadline, started + come_back):
+                    await asyncio.sleep(RECHECK_S)
+                    continue
                 if replica is None or time.monotonic() >= deadline:
                     return None
                 # The first in line goes first, unless it may not use this replica (it failed there before).
@@ -280,7 +281,7 @@ class ReplicaPool:
                 if not queued:
                     heapq.heappush(queue, me)
                     queued = True
-                await self._wait_turn(me, queue)
+                await wait_turn(me, queue)
         finally:
             if queued:
                 queue.remove(me)
@@ -288,21 +289,8 @@ class ReplicaPool:
             self._metrics.dispatch_wait_seconds.observe(time.monotonic() - started)
             self._wake_next(model)  # the next chunk may fit too
 
-    @staticmethod
-    async def _wait_turn(me: _Waiter, queue: list[_Waiter]) -> None:
-        """The first in line looks again every few milliseconds (a replica back, an ejection over); the others
-        sleep until they are first (`_wake_next`)."""
-        me.event.clear()
-        if queue[0] is me:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(me.event.wait(), _RECHECK_S)
-        else:
-            await me.event.wait()
-
     def _wake_next(self, model: str) -> None:
-        queue = self._waiting.get(model)
-        if queue:
-            queue[0].event.set()
+        wake_next(self._waiting.get(model))
 
     def _least_loaded(self, model: str, tried: set[Replica]) -> Replica | None:
         candidates = [r for r in self.replicas if r.serves(model) and r not in tried]
