@@ -235,6 +235,7 @@ def test_colbert_vectors_are_bounded_per_request(
     with api(m3_engines[:1], model_dirs=(model_dirs[M3],), max_token_vectors=vectors - 1) as http:
         refused = http.post("/encode", json=body)
         assert refused.status_code == 413 and refused.json()["error"]["code"] == "too_many_token_vectors"
+        assert refused.json()["error"]["param"] == "sentences"  # the route's own field
         assert http.post("/encode", json={**body, "return_colbert_vecs": False}).status_code == 200
 
 

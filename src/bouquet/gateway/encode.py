@@ -51,7 +51,7 @@ async def encode(service: Service, job: EncodeJob) -> tuple[ServedModel, AllOutp
         ids = await model.require_tokenizer().encode(job.texts, "", True, "right", limit)
         spans = [[(i, i + 1) for i in range(1, len(sequence))] for sequence in ids]
         if job.colbert:
-            check_vectors(sum(map(len, spans)), service.config.max_token_vectors)
+            check_vectors(sum(map(len, spans)), service.config.max_token_vectors, "sentences")
         options = RowOptions(normalize=True, token_vectors=job.colbert, all_outputs=True)
         return Batch.pack(ids, options, spans=spans)
 

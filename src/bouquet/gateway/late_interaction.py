@@ -155,12 +155,13 @@ def _estimate(texts: list[str], info: embedding_pb2.MultiVector, is_query: bool)
     return sum(min(len(text.encode()) + 4, limit) + len(prefix) for text in texts)
 
 
-def check_vectors(vectors: int, limit: int) -> None:
+def check_vectors(vectors: int, limit: int, field: str = "input") -> None:
     """Token vectors are bounded per request, as sparse rows are: a document's are ~256 KB at 128 float32
-    dimensions, so a request of 2,048 long documents would answer half a gigabyte."""
+    dimensions, so a request of 2,048 long documents would answer half a gigabyte. `field`: the route's name for
+    its inputs."""
     if vectors > limit:
         message = (
             f"the inputs give {vectors} token vectors, over the limit of {limit} a request: send fewer inputs a "
             "request (--max-token-vectors)"
         )
-        raise TooLarge(message, "too_many_token_vectors", "input")
+        raise TooLarge(message, "too_many_token_vectors", field)
