@@ -208,3 +208,30 @@ def test_capturing_does_not_import_dynamo() -> None:
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
+def test_steps_in_flight_on_both_workers_replay_their_own_graphs(caplog: pytest.LogCaptureFixture) -> None:
+    """Steps submitted together run on the engine's two workers at once, each replaying its thread's graphs."""
+    from bouquet.engine.engine import Engine
+    from bouquet.tokenizer import TextTokenizer
+
+    path = default_model_path()
+    config = dataclasses.replace(create_engine_config(path, device="cpu", dtype="int8"), cpu_warmup_tokens=0)
+    tokenizer = TextTokenizer(path / "tokenizer.json", 256)
+    ids = tokenizer.encode([f"query number {i} about " + "packed batches " * (i % 5) for i in range(12)])
+    batches = [Batch.pack([one]) for one in ids] + [Batch.pack(ids[i : i + 3]) for i in range(0, 12, 3)]
+    with_graphs, eager = (Engine(dataclasses.replace(config, cpu_graphs=on)) for on in (True, False))
+    try:
+        assert with_graphs.workers == 2
+        expected = [eager.embed(batch) for batch in batches]
+        with caplog.at_level(logging.DEBUG, logger="bouquet.engine.cuda_graphs"):
+            for _ in range(4):
+                lazies = [with_graphs.step(batch) for batch in batches]  # all in flight: both workers busy
+                for lazy, rows in zip(lazies, expected, strict=True):
+                    assert np.array_equal(lazy.result(), rows)
+        captured = {r.thread for r in caplog.records if r.message.startswith("captured a CPU graph")}
+        assert len(captured) == 2, "each worker captures its own graphs"
+    finally:
+        with_graphs.close()
+        eager.close()
