@@ -35,19 +35,22 @@ enum { BLOCK_ROWS = 16, BLOCK_CHANNELS = 16, BLOCK_INPUTS = 64, BLOCK_BYTES = 10
 // Below this many multiply-adds a call runs on the calling thread alone: waking a team costs more than it saves.
 enum { PARALLEL_WORK = 1 << 22 };
 
-// Whether this CPU has AMX-TILE and AMX-INT8 and the kernel lets this process use the tiles' state (Linux asks
-// each process to request it once; oneDNN makes the same request when it uses AMX).
-int bouquet_amx_available(void) {
+// Whether CPUID.(7,0):EDX has every bit of `edx_bits` and the kernel lets this process use the tiles' state (Linux
+// asks each process to request it once; oneDNN makes the same request when it uses AMX).
+static int amx_permitted(unsigned edx_bits) {
 #if BOUQUET_AMX
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;  // CPUID.(7,0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & edx_bits) != edx_bits) return 0;
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else
+    (void)edx_bits;
     return 0;
 #endif
 }
+
+// Whether this CPU has AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25) and this process may use the tiles.
+int bouquet_amx_available(void) { return amx_permitted((1u << 24) | (1u << 25)); }
 
 // weight: [n, k] int8, row-major -> packed: n * k bytes in the tiles' block order (above).
 void bouquet_amx_pack(const int8_t* weight, int64_t n, int64_t k, int8_t* packed) {

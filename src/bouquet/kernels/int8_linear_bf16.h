@@ -14,18 +14,8 @@
 
 enum { BF16_BLOCK_INPUTS = 32, BF16_BLOCK_VALUES = 512 };
 
-// Whether this CPU has AMX-TILE and AMX-BF16 and Linux lets this process use the tiles.
-int bouquet_amx_bf16_available(void) {
-#if BOUQUET_AMX
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0;  // CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
-}
+// Whether this CPU has AMX-BF16 (EDX bit 22) and AMX-TILE (bit 24) and this process may use the tiles.
+int bouquet_amx_bf16_available(void) { return amx_permitted((1u << 22) | (1u << 24)); }
 
 // weight: [n, k] bfloat16 bits, row-major -> packed: n * k values in the tiles' block order (above).
 void bouquet_amx_bf16_pack(const uint16_t* weight, int64_t n, int64_t k, uint16_t* packed) {
