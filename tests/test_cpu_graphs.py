@@ -235,3 +235,28 @@ def test_steps_in_flight_on_both_workers_replay_their_own_graphs(caplog: pytest.
     finally:
         with_graphs.close()
         eager.close()
+
+
+@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
+def test_a_lone_querys_shapes_are_captured_at_start_on_every_worker(caplog: pytest.LogCaptureFixture) -> None:
+    from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS
+    from bouquet.engine.engine import Engine
+    from bouquet.tokenizer import TextTokenizer
+
+    path = default_model_path()
+    config = dataclasses.replace(create_engine_config(path, device="cpu", dtype="int8"), cpu_warmup_tokens=64)
+    with caplog.at_level(logging.DEBUG, logger="bouquet.engine.cuda_graphs"):
+        engine = Engine(config)
+    try:
+        started = [r for r in caplog.records if r.message.startswith("captured a CPU graph")]
+        assert len({r.thread for r in started}) == 2 and len(started) == 2 * SHORT_QUERY_TOKENS
+        caplog.clear()
+        eager = Engine(dataclasses.replace(config, cpu_graphs=False, cpu_warmup_tokens=0))
+        tokenizer = TextTokenizer(path / "tokenizer.json", 256)
+        with caplog.at_level(logging.DEBUG, logger="bouquet.engine.cuda_graphs"):
+            for ids in tokenizer.encode(["a first query", "and a second, a little longer than the first one"]):
+                assert np.array_equal(engine.embed(Batch.pack([ids])), eager.embed(Batch.pack([ids])))
+        assert not [r for r in caplog.records if r.message.startswith("captured")], "no request pays a capture"
+        eager.close()
+    finally:
+        engine.close()

@@ -37,6 +37,8 @@ from bouquet.layers.layer_stack import run_eagerly
 logger = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # longer steps run eagerly: their Python is a smaller share of their time
+# A lone query's lengths, captured at start-up (Engine._capture_short_steps); longer shapes are captured lazily.
+SHORT_QUERY_TOKENS = 32
 MAX_GRAPHS = 64  # per engine thread and stack of layers
 # Per engine thread, the tensors its graphs keep (MiniLM: ~0.1 MB a token; docs/memory.md): graphs do not share
 # memory, since buffers that outlive a capture (int8's scratch rows) cannot be told from those that do not.
@@ -142,6 +144,10 @@ class CpuLayerGraphs:
         self._local = _ThreadGraphs(max_graphs, max_bytes)
         self._reasons: set[str] = set()
         self._lock = threading.Lock()
+
+    def captured_here(self) -> int:
+        """How many graphs this thread has captured, over every stack."""
+        return sum(graphs.stats.captures for graphs in self._local.stacks.values())
 
     def thread_graphs(self, layers: Iterable[nn.Module]) -> LazyGraphs:
         """This thread's graphs of a stack of layers (their states and counts, for tests and logs)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 
@@ -13,7 +14,7 @@ from torch import nn
 from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig
 from bouquet.cpu_features import AVX512, cpu_features
-from bouquet.engine.cpu_graphs import CpuLayerGraphs
+from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS, CpuLayerGraphs
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
@@ -167,6 +168,7 @@ class Engine:
         self._workers = self._start_workers()
         try:
             self._build_cpu_primitives()
+            self._capture_short_steps()
         except BaseException:
             self._workers.shutdown()
             raise
@@ -341,6 +343,35 @@ class Engine:
             lone_max = bucket_tokens(self.config.cpu_lone_step_tokens, self.runner.token_buckets)
             lone = [(linears, [count for count in counts if count <= lone_max]) for linears, counts in work]
             self._workers.submit(self._build_lone_primitives, lone).result()
+
+    def _capture_short_steps(self) -> None:
+        """CPU graphs for a lone query's shapes (1 to SHORT_QUERY_TOKENS tokens, as steps are padded), captured now on
+        every worker within their byte bound, so that no request pays a first sighting (an eager step, then a
+        capture at about three eager steps' time). Each worker takes one share: a barrier holds the lead until the
+        others have theirs. A model whose layers cannot be replayed stops at its first shape (said once)."""
+        graphs = self.runner.layer_graphs
+        if graphs is None or not self.config.cpu_warmup_tokens:
+            return
+        lengths = range(1, min(SHORT_QUERY_TOKENS, graphs.max_tokens, self.config.cpu_warmup_tokens) + 1)
+        batches = [Batch.pack([[0] * length]) for length in lengths]  # the shapes matter, not the ids
+        together = threading.Barrier(self.workers)
+        shares = [self._workers.submit(self._capture_on_this_worker, batches, together) for _ in range(self.workers)]
+        for done in shares:
+            done.result()
+
+    def _capture_on_this_worker(self, batches: list[Batch], together: threading.Barrier) -> None:
+        together.wait()
+        graphs = self.runner.layer_graphs
+        assert graphs is not None
+        try:
+            with torch.inference_mode():
+                for batch in batches:
+                    for _ in range(2):  # eager, then captured
+                        self.runner.execute(batch)
+                    if not graphs.captured_here():  # the layers run torch's ops: no shape can be replayed
+                        return
+        except Exception as error:  # a warm-up: requests will meet the same error, and say it to their caller
+            logger.warning("CPU graphs: capturing a lone query's shapes at start failed, left to requests: %r", error)
 
     def _build_lone_primitives(self, work: list[tuple[list[Linear], list[int]]]) -> None:
         assert self._step_threads is not None
