@@ -141,6 +141,7 @@ class CpuLayerGraphs:
 
     def __init__(self, max_tokens: int = MAX_TOKENS, max_graphs: int = MAX_GRAPHS, max_bytes: int = MAX_BYTES):
         self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self._local = _ThreadGraphs(max_graphs, max_bytes)
         self._reasons: set[str] = set()
         self._lock = threading.Lock()
@@ -148,6 +149,10 @@ class CpuLayerGraphs:
     def captured_here(self) -> int:
         """How many graphs this thread has captured, over every stack."""
         return sum(graphs.stats.captures for graphs in self._local.stacks.values())
+
+    def bytes_here(self) -> int:
+        """The bytes this thread's graphs keep."""
+        return self.max_bytes - self._local.capturer.bytes_left
 
     def thread_graphs(self, layers: Iterable[nn.Module]) -> LazyGraphs:
         """This thread's graphs of a stack of layers (their states and counts, for tests and logs)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 
@@ -346,21 +345,22 @@ class Engine:
 
     def _capture_short_steps(self) -> None:
         """CPU graphs for a lone query's shapes (1 to SHORT_QUERY_TOKENS tokens, as steps are padded), captured now on
-        every worker within their byte bound, so that no request pays a first sighting (an eager step, then a
-        capture at about three eager steps' time). Each worker takes one share: a barrier holds the lead until the
-        others have theirs. A model whose layers cannot be replayed stops at its first shape (said once)."""
+        the lead worker, which an idle engine gives every step, within the byte bound: no lone query pays a first
+        sighting (an eager step, then a capture at about three eager steps' time). The other workers capture the
+        shapes they meet (under load, mostly steps of several sequences). A model whose layers cannot be replayed
+        stops at its first shape (said once)."""
         graphs = self.runner.layer_graphs
         if graphs is None or not self.config.cpu_warmup_tokens:
             return
         lengths = range(1, min(SHORT_QUERY_TOKENS, graphs.max_tokens, self.config.cpu_warmup_tokens) + 1)
         batches = [Batch.pack([[0] * length]) for length in lengths]  # the shapes matter, not the ids
-        together = threading.Barrier(self.workers)
-        shares = [self._workers.submit(self._capture_on_this_worker, batches, together) for _ in range(self.workers)]
-        for done in shares:
-            done.result()
+        count, size = self._workers.submit(self._capture_on_this_worker, batches).result()  # the idle lead takes it
+        if count:
+            logger.info(
+                "CPU graphs: %d of a lone query's shapes captured at start, keeping %.0f MB", count, size / 2**20
+            )
 
-    def _capture_on_this_worker(self, batches: list[Batch], together: threading.Barrier) -> None:
-        together.wait()
+    def _capture_on_this_worker(self, batches: list[Batch]) -> tuple[int, int]:
         graphs = self.runner.layer_graphs
         assert graphs is not None
         try:
@@ -369,9 +369,10 @@ class Engine:
                     for _ in range(2):  # eager, then captured
                         self.runner.execute(batch)
                     if not graphs.captured_here():  # the layers run torch's ops: no shape can be replayed
-                        return
+                        break
         except Exception as error:  # a warm-up: requests will meet the same error, and say it to their caller
             logger.warning("CPU graphs: capturing a lone query's shapes at start failed, left to requests: %r", error)
+        return graphs.captured_here(), graphs.bytes_here()
 
     def _build_lone_primitives(self, work: list[tuple[list[Linear], list[int]]]) -> None:
         assert self._step_threads is not None
