@@ -101,6 +101,8 @@ class CpuGraphs:
     """The dry run's stand-in for CudaCapturer, with CUDA graphs' semantics: a replay runs the recorded function
     again and writes into the output tensor the capture returned."""
 
+    computes = False  # as a CUDA capture: the capturing step replays, so the dry run exercises that path
+
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_CpuReplay, torch.Tensor]:
         output = fn()
         return _CpuReplay(fn, output), output
