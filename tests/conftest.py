@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# This checkout's own package first, in this process and in the servers the tests start: an environment installed
+# (editable) from another checkout of the repository, e.g. a git worktree sharing its venv, would import that one.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [sys.path[0], os.environ.get("PYTHONPATH")]))
 
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig, default_model_path
