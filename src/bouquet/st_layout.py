@@ -5,9 +5,15 @@ Modules are known by their class name whatever the module path a version wrote (
 Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
 is Transformer, Pooling, Dense*, Normalize? (a ColBERT model saved by PyLate: Transformer, then Dense modules over
 every token's state, task "multi_vector"; a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
-LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling); any other module,
-or these in another order, is refused at start-up with the file and the module named, because skipping one would
-serve different embeddings without a word.
+LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling; a CLIP model: a
+Transformer that gives each text's and image's embedding itself, then Dense* and Normalize?); any other module, or
+these in another order, is refused at start-up with the file and the module named, because skipping one would serve
+different embeddings without a word.
+
+A CLIP model comes in two layouts: sentence-transformers 2.x-5.3's `CLIPModel` module (in its own folder,
+`0_CLIPModel` on the hub, without a sentence_bert_config.json), and 5.4+'s multimodal `Transformer` (or the
+deprecated `CLIPModel` that stands for it), whose sentence_bert_config.json says it outputs `sentence_embedding`
+through `get_text_features` and `get_image_features`. Either way the model pools: no Pooling module follows.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class StLayout:
     logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
     splade: SpladeSpec | None = None  # a SparseEncoder's pooling of its masked LM's logits
     token_dense: tuple[DenseSpec, ...] = ()  # PyLate's Dense modules on every token's state (ColBERT)
+    model_pools: bool = False  # the Transformer gives each input's embedding itself (CLIP: the module docstring)
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,7 @@ class _ModuleParser:
         self.logit_score: LogitScoreSpec | None = None
         self.splade: SpladeSpec | None = None
         self.token_dense: list[DenseSpec] = []
+        self.model_pools = False
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -183,8 +191,10 @@ class _ModuleParser:
         self.stage = kind
         if kind in _TRANSFORMERS:
             self.transformer_dir = folder
-            self.task = _transformer_task(folder, _TRANSFORMERS[kind])
+            self.task = _transformer_task(folder, *_TRANSFORMERS[kind])
             self.stage = _TASK_STAGES.get(self.task, "Transformer")
+            if self.task == _MODEL_POOLED:
+                self.task, self.stage, self.model_pools = "embed", "PooledTransformer", True
         elif kind == "SpladePooling":
             self.splade = read_splade(require(folder / "config.json"))
             self.task = "sparse"
@@ -207,7 +217,8 @@ class _ModuleParser:
             f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
             f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order "
             "(a CrossEncoder: Transformer alone, or with LogitScore; a SparseEncoder: a fill-mask Transformer, or "
-            "MLMTransformer, then SpladePooling; a PyLate ColBERT model: Transformer, then Dense modules)"
+            "MLMTransformer, then SpladePooling; a PyLate ColBERT model: Transformer, then Dense modules; a CLIP "
+            "model: its Transformer or CLIPModel, then Dense and Normalize)"
         )
 
     def layout(self) -> StLayout:
@@ -219,13 +230,18 @@ class _ModuleParser:
             raise ValueError(f"{self.modules_file}: a {task} Transformer needs a {following} module after it")
         return StLayout(
             self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score,
-            self.splade, tuple(self.token_dense),
+            self.splade, tuple(self.token_dense), self.model_pools,
         )  # fmt: skip
 
 
-# The Transformer modules by class name, with the transformer_task each defaults to: sentence-transformers 5.0-5.3
-# saved a SparseEncoder's masked LM as MLMTransformer, whose config may not name its task.
-_TRANSFORMERS = {"Transformer": "feature-extraction", "MLMTransformer": "fill-mask"}
+# The Transformer modules by class name, with the transformer_task and output each defaults to: sentence-transformers
+# 5.0-5.3 saved a SparseEncoder's masked LM as MLMTransformer, whose config may not name its task; 2.x-5.3 saved a
+# CLIP model as CLIPModel, with no config at all.
+_TRANSFORMERS = {
+    "Transformer": ("feature-extraction", None),
+    "MLMTransformer": ("fill-mask", None),
+    "CLIPModel": ("feature-extraction", "sentence_embedding"),
+}
 
 # Which module may follow which: the pipeline bouquet can run.
 _NEXT_MODULES = {
@@ -235,6 +251,7 @@ _NEXT_MODULES = {
     "CausalTransformer": ("LogitScore",),  # a causal LM's logits, read by LogitScore (a CrossEncoder)
     "MaskedLMTransformer": ("SpladePooling",),  # a masked LM's logits, pooled by SpladePooling (a SparseEncoder)
     "Pooling": ("Dense", "Normalize"),
+    "PooledTransformer": ("Dense", "Normalize"),  # a CLIP model's rows, pooled by the model
     "Dense": ("Dense", "Normalize"),
     "Normalize": (),
     "SpladePooling": (),
@@ -250,21 +267,51 @@ _TRANSFORMER_TASKS = {
     ("sequence-classification", "scores"): "score",
     ("text-generation", "causal_logits"): "causal-lm",
     ("fill-mask", "token_embeddings"): "masked-lm",  # what SpladePooling reads as its "token_embeddings"
+    ("feature-extraction", "sentence_embedding"): "pooled",  # a CLIP model's own rows (module docstring)
 }
+_MODEL_POOLED = "pooled"
+# The architectures whose own rows bouquet computes as sentence-transformers reads them: CLIP's get_text_features and
+# get_image_features (models/clip.py puts each row at its sequence's first token, where CLS pooling reads it).
+_MODEL_POOLED_ARCHITECTURES = ("CLIPModel",)
+_MODEL_POOLED_METHODS = {"text": "get_text_features", "image": "get_image_features"}
 
 
-def _transformer_task(folder: Path, default_task: str) -> str:
+def _transformer_task(folder: Path, default_task: str, default_output: str | None) -> str:
     config_file = folder / "sentence_bert_config.json"
     config = read_optional_json(config_file) or {}
     task = config.get("transformer_task", default_task)
-    output = config.get("module_output_name", "scores" if task == "sequence-classification" else "token_embeddings")
+    output = default_output or ("scores" if task == "sequence-classification" else "token_embeddings")
+    output = config.get("module_output_name", output)
     if (task, output) not in _TRANSFORMER_TASKS:
         raise ValueError(
             f"{config_file}: transformer_task {task!r} with output {output!r} is not supported; bouquet runs "
-            "'feature-extraction' (token_embeddings, pooled), 'sequence-classification' (scores), "
-            "'text-generation' (causal_logits, read by LogitScore) and 'fill-mask' (read by SpladePooling)"
+            "'feature-extraction' (token_embeddings, pooled; or a CLIP model's sentence_embedding), "
+            "'sequence-classification' (scores), 'text-generation' (causal_logits, read by LogitScore) and "
+            "'fill-mask' (read by SpladePooling)"
         )
+    if _TRANSFORMER_TASKS[task, output] == _MODEL_POOLED:
+        _check_model_pools(folder, config.get("modality_config") or {})
     return _TRANSFORMER_TASKS[task, output]
+
+
+def _check_model_pools(folder: Path, modalities: dict[str, Any]) -> None:
+    """A Transformer that outputs sentence embeddings runs its model's own feature methods: bouquet computes those
+    of CLIP, by each modality's method as sentence-transformers calls it."""
+    config_file = require(folder / "config.json")
+    architectures = read_json(config_file).get("architectures") or []
+    if not architectures or architectures[0] not in _MODEL_POOLED_ARCHITECTURES:
+        raise ValueError(
+            f"{config_file}: a Transformer that gives sentence embeddings itself is not supported for "
+            f"{architectures[0] if architectures else 'an unnamed architecture'}; bouquet runs "
+            f"{', '.join(_MODEL_POOLED_ARCHITECTURES)}'s"
+        )
+    for modality, settings in modalities.items():
+        method = settings.get("method") if isinstance(settings, dict) else None
+        if _MODEL_POOLED_METHODS.get(modality) != method:
+            raise ValueError(
+                f"{folder / 'sentence_bert_config.json'}: modality {modality!r} through {method!r} is not supported; "
+                f"bouquet runs {', '.join(f'{k} through {v}' for k, v in _MODEL_POOLED_METHODS.items())}"
+            )
 
 
 def read_splade(config_file: Path) -> SpladeSpec:

@@ -169,7 +169,8 @@ def model_images(
         return None
     if not processor_json:
         patch_dim = 0 if image_sequences else patch_dim  # its images are embedded each alone, as CLIP's are
-        return ModelImages(tokens, shape, None, "its model directory has no preprocessor_config.json", patch_dim)
+        why = "its model directory has no preprocessor_config.json (nor a processor_config.json holding one)"
+        return ModelImages(tokens, shape, None, why, patch_dim)
     if image_sequences:
         return _image_sequences(processor_json, patch_dim, max_patches)
     if patch_dim:

@@ -27,6 +27,7 @@ from bouquet.batch import Batch
 from bouquet.chat_templates import read_chat_template
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import encode_rows
+from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import MultiVectorSpec
 from bouquet.processes import serve_lock
 from bouquet.proto import embedding_pb2, embedding_pb2_grpc
@@ -89,10 +90,10 @@ def _mapped(method: Handler[Request, Reply]) -> Handler[Request, Reply]:
 
 
 def _image_processor_json(model_dir: Path, takes_images: bool) -> str:
-    """The preprocessor_config.json beside the model's config, for a model that takes images: the gateway
-    preprocesses images as it says (gateway/image_processing.py); small, so every Info carries it."""
-    path = model_dir / "preprocessor_config.json"
-    return path.read_text() if takes_images and path.is_file() else ""
+    """The image processor's settings beside the model's config (preprocessor_config.json, or transformers 5's
+    processor_config.json), for a model that takes images: the gateway preprocesses images as they say
+    (gateway/image_processing.py); small, so every Info carries them."""
+    return read_image_processor_json(model_dir) if takes_images else ""
 
 
 def _chat_template(model_dir: Path, limits: Limits) -> str:

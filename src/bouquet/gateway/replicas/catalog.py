@@ -14,6 +14,7 @@ from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
 from bouquet.gateway.naflex_images import NaflexProcessing
 from bouquet.gateway.replicas.tokenization import ModelTokenizer
+from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
 from bouquet.proto import embedding_pb2
@@ -210,12 +211,12 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
     """The images a model takes, preprocessed as the replica's preprocessor_config.json says (else the local
     directory's); a config the gateway cannot follow is logged, and its image requests are refused saying why."""
     processor_json = info.image_processor_json
-    local = spec.tokenizer_file.parent / "preprocessor_config.json" if spec is not None else None
-    if not processor_json and local is not None and local.is_file():
-        processor_json = local.read_text()
+    local = spec.tokenizer_file.parent if spec is not None else None
+    if not processor_json and local is not None:
+        processor_json = read_image_processor_json(local)
     chat_template = info.chat_template
     if info.image_patch_dim and not info.image_sequences and not chat_template and local is not None:
-        chat_template = read_chat_template(local.parent)
+        chat_template = read_chat_template(local)
     images = model_images(
         tuple(info.image_shape),
         info.image_tokens,
