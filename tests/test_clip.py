@@ -20,6 +20,7 @@ from family_models import TOKENIZER_FILES, spread_weights
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
+from bouquet.replica.client import embed_request
 
 BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
 CLS, SEP = 101, 102  # the MiniLM tokenizer's; SEP is the tiny model's EOS
@@ -176,17 +177,20 @@ def test_a_text_model_refuses_images(minilm_path: Path) -> None:
         engine.close()
 
 
-def test_image_batches_slice_and_concatenate_but_never_mix_with_texts() -> None:
+def test_image_batches_slice_and_concatenate_with_texts() -> None:
     images = _images(3)
     batch = Batch.pack_images(images, IMAGE_TOKENS)
-    assert batch.num_tokens == 3 * IMAGE_TOKENS and batch.num_seqs == 3
+    assert batch.num_tokens == 3 * IMAGE_TOKENS and batch.num_seqs == 3 and batch.all_images
     parts = [batch.slice(0, 1), batch.slice(1, 3)]
     np.testing.assert_array_equal(parts[1].pixel_values, images[1:])
     joined = Batch.concat(parts)
     np.testing.assert_array_equal(joined.pixel_values, images)
     np.testing.assert_array_equal(joined.cu_seqlens, batch.cu_seqlens)
-    with pytest.raises(ValueError, match="all texts or all images"):
-        Batch.concat([batch, Batch.pack([[1, 2, 3]])])
+    mixed = Batch.concat([parts[0], Batch.pack([[1, 2, 3]]), parts[1]])  # a step; never a request
+    assert mixed.fixed_images and not mixed.all_images and mixed.cu_images.tolist() == [0, 1, 1, 2, 3]
+    np.testing.assert_array_equal(mixed.slice(1, 3).pixel_values, images[1:2])
+    with pytest.raises(ValueError, match="not a request"):
+        embed_request(mixed)
 
 
 def test_a_backend_that_plans_one_shape_for_every_layer_is_not_chosen(clip) -> None:

@@ -1,5 +1,5 @@
 """Images on the wire: an EmbedRequest's pixel_values through a real replica (gRPC on loopback, the scheduler) to
-a CLIP engine, against the engine's own rows; the scheduler never mixes texts and images in a step; malformed
+a CLIP engine, against the engine's own rows (steps mixing texts and images: test_two_tower_steps.py); malformed
 image requests are InvalidInput."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_info_says_which_images_the_model_takes(stub) -> None:
 
 
 def test_images_and_texts_through_a_replica(stub, clip_recorder: RecordingEngine, clip_engine: Engine) -> None:
-    """Image and text requests at once: each gets the engine's rows; steps (40 tokens: two images) hold one kind."""
+    """Image and text requests at once: each gets the engine's rows; a step (40 tokens) holds two images at most."""
     batches = [
         Batch.pack_images(_images(5), IMAGE_TOKENS),
         Batch.pack(_texts()),
@@ -64,8 +64,7 @@ def test_images_and_texts_through_a_replica(stub, clip_recorder: RecordingEngine
         expected = clip_engine.embed(batch)[:, : batch.width(48)]
         np.testing.assert_allclose(rows, expected, rtol=1e-4, atol=2e-5)
     steps = clip_recorder.batches
-    assert all(b.pixel_values is None or len(b.pixel_values) == b.num_seqs for b in steps)
-    assert any(b.pixel_values is not None and b.num_seqs < 5 for b in steps)  # the five images were split
+    assert all(b.pixel_values is None or len(b.pixel_values) <= 2 for b in steps)  # the five images were split
 
 
 def _limits(engine: Engine) -> Limits:

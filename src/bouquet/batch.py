@@ -53,9 +53,11 @@ class Batch:
     them attend to those but no token attends to them (ColBERT's query expansion tokens, as PyLate and Stanford's
     ColBERT mask them). None: every token is a key.
 
-    `pixel_values` (optional): the batch is images, one a sequence, as the model's processor left them; sequence i
-    is image i's tokens (its patches and whatever the model adds), which `input_ids` only count (zeros). A batch is
-    all texts or all images: the engine runs the towers of a text-and-image model (CLIP) in separate steps.
+    `pixel_values` (optional, [N, C, H, W]): fixed-size images (CLIP's, SigLIP's), one a sequence, as the model's
+    processor left them; an image's sequence is its tokens (its patches and whatever the model adds), which
+    `input_ids` only count (zeros). `cu_images` [B + 1] says which sequences they are (sequence i holds
+    cu_images[i + 1] - cu_images[i] of them, 0 or 1): texts may share the step, each tower running on its own
+    sequences (models/clip.py); a request is all texts or all images (`Batch.pack_images`).
 
     `image_grid_thw` (optional, with `pixel_values` and `cu_images`): images of any size inside token sequences
     (Qwen3-VL). `pixel_values` is then every image's patches end to end ([P, patch_dim], image j's are
@@ -83,7 +85,7 @@ class Batch:
     pixel_values: np.ndarray | None = None  # [B, C, H, W] float32; None: the sequences are token ids
     all_outputs: np.ndarray | None = None  # [B] bool; None: no sequence asks for them
     image_grid_thw: np.ndarray | None = None  # [N, 3] int32 (frames, rows, columns) in patches; set with cu_images
-    cu_images: np.ndarray | None = None  # [B + 1] int32; set with image_grid_thw
+    cu_images: np.ndarray | None = None  # [B + 1] int32; set with pixel_values (each kind: the class docstring)
     image_sequences: bool = False  # with image_grid_thw: each image a sequence of its own (SigLIP 2)
     # the options every sequence shares, as packed (the arrays above are filled from them); None: a step mixing
     # requests, whose sequences each keep their own
@@ -119,7 +121,8 @@ class Batch:
         model's: 1 + (H / patch)(W / patch) for CLIP)."""
         cu_seqlens = np.arange(len(pixel_values) + 1, dtype=np.int32) * tokens_per_image
         batch = cls.from_packed(np.zeros(int(cu_seqlens[-1]), np.int32), cu_seqlens, options)
-        return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32))
+        cu_images = np.arange(len(pixel_values) + 1, dtype=np.int32)  # every sequence one image
+        return replace(batch, pixel_values=np.asarray(pixel_values, dtype=np.float32), cu_images=cu_images)
 
     @classmethod
     def pack_image_sequences(
@@ -150,8 +153,13 @@ class Batch:
 
     @property
     def fixed_images(self) -> bool:
-        """Whether it is all fixed-size images, one a sequence (CLIP's), which never share a step with texts."""
+        """Whether it holds fixed-size images, one a sequence (CLIP's), texts perhaps beside them (`cu_images`)."""
         return self.pixel_values is not None and self.image_grid_thw is None
+
+    @property
+    def all_images(self) -> bool:
+        """Whether every sequence is a fixed-size image: a request of images, as the wire carries one."""
+        return self.fixed_images and self.pixel_values is not None and len(self.pixel_values) == self.num_seqs
 
     def with_spans(
         self, cu_spans: np.ndarray, span_bounds: np.ndarray, raw: bool = False, token_vectors: bool = False
@@ -279,14 +287,17 @@ class Batch:
         )
 
     def _image_slice(self, start: int, stop: int) -> dict[str, np.ndarray | None]:
-        if self.pixel_values is None or self.image_grid_thw is None or self.cu_images is None:
-            return {"pixel_values": None if self.pixel_values is None else self.pixel_values[start:stop]}
+        if self.pixel_values is None or self.cu_images is None:
+            return {"pixel_values": None}
         first, last = int(self.cu_images[start]), int(self.cu_images[stop])
+        cu_images = self.cu_images[start : stop + 1] - first
+        if self.image_grid_thw is None:  # fixed-size images: one image a row of pixel_values
+            return {"pixel_values": self.pixel_values[first:last], "cu_images": cu_images}
         cu_patches = np.concatenate([np.zeros(1, np.int64), np.cumsum(self.image_grid_thw.prod(1, dtype=np.int64))])
         return {
             "pixel_values": self.pixel_values[int(cu_patches[first]) : int(cu_patches[last])],
             "image_grid_thw": self.image_grid_thw[first:last],
-            "cu_images": self.cu_images[start : stop + 1] - first,
+            "cu_images": cu_images,
         }
 
     def _span_slice(self, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -381,26 +392,18 @@ def _concat_key_lens(batches: Sequence[Batch]) -> np.ndarray | None:
 
 
 def _concat_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
-    """The batches' images end to end. Fixed-size images never share a batch with texts (the class says why);
-    patch images do, a batch without images adding sequences without any."""
-    if any(batch.patch_images for batch in batches):
-        return _concat_patch_images(batches)
-    images = [batch.pixel_values for batch in batches if batch.pixel_values is not None]
-    if not images:
+    """The batches' images end to end, a batch without images adding sequences without any; fixed-size images and
+    patch images are two models' and never share a batch."""
+    with_images = [batch for batch in batches if batch.pixel_values is not None]
+    if not with_images:
         return {"pixel_values": None}
-    if len(images) < len(batches):
-        raise ValueError("a batch is all texts or all images; these batches mix them")
-    return {"pixel_values": np.concatenate(images)}
-
-
-def _concat_patch_images(batches: Sequence[Batch]) -> dict[str, np.ndarray | None]:
-    if any(batch.fixed_images for batch in batches):
+    if len({batch.patch_images for batch in with_images}) > 1:
         raise ValueError("fixed-size images and patch images never share a batch")
-    with_images = [batch for batch in batches if batch.patch_images]
     counts = [np.zeros(b.num_seqs, np.int32) if b.cu_images is None else np.diff(b.cu_images) for b in batches]
+    grids = [b.image_grid_thw for b in with_images if b.image_grid_thw is not None]
     return {
         "pixel_values": np.concatenate([b.pixel_values for b in with_images if b.pixel_values is not None]),
-        "image_grid_thw": np.concatenate([b.image_grid_thw for b in with_images if b.image_grid_thw is not None]),
+        "image_grid_thw": np.concatenate(grids) if grids else None,
         "cu_images": np.concatenate([np.zeros(1, np.int32), np.cumsum(np.concatenate(counts), dtype=np.int32)]),
     }
 

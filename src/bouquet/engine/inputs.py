@@ -33,7 +33,7 @@ class ModelInputs:
     key_lens: list[int] | None = None  # host copy of Batch.key_lens; eager batches only
     pixel_values: torch.Tensor | None = None  # [B, C, H, W] or [P, patch_dim] float32 (Batch); eager batches only
     image_grid_thw: torch.Tensor | None = None  # [N, 3] int64 with patch images (Batch); eager batches only
-    cu_images: torch.Tensor | None = None  # [B + 1] int64 with patch images (Batch); eager batches only
+    cu_images: torch.Tensor | None = None  # [B + 1] int64 with pixel_values (Batch); eager batches only
 
     def context(self) -> ForwardContext:
         return ForwardContext(self.cu_seqlens, self.max_seqlen, self.seq_lens, key_lens=self.key_lens)

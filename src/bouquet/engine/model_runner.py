@@ -81,15 +81,13 @@ class ModelRunner:
         if self.layer_graphs is not None and inputs.pixel_values is None:
             ctx.layer_graphs = self.layer_graphs.bind(ctx, prepare, self.backend.backend_for(ctx.max_seqlen))
         with forward_context(ctx):
-            if inputs.image_grid_thw is not None:  # patch images inside token sequences (Batch)
-                images = {
-                    "pixel_values": inputs.pixel_values, "image_grid_thw": inputs.image_grid_thw,
-                    "cu_images": inputs.cu_images,
-                }  # fmt: skip
-                return self.model(inputs.input_ids, inputs.positions, **images)
-            if inputs.pixel_values is not None:  # only models that declare `takes_images` get here
-                return self.model(inputs.input_ids, inputs.positions, pixel_values=inputs.pixel_values)
-            return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+            if inputs.pixel_values is None:
+                return self.model(inputs.input_ids, inputs.positions, inputs.token_type_ids)
+            # only models that declare `takes_images` get here; which sequences hold which images: Batch
+            images = {"pixel_values": inputs.pixel_values, "cu_images": inputs.cu_images}
+            if inputs.image_grid_thw is not None:  # patch images (Qwen3-VL's, SigLIP 2's)
+                images["image_grid_thw"] = inputs.image_grid_thw
+            return self.model(inputs.input_ids, inputs.positions, **images)
 
     def key_lens_backend(self) -> AttentionBackend:
         """SDPA for a batch whose keys end before its sequences do (ColBERT's query expansion): its key mask does

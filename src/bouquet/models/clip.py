@@ -11,7 +11,8 @@ class token's state after `post_layernorm`, through `visual_projection`.
 Both towers put each sequence's projected features at its first token, where the engine's CLS pooling reads them:
 the class token is first already, and the text tower moves its EOS token's state there. Which token a text is
 pooled at is a rule of this model, not one of sentence-transformers' pooling modes, so the model applies it.
-A batch is all texts (`pixel_values` None) or all images.
+A step may hold texts and images (`cu_images` says which sequences are images): each tower then runs on its own
+sequences, in a forward context of their own, and the rows go back to the step's order (`TwoTowerModel`).
 
 Parameter names follow the Hugging Face checkpoint, with q/k/v fused into `qkv_proj` and the patch convolution's
 kernel flattened.
@@ -19,6 +20,7 @@ kernel flattened.
 
 from __future__ import annotations
 
+import abc
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from bouquet.layers.attention import Attention
+from bouquet.layers.attention import Attention, planned_context
+from bouquet.layers.context import forward_context, get_forward_context
 from bouquet.layers.linear import Linear, LinearActivation, QKVLinear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, scalar
@@ -227,8 +230,10 @@ def pooled_token_rows(input_ids: torch.Tensor, positions: torch.Tensor, eos_toke
     return torch.where(starts, first[seq_ids], rows)
 
 
-class TwoTowerModel(nn.Module):
-    """What the engine reads of a text-and-image model (CLIP's, SigLIP's): its text limit and its image layout."""
+class TwoTowerModel(nn.Module, metaclass=abc.ABCMeta):
+    """What the engine reads of a text-and-image model (CLIP's, SigLIP's): its text limit and its image layout; and
+    its forward, a step of texts, of images, or of both, each tower on its own sequences. A model gives its rows by
+    `text_rows` and `image_rows`, each sequence's at its first token."""
 
     config: Any  # ClipConfig or SiglipConfig: max_positions, image_tokens, num_channels, image_size
     vision_model: nn.Module
@@ -257,6 +262,61 @@ class TwoTowerModel(nn.Module):
     def image_shape(self) -> tuple[int, int, int]:
         return (self.config.num_channels, self.config.image_size, self.config.image_size)
 
+    @abc.abstractmethod
+    def text_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, D] float32
+        """Texts, the forward context's sequences."""
+
+    @abc.abstractmethod
+    def image_rows(self, pixel_values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, D] float32
+        """Images, the forward context's sequences, one each."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]; for an image, zeros that only count its tokens
+        positions: torch.Tensor,  # [T]
+        token_type_ids: torch.Tensor | None = None,  # unused: no token types
+        pixel_values: torch.Tensor | None = None,  # [N, C, H, W] float32: the step's images, one a sequence
+        cu_images: torch.Tensor | None = None,  # [B + 1] sequence i's images: cu_images[i]..cu_images[i + 1]
+    ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
+        seq_lens = get_forward_context().seq_lens
+        if pixel_values is None or not len(pixel_values):
+            return self.text_rows(input_ids, positions)
+        if len(pixel_values) == len(seq_lens):  # every sequence an image (0 or 1 a sequence): no device read
+            self._check_images(pixel_values, seq_lens)
+            return self.image_rows(pixel_values, positions)
+        assert cu_images is not None, "texts beside images come with cu_images (Batch)"
+        is_image = (torch.diff(cu_images) > 0).tolist()  # the towers' shapes: read on a mixed step alone
+        return self._mixed(input_ids, positions, pixel_values, seq_lens, is_image)
+
+    def _mixed(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        pixel_values: torch.Tensor,
+        seq_lens: list[int],
+        is_image: list[bool],
+    ) -> torch.Tensor:  # [T, D] float32
+        """A step of texts and images: each tower on its own sequences, in a forward context of their own (planned
+        by the backend bound to every layer), the rows put back at their tokens."""
+        image_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if image]
+        text_lens = [length for length, image in zip(seq_lens, is_image, strict=True) if not image]
+        self._check_images(pixel_values, image_lens)
+        token_is_image = torch.repeat_interleave(torch.tensor(is_image), torch.tensor(seq_lens))
+        device = input_ids.device
+        image_tokens, text_tokens = (rows.nonzero().flatten().to(device) for rows in (token_is_image, ~token_is_image))
+        attention = next(module for module in self.modules() if isinstance(module, Attention))
+        with forward_context(planned_context(attention, text_lens, device)):
+            texts = self.text_rows(input_ids[text_tokens], positions[text_tokens])
+        with forward_context(planned_context(attention, image_lens, device)):
+            images = self.image_rows(pixel_values, positions[image_tokens])
+        rows = texts.new_empty(len(input_ids), texts.shape[1])
+        rows[text_tokens], rows[image_tokens] = texts, images
+        return rows
+
+    def _check_images(self, pixel_values: torch.Tensor, image_lens: list[int]) -> None:
+        config = self.config
+        check_images(pixel_values, image_lens, config.num_channels, config.image_size, self.image_tokens)
+
 
 class ClipModel(TwoTowerModel):
     task = "embed"
@@ -279,21 +339,13 @@ class ClipModel(TwoTowerModel):
     def image_linears(self) -> list[tuple[nn.Module, int, int]]:
         return [*super().image_linears(), (self.visual_projection, self.image_tokens, 0)]
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]; for images, placeholders that only count the tokens
-        positions: torch.Tensor,  # [T]
-        token_type_ids: torch.Tensor | None = None,  # unused: CLIP has no token types
-        pixel_values: torch.Tensor | None = None,  # [N, C, H, W] float32: the batch's images, one a sequence
-    ) -> torch.Tensor:  # [T, projection_dim] float32; each sequence's features at its first token
-        if pixel_values is not None:
-            check_images(
-                pixel_values, len(positions), self.config.num_channels, self.config.image_size, self.image_tokens
-            )
-            return self.visual_projection(self.vision_model(pixel_values, positions)).float()
+    def text_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, projection_dim]
         hidden = self.text_model(input_ids, positions)
         hidden = hidden[pooled_token_rows(input_ids, positions, self.config.eos_token_id)]
         return self.text_projection(hidden).float()
+
+    def image_rows(self, pixel_values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, projection_dim]
+        return self.visual_projection(self.vision_model(pixel_values, positions)).float()
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         self.logit_scale = scalar(state, "logit_scale")
@@ -309,16 +361,17 @@ class ClipModel(TwoTowerModel):
         return state
 
 
-def check_images(pixel_values: torch.Tensor, num_tokens: int, channels: int, size: int, tokens_per_image: int) -> None:
-    """A vision tower's images must be its own size, each `tokens_per_image` tokens of the batch."""
+def check_images(
+    pixel_values: torch.Tensor, image_lens: list[int], channels: int, size: int, tokens_per_image: int
+) -> None:
+    """A vision tower's images must be its own size, each a sequence of `tokens_per_image` tokens."""
     if tuple(pixel_values.shape[1:]) != (channels, size, size):
         raise ValueError(
             f"images of shape {tuple(pixel_values.shape[1:])}; this model takes ({channels}, {size}, {size}) "
             "(other sizes would need its position embeddings interpolated, which is not supported)"
         )
-    expected = len(pixel_values) * tokens_per_image
-    if num_tokens != expected:
+    if len(image_lens) != len(pixel_values) or any(length != tokens_per_image for length in image_lens):
         raise ValueError(
-            f"{len(pixel_values)} image(s) make {expected} tokens at this model's patch size; "
-            f"the batch has {num_tokens}"
+            f"{len(pixel_values)} image(s) make {len(pixel_values) * tokens_per_image} tokens at this model's patch "
+            f"size, {tokens_per_image} each; the batch has {sum(image_lens)} in {len(image_lens)} image sequence(s)"
         )

@@ -28,7 +28,7 @@ from bouquet.layers.linear import Linear
 from bouquet.layers.norms import LayerNorm
 from bouquet.layers.weights import drop_ignored, fuse, scalar
 from bouquet.model_dir import PoolingMethod
-from bouquet.models.clip import ClipEncoder, ClipMLP, TowerConfig, TwoTowerModel, check_images, to_patches
+from bouquet.models.clip import ClipEncoder, ClipMLP, TowerConfig, TwoTowerModel, to_patches
 from bouquet.models.siglip_text import SiglipTextTransformer
 from bouquet.text_padding import TextPadding
 
@@ -183,20 +183,13 @@ class SiglipModel(TwoTowerModel):
             (attention.q_proj, 0, 1),
         ]  # fmt: skip
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]; for images, placeholders that only count the tokens
-        positions: torch.Tensor,  # [T]
-        token_type_ids: torch.Tensor | None = None,  # unused: SigLIP has no token types
-        pixel_values: torch.Tensor | None = None,  # [N, C, H, W] float32: the batch's images, one a sequence
-    ) -> torch.Tensor:  # [T, D] float32; each sequence's features at its first token
-        if pixel_values is None:
-            if self.text_padding is None:
-                return self.text_model(input_ids, positions)
-            ctx = get_forward_context()
-            return self.text_model.texts(input_ids, positions, ctx.seq_lens, self.text_padding, self.text_length)
-        config = self.config
-        check_images(pixel_values, len(positions), config.num_channels, config.image_size, self.image_tokens)
+    def text_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, D] float32
+        if self.text_padding is None:
+            return self.text_model(input_ids, positions)
+        ctx = get_forward_context()
+        return self.text_model.texts(input_ids, positions, ctx.seq_lens, self.text_padding, self.text_length)
+
+    def image_rows(self, pixel_values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [T, D] float32
         return self.vision_model(pixel_values, positions)
 
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -22,6 +22,8 @@ def embed_request(batch: Batch, maxsim: bool = False) -> embedding_pb2.EmbedRequ
     rows."""
     options = wire_options(batch.options(), maxsim)
     if batch.fixed_images and batch.pixel_values is not None:  # laid out at the model's tokens per image
+        if not batch.all_images:
+            raise ValueError("texts beside fixed-size images make a step, not a request: send each kind alone")
         return embedding_pb2.EmbedRequest(
             pixel_values=batch.pixel_values.astype("<f4", copy=False).tobytes(),
             image_shape=batch.pixel_values.shape[1:], **options,

@@ -4,7 +4,8 @@ One queue of requests, served in arrival order one sequence at a time: a request
 batches, and a later small request never overtakes an earlier large one. A batch is cut when the next sequence
 would pass `max_batch_tokens` or `max_batch_seqs`; a sequence larger than the budget runs alone. Tokens are
 counted as `Batch.cu_budget` counts them: a sequence's tokens, plus its patch images' patches (the vision tower's
-tokens), in the budget, the queue and the step metrics alike. Everything
+tokens), in the budget, the queue and the step metrics alike; an image's sequence is counted at its tokens
+whatever the model (CLIP's 1 + (H / p)(W / p)), and texts and images of one model share a step. Everything
 here runs on the event loop's thread, so the queue needs no lock; only the engine's forward runs elsewhere.
 """
 
@@ -187,8 +188,6 @@ class Scheduler:
                 continue
             if parts and request.batch.any_sparse != parts[0][0].batch.any_sparse:
                 break  # a step is all sparse rows or none: mixed, every row would be vocabulary wide
-            if parts and request.batch.fixed_images != parts[0][0].batch.fixed_images:
-                break  # fixed-size images never share a step with texts (Batch)
             if request.batch.any_sparse:
                 max_seqs = min(max_seqs, max_sparse_rows(self.limits.sparse_dimension, SPARSE_STEP_BYTES))
             first, cu_budget = request.next_seq, request.batch.cu_budget
