@@ -27,6 +27,7 @@ from PIL import Image
 from test_clip import _clip, _save
 from test_siglip import padded_text_features, save_siglip
 
+from bouquet.encodings import Encoding, encode_rows
 from bouquet.gateway.image_processing import model_images, parse_processor_config
 
 BOUND = 0.99999
@@ -171,6 +172,25 @@ def test_dimensions_and_base64_apply_to_images(server: httpx.Client) -> None:
     assert answer.json()["usage"]["prompt_tokens"] == 17  # the image's tokens: a class token and 16 patches
 
 
+@pytest.mark.parametrize("family", ["clip", "siglip"])
+def test_compact_encodings_of_images_are_their_float_rows_encoded(server: httpx.Client, family: str) -> None:
+    """int8 and uint8 as encodings.py defines them, binary and ubinary as sentence-transformers' quantize_embeddings
+    gives them, of the float rows of the same images (a value within 1e-5 of zero may take either sign)."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    body = {"model": f"tiny-{family}", "input": [_data_uri(data) for data in _test_files()]}
+    floats = _rows(server.post("/embeddings_image", json={**body, "encoding_format": "float"}))
+    unsure = np.packbits(np.abs(floats) <= 1e-5, axis=1).astype(bool)
+    for name in ("int8", "uint8", "binary", "ubinary"):
+        answer = server.post("/embeddings_image", json={**body, "encoding_format": name})
+        assert answer.status_code == 200, answer.text
+        rows = np.array([item["embedding"] for item in answer.json()["data"]], np.int64)
+        if name in ("binary", "ubinary"):
+            assert not ((rows != quantize_embeddings(floats, name)) & ~unsure).any(), name
+        else:  # the same grid, a rounding apart at most
+            assert np.abs(rows - encode_rows(floats, Encoding[name.upper()]).astype(np.int64)).max() <= 1, name
+
+
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height pixels, with one tiny compressed row behind it: a decompression
     bomb as Pillow's header reader meets it."""
@@ -181,6 +201,19 @@ def _png_header_only(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     rows = chunk(b"IDAT", zlib.compress(b"\0" * 64))
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + rows + chunk(b"IEND", b"")
+
+
+def _jpeg_header_only(width: int, height: int) -> bytes:
+    """A baseline JPEG's start and frame header (3 components) claiming width x height, then its end: no scan."""
+    frame = struct.pack(">BHHB", 8, height, width, 3) + b"".join(struct.pack(">BBB", c, 0x11, 0) for c in (1, 2, 3))
+    return b"\xff\xd8\xff\xc0" + struct.pack(">H", len(frame) + 2) + frame + b"\xff\xd9"
+
+
+def _gif_header_only(width: int, height: int) -> bytes:
+    """A GIF whose screen and one image claim width x height, with one tiny code block behind them."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0)
+    image = b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0)
+    return screen + image + b"\x02\x02\x44\x01\x00\x3b"
 
 
 def _noise_png(side: int) -> bytes:
@@ -197,6 +230,10 @@ BAD_IMAGES = [
     (_data_uri(_noise_png(300)), "image_too_large", f"over the limit of {MAX_IMAGE_BYTES}"),
     (_data_uri(_png_header_only(100_000, 100_000)), "image_too_large", "pixels"),  # Pillow's own bomb error
     (_data_uri(_png_header_only(7_000, 7_000)), "image_too_large", "7000 x 7000 pixels"),  # over ours only
+    (_data_uri(_jpeg_header_only(65_000, 65_000), "jpeg"), "image_too_large", "pixels"),  # Pillow's bomb error
+    (_data_uri(_jpeg_header_only(7_000, 7_000), "jpeg"), "image_too_large", "7000 x 7000 pixels"),
+    (_data_uri(_gif_header_only(65_000, 65_000), "gif"), "image_too_large", "pixels"),
+    (_data_uri(_gif_header_only(9_000, 5_000), "gif"), "image_too_large", "9000 x 5000 pixels"),
     ("http://127.0.0.1:9/cat.png", "image_url_refused", "fetches nothing"),
     ("https://example.com/cat.png", "image_url_refused", "URL"),
     ("data:image/png,rawbytes", "invalid_image", "without base64"),

@@ -27,9 +27,11 @@ import torch
 from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
+from sentence_transformers.util.quantization import quantize_embeddings
 from test_clip import _clip, _save
 from test_image_api import _assert_close, _data_uri, _file, _image, _processor, _reference, _rows
 
+from bouquet.encodings import Encoding, encode_rows
 from bouquet.engine.engine import Engine
 
 CLIP, TEXT_MODEL = "tiny-clip", "all-MiniLM-L6-v2"
@@ -100,7 +102,9 @@ def test_images_embed_as_transformers_clip(client: cohere.ClientV2, clip) -> Non
     images = [_data_uri(data, "jpeg" if index == 2 else "png") for index, data in enumerate(FILES)]
     response = client.embed(model=CLIP, images=images, input_type="image", embedding_types=["float", "int8"])
     _assert_close(_floats(response), expected)
-    assert len(response.embeddings.int8) == len(FILES) and response.meta.billed_units.input_tokens == 3 * 17
+    assert response.meta.billed_units.input_tokens == 3 * 17
+    int8 = np.array(response.embeddings.int8, np.int64)  # the float rows' int8 (encodings.py), a rounding apart
+    assert np.abs(int8 - encode_rows(_floats(response), Encoding.INT8).astype(np.int64)).max() <= 1
 
 
 def test_inputs_mix_texts_and_images_in_order_in_one_space(client: cohere.ClientV2, clip, minilm_path: Path) -> None:
@@ -239,6 +243,9 @@ def test_jinas_documented_body_is_taken_as_sent(web: httpx.Client, image_origin:
     )
     binary = _rows(web.post("/v1/embeddings", json={**jina, "embedding_type": "ubinary"}))
     assert binary.shape == (3, 4)  # 32 bits a row, packed
+    floats = _rows(web.post("/v1/embeddings", json=jina))
+    unsure = np.packbits(np.abs(floats) <= 1e-5, axis=1).astype(bool)  # either sign in another step's arithmetic
+    assert not ((binary != quantize_embeddings(floats, "ubinary")) & ~unsure).any()
     disagreeing = web.post("/v1/embeddings", json={**jina, "encoding_format": "base64"})
     assert disagreeing.status_code == 400 and disagreeing.json()["error"]["param"] == "embedding_type"
 
