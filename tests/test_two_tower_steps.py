@@ -19,6 +19,7 @@ from test_siglip import save_siglip
 from bouquet.batch import Batch, RowOptions
 from bouquet.config import EngineConfig, SchedulerConfig
 from bouquet.engine.engine import Engine
+from bouquet.engine.memory import bucket_tokens, pad_to_bucket
 from bouquet.proto import embedding_pb2_grpc
 from bouquet.replica.client import embed_request, response_rows
 from bouquet.replica.testing import RecordingEngine, ReplicaThread, wait_until
@@ -36,8 +37,9 @@ def engine(request, tmp_path_factory, minilm_path: Path) -> Iterator[Engine]:
 
 
 def _texts() -> list[list[int]]:
-    """Texts of several lengths, one with its EOS inside (CLIP pools there), within SigLIP's 64 positions."""
-    return [text[:60] for text in clip_texts(seed=3)]
+    """Texts of several lengths, one with its EOS inside (CLIP pools there), within SigLIP's 64 positions: 155
+    tokens, which a step pads to a bucket's 160 (engine/memory.py)."""
+    return [*(text[:60] for text in clip_texts(seed=3)), [101, 2000, 102]]
 
 
 def _images(count: int, seed: int = 0) -> np.ndarray:  # [N, 3, S, S] float32
@@ -68,6 +70,20 @@ def test_a_step_of_texts_and_images_gives_each_its_own_kinds_row(engine: Engine)
     _close(rows[full], np.concatenate([alone[0], alone[1], alone[3], alone[4]]))
     assert step.slice(1, 4).pixel_values is not None and not len(step.slice(1, 4).pixel_values)
     _close(engine.embed(step.slice(3, 7)), np.concatenate([alone[1][2:], alone[2], alone[3][:1]])[:, :width])
+
+
+def test_a_mixed_steps_texts_are_padded_to_a_bucket_its_images_never(engine: Engine) -> None:
+    """On the CPU the text tower meets only the buckets' token counts (engine/memory.py), as a step of texts does;
+    the pad text is the last sequence, its row dropped (the steps above ran so: `_texts`)."""
+    assert engine.runner.token_buckets == 16
+    texts, tokens = _texts(), engine.image_tokens
+    step = Batch.concat([Batch.pack(texts), Batch.pack_images(_images(2), tokens)])
+    text_tokens = sum(map(len, texts))
+    assert text_tokens == 155 and bucket_tokens(text_tokens, 16) == 160
+    padded = pad_to_bucket(step, 16)
+    assert padded.num_seqs == step.num_seqs + 1 and padded.num_tokens == step.num_tokens + 5
+    assert np.diff(padded.cu_images).tolist() == [0] * len(texts) + [1, 1, 0]
+    np.testing.assert_array_equal(padded.pixel_values, step.pixel_values)
 
 
 def test_the_scheduler_puts_waiting_texts_and_images_in_one_step(engine: Engine) -> None:

@@ -16,7 +16,8 @@ all of them cached. The pad tokens form one extra sequence of their own (as in C
 row the caller drops; a step pads by less than 1/16 of its tokens. A step of images of any size, whose patch
 counts take any value, has its images' patches rounded up the same way by a pad image (SigLIP 2's a sequence of
 its own; Qwen3-VL's inside the pad sequence, with its placeholders): without it every new count built the vision
-tower's primitives again and kept them (docs/benchmarks.md).
+tower's primitives again and kept them (docs/benchmarks.md). A step of texts beside fixed-size images (CLIP's,
+SigLIP's) runs each tower on its own tokens: its texts' are rounded up by a pad text, its images' are whole images'.
 
 `build_primitives` builds them all at start-up (`cpu_warmup_tokens`), for each OpenMP team size a step can run
 with (oneDNN keys a primitive by its thread count too): a replica then starts at its plateau and stays flat,
@@ -61,10 +62,22 @@ def pad_to_bucket(batch: Batch, per_doubling: int, placeholder: tuple[int, int] 
         return _pad_image_sequences(batch, per_doubling)
     if has_patches and placeholder is not None:
         return _pad_patch_images(batch, per_doubling, *placeholder)
+    if batch.fixed_images and not batch.all_images:
+        return _pad_texts_beside_images(batch, per_doubling)
     num_tokens = bucket_tokens(batch.num_tokens, per_doubling)
     if num_tokens == batch.num_tokens or batch.pixel_values is not None:
         return batch  # fixed-size images run at whole images' counts (built at start-up: `image_warmup`)
     return pad_batch(batch, Bucket(num_tokens, batch.num_seqs + 1))
+
+
+def _pad_texts_beside_images(batch: Batch, per_doubling: int) -> Batch:
+    """A step of texts and fixed-size images: the text tower's tokens rounded up by `bucket_tokens` with a pad
+    text, the last sequence (token id 0, as `pad_batch`'s); the vision tower's are whole images' already."""
+    assert batch.cu_images is not None, "fixed-size images come with cu_images"
+    texts = np.diff(batch.cu_images) == 0
+    text_tokens = int(batch.seq_lens[texts].sum())
+    pad = bucket_tokens(text_tokens, per_doubling) - text_tokens
+    return batch if pad == 0 else Batch.concat([batch, Batch.pack([[0] * pad])])
 
 
 def _pad_image_sequences(batch: Batch, per_doubling: int) -> Batch:
