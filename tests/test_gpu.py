@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,31 @@ def test_backend_matches_sdpa(backend: str, causal: bool, seq_lens: list[int]) -
         ctx.attn_metadata = attention.prepare(ctx)
         outs.append(attention.forward(q, k, v, ctx, causal, shape.scale).float())
     torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random CLIP (tests/test_clip.py's) with a tokenizer.json beside it; steps here send token ids."""
+    from gpu_setup import tokenizer_dir
+    from test_clip import _clip
+
+    path = tmp_path_factory.mktemp("clip_gpu")
+    torch.manual_seed(0)
+    _clip(eos_token_id=102).save_pretrained(path)
+    shutil.copy(tokenizer_dir(tmp_path_factory.mktemp("tokenizer")) / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+def test_a_step_of_clip_texts_and_images_gives_their_rows_apart(clip_dir: Path) -> None:
+    """Texts beside images on CUDA (tests/test_two_tower_steps.py on the CPU): each tower in a forward context of
+    its own on the bound backend, while a step of texts alone may replay a graph."""
+    from test_clip import IMAGE_TOKENS, _images, _texts
+
+    engine = Engine(EngineConfig(clip_dir, "cuda", "bfloat16"))
+    try:
+        texts, images = Batch.pack(_texts()), Batch.pack_images(_images(3), IMAGE_TOKENS)
+        apart = np.concatenate([engine.embed(texts), engine.embed(images), engine.embed(texts)])
+        mixed = engine.embed(Batch.concat([texts, images, texts]))
+    finally:
+        engine.close()
+    assert row_cosines(mixed, apart).min() > 0.999
