@@ -271,7 +271,9 @@ _TRANSFORMER_TASKS = {
 }
 _MODEL_POOLED = "pooled"
 # The architectures whose own rows bouquet computes as sentence-transformers reads them: CLIP's get_text_features and
-# get_image_features (models/clip.py puts each row at its sequence's first token, where CLS pooling reads it).
+# get_image_features (models/clip.py puts each row at its sequence's first token, where CLS pooling reads it). Not
+# SigLIP's: sentence-transformers pads texts to the batch's longest, so a SigLIP text's row (read at the last
+# position) moves with its batch; bouquet pads them as SigLIP was trained (models/siglip.py).
 _MODEL_POOLED_ARCHITECTURES = ("CLIPModel",)
 _MODEL_POOLED_METHODS = {"text": "get_text_features", "image": "get_image_features"}
 
