@@ -10,10 +10,9 @@ Transformer that gives each text's and image's embedding itself, then Dense* and
 these in another order, is refused at start-up with the file and the module named, because skipping one would serve
 different embeddings without a word.
 
-A CLIP model comes in two layouts: sentence-transformers 2.x-5.3's `CLIPModel` module (in its own folder,
-`0_CLIPModel` on the hub, without a sentence_bert_config.json), and 5.4+'s multimodal `Transformer` (or the
-deprecated `CLIPModel` that stands for it), whose sentence_bert_config.json says it outputs `sentence_embedding`
-through `get_text_features` and `get_image_features`. Either way the model pools: no Pooling module follows.
+A CLIP model: 2.x-5.3's `CLIPModel` module (`0_CLIPModel` on the hub, no sentence_bert_config.json), or 5.4+'s
+`Transformer` (or `CLIPModel`) whose config says it outputs `sentence_embedding` through `get_text_features` and
+`get_image_features`. Either way the model pools: no Pooling module follows.
 """
 
 from __future__ import annotations
