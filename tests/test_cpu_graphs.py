@@ -1,6 +1,7 @@
 """CPU graphs (engine/cpu_graphs.py): a layer stack recorded as its kernel calls and replayed, against the same
-layers run eagerly. The stacks here are made of bouquet's `cpu_varlen` attention kernel (every x86-64 CPU), so
-the replay machinery is exercised where AMX is absent; the int8 engine test needs AMX and says so."""
+layers run eagerly. The stacks here are made of bouquet's `cpu_varlen` attention kernel and int8 linears on each
+int8 product this CPU offers (oneDNN's are torch ops recorded as calls; the AMX kernel where the CPU has it), so
+every x86-64 CPU runs them."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from bouquet.batch import Batch
 from bouquet.config import create_engine_config, default_model_path
 from bouquet.engine.cpu_graphs import CpuLayerGraphs, NotReplayable, _KeepAndGuard
 from bouquet.engine.cuda_graphs import BucketState
-from bouquet.layers.amx_product import amx_available
 from bouquet.layers.attention_backends.base import AttentionShape
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
+from bouquet.layers.int8_linear import Int8Weight, int8_linear, quantize_weight, with_products
+from bouquet.layers.int8_products import available_products
 from bouquet.layers.layer_stack import run_layers
 
 HEADS, HEAD_DIM = 2, 16
@@ -44,6 +46,24 @@ class KernelAttention(nn.Module):
 class TorchScale(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden * 2.0  # torch's own op: a replay of kernel calls would skip it
+
+
+class Int8Layer(nn.Module):
+    """An int8 linear (quantize, product, dequantize with GELU) on the product its weight was prepared for."""
+
+    def __init__(self, weight: Int8Weight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return int8_linear(hidden, self.weight, "gelu")
+
+
+def int8_layer(in_features: int, out_features: int, product: str, seed: int) -> Int8Layer:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    return Int8Layer(with_products(quantize_weight(weight, torch.randn(out_features, generator=generator), 127),
+                                   product, product))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +189,24 @@ def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:
     assert seen == [(1, 1, 1)]
 
 
-@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
+@pytest.mark.parametrize("product", available_products())
+def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product: str) -> None:
+    """Each int8 product, torch's oneDNN ops among them, is captured and replayed with the kernels around it."""
+    layers: list[nn.Module] = [
+        int8_layer(32, 128, product, 1),
+        int8_layer(128, 32, product, 2),
+        KernelAttention(backend),
+    ]
+    graphs = CpuLayerGraphs()
+    for seed, tokens in itertools.product(range(4), (12, 20)):
+        hidden = states(seed, tokens)
+        assert torch.equal(
+            step(layers, hidden, [tokens], backend, graphs), step(layers, hidden, [tokens], backend, None)
+        )
+    stats = graphs.thread_graphs(layers).stats
+    assert stats.captures == 2 and stats.replays == 4
+
+
 def test_int8_engine_rows_are_the_same_with_graphs() -> None:
     from bouquet.engine.engine import Engine
     from bouquet.tokenizer import TextTokenizer
@@ -210,7 +247,6 @@ def test_capturing_does_not_import_dynamo() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
 def test_steps_in_flight_on_both_workers_replay_their_own_graphs(caplog: pytest.LogCaptureFixture) -> None:
     """Steps submitted together run on the engine's two workers at once, each replaying its thread's graphs."""
     from bouquet.engine.engine import Engine
@@ -237,7 +273,6 @@ def test_steps_in_flight_on_both_workers_replay_their_own_graphs(caplog: pytest.
         eager.close()
 
 
-@pytest.mark.skipif(not amx_available(), reason="needs AMX-INT8 (amx_tile, amx_int8): int8's products in C")
 def test_a_lone_querys_shapes_are_captured_at_start_on_the_lead(caplog: pytest.LogCaptureFixture) -> None:
     from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS
     from bouquet.engine.engine import Engine

@@ -1,11 +1,11 @@
 """CPU graphs: a short step's stack of layers recorded as its kernel calls and replayed for later steps of the
 same shape, without the Python between the calls.
 
-Where every op in a model's layers is one of bouquet's C kernels (int8 and bfloat16 linears on AMX tiles,
-`cpu_varlen` attention), a short step's time is mostly the Python around them: modules, views, allocations,
-argument packing (docs/benchmarks.md). A step is keyed by its (tokens, sequences, attention backend) within its
-stack of layers; as CUDA graphs do (cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is
-captured, later ones replay.
+Where every op in a model's layers is one of bouquet's C kernels or a torch op called as one (int8 linears, with
+their products on AMX tiles or oneDNN's; bfloat16 linears on AMX tiles; `cpu_varlen` attention), a short step's
+time is mostly the Python around them: modules, views, allocations, argument packing (docs/benchmarks.md). A step
+is keyed by its (tokens, sequences, attention backend) within its stack of layers; as CUDA graphs do
+(cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is captured, later ones replay.
 
 Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
 copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:
@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bouquet.engine.cuda_graphs import Bucket, BucketState, LazyGraphs
-from bouquet.kernels.recording import KernelProgram, recording
+from bouquet.kernels.recording import KernelProgram, inside_kernel_call, recording
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.layer_stack import run_eagerly
 
@@ -66,6 +66,8 @@ class _KeepAndGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if inside_kernel_call():  # a torch op the recording keeps as a call: a replay runs it again
+            return out
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         name = func._schema.name
         given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

@@ -5,6 +5,11 @@ is kept with its arguments, exactly as passed: raw pointers and sizes. Replaying
 on the same memory, with none of the Python between them (modules, views, allocations, argument packing),
 which is most of a short step's time on the CPU. The recorder only keeps calls; whoever records makes sure
 the memory behind every pointer outlives the recording and that nothing but these calls computed anything.
+
+A recorded call may also be a torch op that writes into a tensor given to it (`torch._int_mm(a, b, out=c)`, where
+oneDNN's own product is the fastest this CPU has): its arguments are then tensors, kept alive by the recording, and
+`inside_kernel_call` tells a watcher of the ops (cpu_graphs' dispatch mode) that the op is one of the calls a replay
+makes again.
 """
 
 from __future__ import annotations
@@ -36,9 +41,24 @@ class KernelProgram:
 def kernel_call(function: Callable[..., int], *args: object) -> int:
     """`function(*args)`, kept in the thread's recording if one is open. Returns the kernel's status."""
     program: KernelProgram | None = getattr(_local, "program", None)
-    if program is not None:
-        program.calls.append((function, args))
-    return function(*args)
+    if program is None:
+        return function(*args)
+    program.calls.append((function, args))
+    _local.inside = True
+    try:
+        return function(*args)
+    finally:
+        _local.inside = False
+
+
+def is_recording() -> bool:
+    """Whether this thread has a recording open."""
+    return getattr(_local, "program", None) is not None
+
+
+def inside_kernel_call() -> bool:
+    """Whether this thread is running a call that its open recording keeps."""
+    return bool(getattr(_local, "inside", False))
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
-from bouquet.kernels.recording import kernel_call
+from bouquet.kernels.recording import is_recording, kernel_call
 from bouquet.layers.amx_product import AMX_PRODUCT, amx_linear, amx_product, pack_for_amx
 from bouquet.layers.amx_product import fits as amx_fits
 
@@ -159,14 +159,37 @@ def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`, the AMX kernel), or float32 holding
     the same integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
     product = weight.small if values.shape[0] < weight.from_rows else weight.large
-    if product == INT_MM_PRODUCT:
-        return torch._int_mm(values, weight.transposed)
     if product == AMX_PRODUCT:
         assert weight.amx is not None
         return amx_product(values, weight.amx, weight.scales.numel())
-    unit_scales, zero_points = _unit_quantization(weight.scales.numel())
+    # oneDNN's products are torch ops: called as kernel calls writing into an output allocated here, so that a CPU
+    # graph (engine/cpu_graphs.py) replays them with the C kernels around them.
+    if product == INT_MM_PRODUCT:
+        out = torch.empty(values.shape[0], weight.scales.numel(), dtype=torch.int32)
+        kernel_call(_int_mm_into, values, weight.transposed, out)
+        return out
+    if not is_recording():  # the matmul has no output argument: a copy into one only where a graph needs it
+        return _onednn_matmul(values, weight.packed, weight.scales.numel())
+    out = torch.empty(values.shape[0], weight.scales.numel())
+    kernel_call(_onednn_into, values, weight.packed, out)
+    return out
+
+
+def _int_mm_into(values: torch.Tensor, transposed: torch.Tensor, out: torch.Tensor) -> int:
+    torch._int_mm(values, transposed, out=out)
+    return 0
+
+
+def _onednn_into(values: torch.Tensor, packed: torch.Tensor, out: torch.Tensor) -> int:
+    out.copy_(_onednn_matmul(values, packed, out.shape[1]))
+    return 0
+
+
+def _onednn_matmul(values: torch.Tensor, packed: torch.Tensor | None, channels: int) -> torch.Tensor:
+    """oneDNN's matmul, asked for unit scales and a float32 output holding the int32 sums."""
+    unit_scales, zero_points = _unit_quantization(channels)
     return torch.ops.onednn.qlinear_pointwise(
-        values, 1.0, 0, weight.packed, unit_scales, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        values, 1.0, 0, packed, unit_scales, zero_points, None, 1.0, 0, torch.float32, "none", [], ""
     )
 
 
