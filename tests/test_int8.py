@@ -27,6 +27,7 @@ from bouquet.gateway.testing import Process, free_port, start_serve
 from bouquet.layers.int8_linear import (
     FULL_WEIGHT_LIMIT,
     INT_MM_PRODUCT,
+    Int8Weight,
     dequantize,
     input_rotation,
     int8_linear,
@@ -126,7 +127,17 @@ def test_the_input_rotation_is_orthogonal_and_the_quantizing_pass_applies_it(wid
     assert (error <= rows.scales[:, None] * 0.5001 + 1e-4).all()  # within half a step of the rotated row's scale
 
 
+def _float_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    """The float32 product of x (rotated as the weight is) with the weight's int8 values dequantized: all of the
+    int8 linear but the activation rows' rounding."""
+    rotated = x if weight.rotation is None else weight.rotation.apply(x)
+    return F.linear(rotated, weight.transposed.t().float() * weight.scales[:, None], weight.bias)
+
+
 def test_a_rotated_int8_linear_computes_the_same_product_closer_to_float32() -> None:
+    """The rotation acts on the activation rows' rounding (fixed outlier channels no longer set every token's
+    scale), so that part is measured apart: the weights' own rounding, 7-bit where the CPU has no VNNI, is as
+    large with or without it and would otherwise hide the rows' gain in the total."""
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(64, 384, generator=generator)
     x[:, [5, 99, 223]] *= 15  # fixed outlier channels set every token's scale unless rotated away
@@ -136,11 +147,13 @@ def test_a_rotated_int8_linear_computes_the_same_product_closer_to_float32() -> 
     rotated = quantize_weight(w, b, limit)
     assert rotated.rotation is not None and rotated.rotation.block == 128
     reference = F.linear(x, w, b)
-    errors = {
-        name: float((int8_linear(x, weight) - reference).norm() / reference.norm())
-        for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, limit, rotate=False)))
-    }
-    assert errors["rotated"] < 0.6 * errors["plain"], errors
+    errors, row_errors = {}, {}
+    for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, limit, rotate=False))):
+        y = int8_linear(x, weight)
+        errors[name] = float((y - reference).norm() / reference.norm())
+        row_errors[name] = float((y - _float_product(x, weight)).norm() / reference.norm())
+    assert row_errors["rotated"] < 0.4 * row_errors["plain"], row_errors
+    assert errors["rotated"] < errors["plain"], errors
 
 
 @pytest.mark.parametrize(("rows", "in_features", "out_features"), [(3, 384, 384), (200, 1536, 384), (17, 64, 96)])
