@@ -145,7 +145,7 @@ def _edit(path: Path, change) -> None:
 
 _POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
 _REFUSED = [
-    ("config.json", lambda c: {**c, "architectures": ["BertModel"]}, "for BertModel; bouquet runs CLIPModel's"),
+    ("config.json", lambda c: {**c, "architectures": ["BertModel"]}, "for BertModel; bouquet runs those of CLIPModel"),
     ("sentence_bert_config.json", lambda c: {**c, "modality_config": {"text": {"method": "forward"}}},
      "modality 'text' through 'forward'"),
     ("modules.json", lambda m: [*m, _POOLING], "expected Dense or Normalize"),

@@ -124,6 +124,7 @@ class ModelSpec:
     score_activation: str = "Identity"  # a score model's: what sentence-transformers' CrossEncoder applies
     sparse: SpladeSpec | TokenWeightSpec | None = None  # how it gives sparse rows (vocab_size wide); None: it does not
     multi_vector: MultiVectorSpec | None = None  # how it gives per-token (ColBERT) vectors; None: it does not
+    st_text_padding: str | None = None  # a model that pools itself: how sentence-transformers pads its texts
 
     @property
     def architecture(self) -> str:
@@ -199,6 +200,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         score_activation=_score_activation(st_config, hf_config),
         sparse=layout.splade or _token_weights(root, transformer, layout.task),
         multi_vector=multi_vector,
+        st_text_padding=layout.text_padding,
     )
 
 

@@ -5,14 +5,15 @@ Modules are known by their class name whatever the module path a version wrote (
 Pooling`, `sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...). The pipeline bouquet runs
 is Transformer, Pooling, Dense*, Normalize? (a ColBERT model saved by PyLate: Transformer, then Dense modules over
 every token's state, task "multi_vector"; a CrossEncoder: a classifier's Transformer alone, or a causal LM's then
-LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling; a CLIP model: a
-Transformer that gives each text's and image's embedding itself, then Dense* and Normalize?); any other module, or
-these in another order, is refused at start-up with the file and the module named, because skipping one would serve
-different embeddings without a word.
+LogitScore; a SparseEncoder: a masked LM's Transformer, or MLMTransformer, then SpladePooling; a CLIP or SigLIP
+model: a Transformer that gives each text's and image's embedding itself, then Dense* and Normalize?); any other
+module, or these in another order, is refused at start-up with the file and the module named, because skipping one
+would serve different embeddings without a word.
 
 A CLIP model: 2.x-5.3's `CLIPModel` module (`0_CLIPModel` on the hub, no sentence_bert_config.json), or 5.4+'s
 `Transformer` (or `CLIPModel`) whose config says it outputs `sentence_embedding` through `get_text_features` and
-`get_image_features`. Either way the model pools: no Pooling module follows.
+`get_image_features`; a SigLIP model: 5.4+'s alike. Either way the model pools: no Pooling module follows
+(st_model_pools.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bouquet.st_model_pools import check_model_pools
 
 
 class PoolingMethod(enum.Enum):
@@ -97,7 +100,8 @@ class StLayout:
     logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
     splade: SpladeSpec | None = None  # a SparseEncoder's pooling of its masked LM's logits
     token_dense: tuple[DenseSpec, ...] = ()  # PyLate's Dense modules on every token's state (ColBERT)
-    model_pools: bool = False  # the Transformer gives each input's embedding itself (CLIP: the module docstring)
+    model_pools: bool = False  # the Transformer gives each input's embedding itself (CLIP, SigLIP: st_model_pools.py)
+    text_padding: str | None = None  # a model that pools itself: how sentence-transformers pads its texts
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,7 @@ class _ModuleParser:
         self.splade: SpladeSpec | None = None
         self.token_dense: list[DenseSpec] = []
         self.model_pools = False
+        self.text_padding: str | None = None
 
     def add(self, index: int, module: dict[str, Any]) -> None:
         kind = module_class(module)
@@ -194,6 +199,7 @@ class _ModuleParser:
             self.stage = _TASK_STAGES.get(self.task, "Transformer")
             if self.task == _MODEL_POOLED:
                 self.task, self.stage, self.model_pools = "embed", "PooledTransformer", True
+                self.text_padding = _model_pools(folder)
         elif kind == "SpladePooling":
             self.splade = read_splade(require(folder / "config.json"))
             self.task = "sparse"
@@ -216,8 +222,8 @@ class _ModuleParser:
             f"{self.modules_file}: module {index} ({module.get('type')!r}, path {module.get('path', '')!r}) is "
             f"not supported: {why}. bouquet runs Transformer, Pooling, Dense (any number) and Normalize, in that order "
             "(a CrossEncoder: Transformer alone, or with LogitScore; a SparseEncoder: a fill-mask Transformer, or "
-            "MLMTransformer, then SpladePooling; a PyLate ColBERT model: Transformer, then Dense modules; a CLIP "
-            "model: its Transformer or CLIPModel, then Dense and Normalize)"
+            "MLMTransformer, then SpladePooling; a PyLate ColBERT model: Transformer, then Dense modules; a CLIP or "
+            "SigLIP model: its Transformer or CLIPModel, then Dense and Normalize)"
         )
 
     def layout(self) -> StLayout:
@@ -229,7 +235,7 @@ class _ModuleParser:
             raise ValueError(f"{self.modules_file}: a {task} Transformer needs a {following} module after it")
         return StLayout(
             self.transformer_dir, self.pooling, tuple(self.dense), self.normalize, self.task, self.logit_score,
-            self.splade, tuple(self.token_dense), self.model_pools,
+            self.splade, tuple(self.token_dense), self.model_pools, self.text_padding,
         )  # fmt: skip
 
 
@@ -266,15 +272,9 @@ _TRANSFORMER_TASKS = {
     ("sequence-classification", "scores"): "score",
     ("text-generation", "causal_logits"): "causal-lm",
     ("fill-mask", "token_embeddings"): "masked-lm",  # what SpladePooling reads as its "token_embeddings"
-    ("feature-extraction", "sentence_embedding"): "pooled",  # a CLIP model's own rows (module docstring)
+    ("feature-extraction", "sentence_embedding"): "pooled",  # a CLIP or SigLIP model's own rows
 }
-_MODEL_POOLED = "pooled"
-# The architectures whose own rows bouquet computes as sentence-transformers reads them: CLIP's get_text_features and
-# get_image_features (models/clip.py puts each row at its sequence's first token, where CLS pooling reads it). Not
-# SigLIP's: sentence-transformers pads texts to the batch's longest, so a SigLIP text's row (read at the last
-# position) moves with its batch; bouquet pads them as SigLIP was trained (models/siglip.py).
-_MODEL_POOLED_ARCHITECTURES = ("CLIPModel",)
-_MODEL_POOLED_METHODS = {"text": "get_text_features", "image": "get_image_features"}
+_MODEL_POOLED = "pooled"  # a model that pools itself: CLIP, SigLIP (st_model_pools.py)
 
 
 def _transformer_task(folder: Path, default_task: str, default_output: str | None) -> str:
@@ -290,29 +290,13 @@ def _transformer_task(folder: Path, default_task: str, default_output: str | Non
             "'sequence-classification' (scores), 'text-generation' (causal_logits, read by LogitScore) and "
             "'fill-mask' (read by SpladePooling)"
         )
-    if _TRANSFORMER_TASKS[task, output] == _MODEL_POOLED:
-        _check_model_pools(folder, config.get("modality_config") or {})
     return _TRANSFORMER_TASKS[task, output]
 
 
-def _check_model_pools(folder: Path, modalities: dict[str, Any]) -> None:
-    """A Transformer that outputs sentence embeddings runs its model's own feature methods: bouquet computes those
-    of CLIP, by each modality's method as sentence-transformers calls it."""
-    config_file = require(folder / "config.json")
-    architectures = read_json(config_file).get("architectures") or []
-    if not architectures or architectures[0] not in _MODEL_POOLED_ARCHITECTURES:
-        raise ValueError(
-            f"{config_file}: a Transformer that gives sentence embeddings itself is not supported for "
-            f"{architectures[0] if architectures else 'an unnamed architecture'}; bouquet runs "
-            f"{', '.join(_MODEL_POOLED_ARCHITECTURES)}'s"
-        )
-    for modality, settings in modalities.items():
-        method = settings.get("method") if isinstance(settings, dict) else None
-        if _MODEL_POOLED_METHODS.get(modality) != method:
-            raise ValueError(
-                f"{folder / 'sentence_bert_config.json'}: modality {modality!r} through {method!r} is not supported; "
-                f"bouquet runs {', '.join(f'{k} through {v}' for k, v in _MODEL_POOLED_METHODS.items())}"
-            )
+def _model_pools(folder: Path) -> str:
+    """A Transformer that pools itself, checked (st_model_pools.py); how sentence-transformers pads its texts."""
+    architectures = read_json(require(folder / "config.json")).get("architectures") or []
+    return check_model_pools(folder, architectures, read_optional_json(folder / "sentence_bert_config.json") or {})
 
 
 def read_splade(config_file: Path) -> SpladeSpec:

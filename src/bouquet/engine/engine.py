@@ -43,6 +43,7 @@ from bouquet.layers.pooling import Pooler
 from bouquet.layers.sparse import SpladeHead, TokenWeightHead
 from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, TokenWeightSpec, read_model_dir
 from bouquet.models import create_model
+from bouquet.st_model_pools import warn_if_st_pads_short
 from bouquet.text_padding import read_text_padding
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
     load_checked(model, model.convert_checkpoint(state))
     if getattr(model, "pads_texts", False):  # its texts padded as its processor pads them (SigLIP, SigLIP 2)
         model.text_padding = read_text_padding(spec.tokenizer_file.parent)
+        warn_if_st_pads_short(spec.path, spec.architecture, spec.st_text_padding)
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
     for module in model.modules():
