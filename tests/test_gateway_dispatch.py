@@ -183,3 +183,50 @@ def test_a_chunk_whose_replicas_stay_down_is_answered_503_after_the_wait():
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_a_request_arriving_while_its_replica_is_down_for_a_moment_waits_for_it():
+    # Seen with both cores loaded: the one replica left missed a keepalive ping, was marked down for about a second,
+    # and every request arriving meanwhile was answered 503 no_healthy_replica at once (482 of 549 in one run).
+    async def scenario() -> tuple[bool, bool, bool]:
+        pool = _pool(["only"], [])
+        replica = pool.replicas[0]
+        pool._set_healthy(replica, False)  # as a broken health stream marks it
+        arriving = asyncio.ensure_future(pool.serving("m"))
+        await asyncio.sleep(0.3)
+        waited = not arriving.done()
+        pool._set_healthy(replica, True)  # its watch reconnects and finds it serving
+        served = await asyncio.wait_for(arriving, timeout=10)
+        replica.down_since = time.monotonic() - 6.0  # down for longer than the 5 s a replica may take to come back
+        replica.healthy = False
+        started = time.monotonic()
+        refused = not await pool.serving("m") and time.monotonic() - started < 0.1
+        await pool.close()
+        return waited, served, refused
+
+    waited, served, refused = asyncio.run(scenario())
+    assert waited and served and refused
+
+
+def test_a_chunk_queued_when_its_replica_goes_down_for_a_moment_waits_for_it():
+    # A chunk waiting for room in a full window found no replica once the only one went down, and was answered 503.
+    async def scenario() -> tuple[bool, object]:
+        log: list[tuple[str, int]] = []
+        pool = _pool(["only"], log)
+        replica = pool.replicas[0]
+        first = asyncio.ensure_future(pool.embed("m", _batch(400)))  # fills the window
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(pool.embed("m", _batch(5)))
+        await asyncio.sleep(0.05)
+        pool._set_healthy(replica, False)
+        replica.stub.release.set()  # the first chunk's call was sent: it is answered
+        await first
+        await asyncio.sleep(0.3)
+        waited = not queued.done()
+        pool._set_healthy(replica, True)
+        rows = await asyncio.wait_for(queued, timeout=10)
+        await pool.close()
+        return waited, rows
+
+    waited, rows = asyncio.run(scenario())
+    assert waited and rows.shape == (1, 2)  # type: ignore[attr-defined]

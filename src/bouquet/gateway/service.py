@@ -162,7 +162,7 @@ class Service:
         others), admitted on `estimate` (an upper bound of its tokens, from its bytes; `exact` when counted from
         token ids; patch images' patches included, as `Batch.cu_budget` counts work) before any work; and the
         tokens they took."""
-        if not self.pool.any_healthy(model.name):
+        if not await self.pool.serving(model.name):  # one down a moment ago (a missed ping) is waited for
             raise Unavailable(f"no healthy replica serves the model {model.id!r}", "no_healthy_replica", "model")
         async with self.admission.admit(
             estimate, short_tokens=model.max_batch_tokens, exact=exact, model=model.id

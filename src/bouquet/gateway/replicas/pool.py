@@ -35,7 +35,7 @@ from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.gateway.replicas.replica import Replica, unusable_cause
-from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, wait_turn, wake_next
+from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, back_within, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
 
@@ -161,6 +161,11 @@ class ReplicaPool:
         return any(r.healthy and (model is None or (r.model is not None and r.model.name == model))
                    for r in self.replicas)  # fmt: skip
 
+    async def serving(self, model: str) -> bool:
+        """Whether a replica serves `model`, waiting for one that went down less than `come_back_seconds` ago."""
+        went_down = [r.down_since for r in self.replicas if r.down_since is not None and r.serves_when_up(model)]
+        return await back_within(lambda: self.any_healthy(model), max(went_down, default=None), self._come_back_seconds)
+
     def tokens_per_second(self) -> float | None:
         """What the healthy replicas compute together, as measured; None until one has been measured."""
         rates = [r.rate.tokens_per_second for r in self.replicas if r.healthy]
@@ -172,8 +177,8 @@ class ReplicaPool:
         AllOutputs; or, with `maxsim`, [B - 1, 1] scores of its first sequence against the others, [B - 1, 3] with
         all outputs); `priority` orders chunks waiting for a replica (lower first, then by arrival). A replica whose
         connection broke (UNAVAILABLE: a missed ping on a loaded host, a restart) may take the chunk again once it
-        serves, and a retry with every replica down waits `come_back_seconds` for one: else the only replica's
-        broken connection would answer 503 a request that it serves again a second later."""
+        serves, and an attempt that finds every replica down waits `come_back_seconds` for one: else the only
+        replica's broken connection (or a missed ping) would answer 503 a request that it serves a second later."""
         request = embed_request(batch, maxsim)
         tokens = batch.budget_tokens  # the work it brings, as the replica's budget counts it
         tried: set[Replica] = set()
@@ -181,8 +186,7 @@ class ReplicaPool:
         deadline = time.monotonic() + self._timeout
         arrival = next(self._arrivals)  # a retry keeps the chunk's place: it does not queue behind later chunks
         for attempt in range(self._max_attempts):
-            come_back = self._come_back_seconds if attempt else 0.0
-            replica = await self._acquire(model, tokens, (priority, arrival), tried, deadline, come_back)
+            replica = await self._acquire(model, tokens, (priority, arrival), tried, deadline, self._come_back_seconds)
             if replica is None:
                 break
             if attempt:
@@ -261,15 +265,17 @@ class ReplicaPool:
     ) -> Replica | None:  # fmt: skip
         """The least loaded replica of `model` not tried yet, once it has room in its window and no smaller
         request's chunk waits before this one; None when no replica can take the chunk (none serves, after
-        `come_back` seconds of waiting for one)."""
+        `come_back` seconds of waiting for one from when it found none)."""
         started = time.monotonic()
         queue = self._waiting.setdefault(model, [])
         me = Waiter(*place, tried)
         queued = False
+        none_since: float | None = None
         try:
             while True:
                 replica = self._least_loaded(model, tried)
-                if replica is None and time.monotonic() < min(deadline, started + come_back):
+                none_since = None if replica is not None else none_since or time.monotonic()
+                if none_since is not None and time.monotonic() < min(deadline, none_since + come_back):
                     await asyncio.sleep(RECHECK_S)
                     continue
                 if replica is None or time.monotonic() >= deadline:
@@ -310,6 +316,7 @@ class ReplicaPool:
         if healthy:
             replica.serving_again()
         if replica.healthy != healthy:
+            replica.down_since = None if healthy else time.monotonic()
             # A replica going down is worth an operator's attention; one coming up is routine.
             log = logger.info if healthy else logger.warning
             log("replica %s is %s", replica.address, "serving" if healthy else "down")

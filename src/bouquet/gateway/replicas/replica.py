@@ -87,6 +87,7 @@ class Replica:
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.model: ServedModel | None = None  # known once Info has answered
         self.healthy = False
+        self.down_since: float | None = None  # when it last went from serving to down (monotonic)
         self.heard = False  # its first health answer (and Info, if serving) is in, or its first check failed
         self.problem: str | None = None  # why it cannot be used, as last seen (unusable_cause)
         self.problems_said: set[str] = set()  # the causes logged since it last served
@@ -103,6 +104,10 @@ class Replica:
             self.healthy and not self.retired and self.model is not None and self.model.name == model
             and not self.ejected
         )  # fmt: skip
+
+    def serves_when_up(self, model: str) -> bool:
+        """Whether it served `model` when last up, and is still one of the pool's (not retired)."""
+        return not self.retired and self.model is not None and self.model.name == model
 
     @property
     def ejected(self) -> bool:
