@@ -8,6 +8,7 @@ preprocessing is also checked bit for bit against transformers'."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -28,6 +29,7 @@ from test_clip import _clip, _save
 from test_siglip import padded_text_features, save_siglip
 
 from bouquet.encodings import Encoding, encode_rows
+from bouquet.gateway import images as gateway_images
 from bouquet.gateway.image_processing import model_images, parse_processor_config
 
 BOUND = 0.99999
@@ -170,6 +172,29 @@ def test_dimensions_and_base64_apply_to_images(server: httpx.Client) -> None:
     decoded = np.frombuffer(base64.b64decode(answer.json()["data"][0]["embedding"]), "<f4")
     np.testing.assert_allclose(decoded, full, atol=1e-6)
     assert answer.json()["usage"]["prompt_tokens"] == 17  # the image's tokens: a class token and 16 patches
+
+
+def test_images_are_decoded_and_preprocessed_off_the_event_loop(server: httpx.Client, monkeypatch) -> None:
+    """Each image's decode and preprocessing runs on the gateway's executor, in a thread that runs no event loop."""
+    on_a_loop: list[bool] = []
+    load = gateway_images.load_pixels
+
+    def recording(*args):
+        on_a_loop.append(_runs_an_event_loop())
+        return load(*args)
+
+    monkeypatch.setattr(gateway_images, "load_pixels", recording)
+    inputs = [_data_uri(_file(_image(40 + index, 30, index))) for index in range(3)]
+    assert len(_rows(server.post("/embeddings_image", json={"model": "tiny-clip", "input": inputs}))) == 3
+    assert on_a_loop == [False] * 3
+
+
+def _runs_an_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip"])
