@@ -2,9 +2,10 @@
 image processor's config (max_num_patches 48, patch 8, its mean and std: not the defaults) behind the real gateway.
 Images of several sizes and aspect ratios in one request on Infinity's `/embeddings_image` (data URIs, base64 and a
 multipart upload) and vLLM's `messages` form of `/v1/embeddings`, against transformers' own processor and
-`get_image_features` (float32, cosine >= 0.99999); the usage is each image's patches; a text and an image in one
-space, as transformers' forward scores them (`/score`); the gateway's preprocessing bit for bit against transformers'
-Siglip2ImageProcessorPil (the default processor where torchvision is absent, as here)."""
+`get_image_features` (float32, cosine >= 0.99999; served in bfloat16, >= 0.999); the usage is each image's
+patches; a text and an image in one space, as transformers' forward scores them (`/score`); the gateway's
+preprocessing bit for bit against transformers' Siglip2ImageProcessorPil (the default processor where torchvision
+is absent, as here)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
 from bouquet.models.siglip2 import MAX_IMAGE_PATCHES
 
 BOUND = 0.99999
+BOUND_BFLOAT16 = 0.999
 SIZES = [(50, 80), (300, 120), (32, 32), (17, 9), (9, 300), (1000, 3)]  # (width, height)
 NAME = "tiny-siglip2"
 
@@ -111,6 +113,26 @@ def test_a_text_and_an_image_share_the_models_space(server: httpx.Client, model)
     assert abs(score.json()["data"][0]["score"] - cosine) < 2e-5
     probability = server.post("/score", json={"model": NAME, "text_1": text, "text_2": content, "use_activation": True})
     assert abs(probability.json()["data"][0]["score"] - float(logits.sigmoid())) < 1e-5, probability.text
+
+
+def test_bfloat16_serves_images_and_texts_near_transformers_float32(model) -> None:
+    """The model served in bfloat16 over real HTTP: its images of every size and a text against transformers'
+    float32 rows (cosine >= 0.999)."""
+    path, reference = model
+    pictures = [image(w, h, seed) for seed, (w, h) in enumerate(SIZES)]
+    expected = image_features(reference, processed(path, pictures)[2])
+    inputs = [_data_uri(png(picture)) for picture in pictures]
+    text = "two dogs playing in the snow"
+    with (
+        engines(path, dtype="bfloat16") as built,
+        served(built, listen=True) as running,
+        httpx.Client(base_url=running.url, timeout=120) as client,
+    ):
+        rows = _rows(client.post("/embeddings_image", json={"model": NAME, "input": inputs}))
+        text_row = _rows(client.post("/v1/embeddings", json={"model": NAME, "input": text}))
+        ids = [token["id"] for token in client.post("/tokenize", json={"model": NAME, "inputs": text}).json()[0]]
+    assert row_cosines(rows, expected).min() >= BOUND_BFLOAT16, row_cosines(rows, expected)
+    assert row_cosines(text_row, text_features(reference, [ids])).min() >= BOUND_BFLOAT16
 
 
 def test_a_bad_image_among_good_ones_is_a_400_naming_it(server: httpx.Client) -> None:
