@@ -22,9 +22,10 @@ from bouquet.engine.cuda_graphs import BucketState
 from bouquet.layers.attention_backends.base import AttentionShape
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
-from bouquet.layers.int8_linear import Int8Weight, int8_linear, quantize_weight, with_products
+from bouquet.layers.int8_linear import INT_MM_PRODUCT, Int8Weight, int8_linear, quantize_weight, with_products
 from bouquet.layers.int8_products import available_products
 from bouquet.layers.layer_stack import run_layers
+from bouquet.layers.linear import Linear, LinearActivation
 
 HEADS, HEAD_DIM = 2, 16
 
@@ -195,6 +196,32 @@ def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product
     layers: list[nn.Module] = [
         int8_layer(32, 128, product, 1),
         int8_layer(128, 32, product, 2),
+        KernelAttention(backend),
+    ]
+    graphs = CpuLayerGraphs()
+    for seed, tokens in itertools.product(range(4), (12, 20)):
+        hidden = states(seed, tokens)
+        assert torch.equal(
+            step(layers, hidden, [tokens], backend, graphs), step(layers, hidden, [tokens], backend, None)
+        )
+    stats = graphs.thread_graphs(layers).stats
+    assert stats.captures == 2 and stats.replays == 4
+
+
+def test_a_float32_linear_on_onednns_packed_weight_replays_as_a_call(backend: CpuVarlenBackend) -> None:
+    """oneDNN's float32 linear on its packed weight (what int8 keeps where the CPU has no VNNI: the QKV
+    projections), with and without a fused activation, is recorded as a call, so those CPUs' int8 steps replay."""
+    generator = torch.Generator().manual_seed(5)
+    width = HEADS * HEAD_DIM
+    float_linears = [Linear(width, width), LinearActivation(width, 4 * width, "gelu")]
+    for linear in float_linears:
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator) / width**0.5)
+            linear.bias.copy_(torch.randn(linear.out_features, generator=generator))
+        linear.prepack()
+    layers: list[nn.Module] = [
+        *float_linears,
+        int8_layer(4 * width, width, INT_MM_PRODUCT, 3),
         KernelAttention(backend),
     ]
     graphs = CpuLayerGraphs()

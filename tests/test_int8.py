@@ -22,6 +22,7 @@ from sparse_models import build_splade
 
 from bouquet.config import EngineConfig
 from bouquet.cpu_features import cpu_features
+from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS
 from bouquet.engine.engine import Engine
 from bouquet.gateway.testing import Process, free_port, start_serve
 from bouquet.layers.int8_linear import (
@@ -187,12 +188,14 @@ def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:
 
 
 NO_VNNI = """
+import logging
 import numpy as np
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
 from bouquet.layers.int8_linear import weight_limit
 from bouquet.layers.linear import QKVLinear
+logging.basicConfig(level=logging.INFO)
 print(weight_limit())
 ids = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 1997, 1996, 2173, 102]]
 rows = {}
@@ -213,7 +216,8 @@ print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis
 @pytest.mark.process
 def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
     """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at
-    load, the weights then take 7 bits, the QKV projections stay float32, and the rows stay within the gate."""
+    load, the weights then take 7 bits, the QKV projections stay float32, and the rows stay within the gate; a
+    lone query's steps are still captured as CPU graphs at start (oneDNN's float32 linear recorded as a call)."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa, "BOUQUET_CACHE_DIR": str(tmp_path)}
     if isa == "AVX2":
         env["ATEN_CPU_CAPABILITY"] = "avx2"
@@ -224,6 +228,7 @@ def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa:
     assert limit == "63" and "weights use 7 bits" in result.stderr
     assert qkv == kept_float == "6"  # the QKV projections stay float32 with 7-bit weights
     assert float(cosine) >= 0.99
+    assert f"CPU graphs: {SHORT_QUERY_TOKENS} of a lone query's shapes captured at start" in result.stderr
 
 
 def _family_rows(model_path: Path, dtype: str, texts: list[str]) -> tuple[np.ndarray, Engine]:
