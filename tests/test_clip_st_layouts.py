@@ -1,5 +1,6 @@
-"""CLIP in the layouts sentence-transformers saves, served over HTTP against sentence-transformers' own `encode` of
-texts and of PIL images (float32 cosine >= 0.99999, bfloat16 >= 0.999), images of sizes other than the processor's.
+"""CLIP in the layouts sentence-transformers saves, served over real HTTP (loopback) against sentence-transformers'
+own `encode` of texts and of PIL images (float32 cosine >= 0.99999, bfloat16 >= 0.999), images of sizes other than
+the processor's.
 
 A tiny random-weight CLIPModel is saved by transformers with its CLIPProcessor, which transformers 5 writes as
 processor_config.json, the image processor's settings nested inside (no preprocessor_config.json); then:
@@ -85,8 +86,12 @@ def reference(layouts: dict[str, Path]) -> dict[str, tuple[np.ndarray, np.ndarra
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def server(request, layouts: dict[str, Path]) -> Iterator[tuple[httpx.Client, str]]:
-    with engines(*layouts.values(), dtype=request.param) as built, served(built) as running:
-        yield running.client, request.param
+    with (
+        engines(*layouts.values(), dtype=request.param) as built,
+        served(built, listen=True) as running,
+        httpx.Client(base_url=running.url, timeout=120) as client,
+    ):
+        yield client, request.param
 
 
 def _files() -> list[bytes]:
