@@ -133,7 +133,7 @@ def test_replica_flags_land_in_their_configs(tmp_path: Path):
 
 def test_flags_not_given_leave_the_configs_defaults(tmp_path: Path):
     engine, scheduler, replica = replica_configs(parse("replica", "--model", str(tmp_path), "--device", "cpu"))
-    assert engine == EngineConfig(tmp_path, "cpu", resolve_dtype("auto", "cpu"))  # the probe's
+    assert engine == EngineConfig(tmp_path, "cpu", resolve_dtype("auto", "cpu", tmp_path))  # the probe's
     assert scheduler == SchedulerConfig.for_device("cpu")
     assert replica == ReplicaConfig()
     assert replica_configs(parse("replica", "--cuda-graphs", "--device", "cpu"))[0].cuda_graphs == CudaGraphConfig()

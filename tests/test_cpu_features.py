@@ -6,6 +6,7 @@ bfloat16 weights as on a real AVX2 CPU."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -16,11 +17,14 @@ import torch
 from conftest import embed_ids, row_cosines
 from corpus import parity_texts
 
-from bouquet.config import EngineConfig, resolve_dtype
+from bouquet.config import EngineConfig, resolve_dtype, widest_linear
 from bouquet.cpu_features import CpuFeatures, cap_at_onednn_isa, cpu_features
+from bouquet.engine import dtype_choice
+from bouquet.engine.dtype_choice import MEASURED_ROWS, linear_timings, timings_path
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention_backends import cpu_varlen
 from bouquet.layers.linear import Linear
+from bouquet.machine_cache import write_measurement
 
 AVX2_ONLY = "sse4_1,avx,avx2,fma,f16c,bmi1,bmi2"
 XEON_VNNI = AVX2_ONLY + ",avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512_vnni"
@@ -82,14 +86,52 @@ def test_onednn_isa_cap_removes_what_onednn_will_not_use() -> None:
     assert cap_at_onednn_isa(zen4, "AVX512_CORE_AMX").flags == zen4.flags
 
 
-@pytest.mark.parametrize(("flags", "expected"), [(AVX2_ONLY, "float32"), (XEON_VNNI, "float32"), (ZEN4, "bfloat16")])
-def test_dtype_auto_on_the_cpu_is_bfloat16_only_where_it_is_native(probe, caplog, flags, expected) -> None:
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """Sets what the bfloat16 / float32 measurement (engine/dtype_choice.py) found on this machine for a linear shape,
+    in a folder of the test's own: per dtype, the seconds of one call at each measured row count."""
+    machines = dtype_choice.measurement_path
+    monkeypatch.setattr(dtype_choice, "measurement_path", lambda kind, key: tmp_path / machines(kind, key).name)
+
+    def store(shape: tuple[int, int], float32: float, bfloat16: float) -> None:
+        seconds = {dtype: {rows: value * rows for rows in MEASURED_ROWS} for dtype, value in
+                   (("float32", float32), ("bfloat16", bfloat16))}  # fmt: skip
+        write_measurement(timings_path(*shape), {"seconds": seconds})
+
+    return store
+
+
+@pytest.mark.parametrize(
+    ("flags", "bfloat16_seconds", "expected"),
+    [(AVX2_ONLY, None, "float32"), (XEON_VNNI, None, "float32"), (ZEN4, 0.5, "bfloat16"), (ZEN4, 1.6, "float32")],
+    ids=["avx2", "xeon-vnni", "zen4-bf16-measured-faster", "zen4-bf16-measured-slower"],
+)
+def test_dtype_auto_on_the_cpu_is_bfloat16_only_where_native_and_measured_faster(
+    probe, measured, caplog, tmp_path, minilm_path, flags, bfloat16_seconds, expected
+) -> None:
     probe(flags)
+    if bfloat16_seconds is not None:
+        measured(widest_linear(json.loads((minilm_path / "config.json").read_text())), 1.0, bfloat16_seconds)
     with caplog.at_level(logging.INFO):
-        assert resolve_dtype("auto", "cpu") == expected
-    assert f"dtype auto: {expected}" in caplog.text
-    assert ("avx512_bf16" in caplog.text) and ("slower" in caplog.text) == (expected == "float32")
+        assert resolve_dtype("auto", "cpu", minilm_path) == expected
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dtype auto")]
+    assert len(said) == 1 and said[0].startswith(f"dtype auto: {expected}") and "avx512_bf16" in said[0]
+    if bfloat16_seconds is None:  # not native: nothing measured
+        assert "no avx512_bf16 or amx_bf16" in said[0] and not list(tmp_path.iterdir())
+    else:
+        assert ("measured faster" in said[0]) == (expected == "bfloat16") and "cached in" in said[0]
     assert resolve_dtype("auto", "cuda") == "bfloat16" and resolve_dtype("float32", "cpu") == "float32"
+
+
+def test_the_bfloat16_measurement_runs_once_per_machine_and_shape(monkeypatch, tmp_path) -> None:
+    """Real timings on this CPU (which dtype wins is this machine's business): measured, cached, read back."""
+    monkeypatch.setenv("BOUQUET_CACHE_DIR", str(tmp_path))
+    first = linear_timings(64, 256)
+    assert first.source.startswith("measured") and timings_path(64, 256).exists()
+    assert all(first.seconds[dtype][rows] > 0 for dtype in ("float32", "bfloat16") for rows in MEASURED_ROWS)
+    again = linear_timings(64, 256)
+    assert again.source.startswith("cached") and again.seconds == first.seconds
+    assert linear_timings(64, 128).source.startswith("measured")  # another shape, its own measurement
 
 
 def test_bfloat16_without_packed_bfloat16_runs_plain_linears_and_warns_once(
@@ -124,13 +166,21 @@ def test_bfloat16_with_emulated_bfloat16_warns_that_float32_is_faster(probe, cap
         engine.close()
 
 
-def test_native_bfloat16_packs_and_does_not_warn(probe, caplog, minilm_path) -> None:
+@pytest.mark.parametrize(("bfloat16_seconds", "warns"), [(0.5, False), (1.6, True)], ids=["faster", "slower"])
+def test_native_bfloat16_packs_and_warns_only_where_measured_slower(
+    probe, measured, caplog, minilm_path, bfloat16_seconds, warns
+) -> None:
     if not cpu_features().fast_bf16:
         pytest.skip(f"this CPU lacks avx512_bf16 and amx_bf16: {cpu_features().describe()}")
     probe(None)
+    measured(widest_linear(json.loads((minilm_path / "config.json").read_text())), 1.0, bfloat16_seconds)
     with caplog.at_level(logging.WARNING):
-        Engine(EngineConfig(minilm_path, "cpu", "bfloat16", cpu_warmup_tokens=0)).close()
-    assert "float32 is faster" not in caplog.text
+        engine = Engine(EngineConfig(minilm_path, "cpu", "bfloat16", cpu_warmup_tokens=0))
+    try:
+        assert ("measured slower than float32's" in caplog.text) == warns
+        assert "oneDNN emulates" not in caplog.text and "unpacked" not in caplog.text
+    finally:
+        engine.close()
 
 
 EMULATED = """

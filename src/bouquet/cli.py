@@ -159,8 +159,8 @@ def engine_config(values: Mapping[str, Any]) -> EngineConfig:
     """The engine's config from its field values, `auto` device and dtype resolved on this machine."""
     options = dict(values)
     device = resolve_device(options.pop("device", "auto"))
-    dtype = resolve_dtype(options.pop("dtype", "auto"), device)
     model = options.pop("model_path", None) or default_model_path()
+    dtype = resolve_dtype(options.pop("dtype", "auto"), device, Path(model))
     return build(EngineConfig, {**options, "model_path": model, "device": device, "dtype": dtype})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import signal
 from collections.abc import Mapping
@@ -204,19 +205,47 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
+def resolve_dtype(dtype: str, device: str, model: Path | None = None) -> str:
     """`auto`: bfloat16 on a GPU; on the CPU bfloat16 only where its matrix products are native (AVX512-BF16 or
-    AMX: about twice float32's speed), float32 elsewhere (there bfloat16 is converted for every product, slower
-    than float32). The CPU's choice is logged with the features that made it."""
+    AMX) and measured faster than float32's at the model's widest linear (engine/dtype_choice.py: native is not
+    always faster), float32 elsewhere (there bfloat16 is converted for every product, slower than float32). The
+    CPU's choice is logged with the features and timings that made it."""
     if dtype != "auto":
         return dtype
     if device == "cuda":
         return "bfloat16"
     features = cpu_features()
-    chosen = "bfloat16" if features.fast_bf16 else "float32"
-    why = "native bfloat16 products" if features.fast_bf16 else "no avx512_bf16 or amx_bf16: bfloat16 would be slower"
-    logger.info("dtype auto: %s on %s (%s)", chosen, features.describe(), why)
+    if not features.fast_bf16:
+        why = "no avx512_bf16 or amx_bf16: bfloat16 would be slower"
+        logger.info("dtype auto: float32 on %s (%s)", features.describe(), why)
+        return "float32"
+    from bouquet.engine.dtype_choice import linear_timings  # torch: only an engine's process resolves a CPU's auto
+
+    timings = linear_timings(*_widest_linear(model))
+    chosen = "bfloat16" if timings.bfloat16_faster else "float32"
+    verdict = "faster" if timings.bfloat16_faster else "slower: float32 kept"
+    logger.info(
+        "dtype auto: %s on %s (native bfloat16 products, measured %s; %s)",
+        chosen, features.describe(), verdict, timings.describe(),
+    )  # fmt: skip
     return chosen
+
+
+def _widest_linear(model: Path | None) -> tuple[int, int]:
+    try:
+        hf_config = json.loads(((model or default_model_path()) / "config.json").read_text())
+    except (OSError, ValueError):
+        hf_config = {}
+    return widest_linear(hf_config if isinstance(hf_config, dict) else {})
+
+
+def widest_linear(hf_config: Mapping[str, Any]) -> tuple[int, int]:
+    """(hidden, intermediate) from a model's config.json, BERT-base's where it does not say (a two-tower model)."""
+    try:
+        hidden = int(hf_config["hidden_size"])
+        return hidden, int(hf_config.get("intermediate_size") or 4 * hidden)
+    except (KeyError, TypeError, ValueError):
+        return 768, 3072
 
 
 def create_engine_config(
@@ -227,7 +256,7 @@ def create_engine_config(
     return EngineConfig(
         model_path=Path(model) if model else default_model_path(),
         device=resolved_device,
-        dtype=resolve_dtype(dtype, resolved_device),
+        dtype=resolve_dtype(dtype, resolved_device, Path(model) if model else None),
         **fields,
     )
 

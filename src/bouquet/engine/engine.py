@@ -11,11 +11,12 @@ import torch
 from torch import nn
 
 from bouquet.batch import Batch
-from bouquet.config import CudaGraphConfig, EngineConfig
+from bouquet.config import CudaGraphConfig, EngineConfig, widest_linear
 from bouquet.cpu_features import AVX512, cpu_features
 from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS, CpuLayerGraphs
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
+from bouquet.engine.dtype_choice import linear_timings
 from bouquet.engine.lazy_tensor import EventWaiter, LazyTensor, start_cuda_readback
 from bouquet.engine.memory import (
     bucket_counts,
@@ -72,15 +73,24 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
             module.to(dtype)
     model = model.to(device).eval().requires_grad_(False)  # an inference engine: no tensor it makes needs grad
     if device.type == "cpu":
-        warn_if_slow_bf16(dtype)
+        warn_if_slow_bf16(dtype, widest_linear(spec.hf_config))
         prepack_cpu_linears(model)
     return model
 
 
-def warn_if_slow_bf16(dtype: torch.dtype) -> None:
-    """bfloat16 runs on every x86-64 CPU, but only AVX512-BF16 or AMX make it faster than float32: say so once."""
+def warn_if_slow_bf16(dtype: torch.dtype, widest_linear: tuple[int, int]) -> None:
+    """bfloat16 runs on every x86-64 CPU, but only AVX512-BF16 or AMX can make it faster than float32, and even
+    there only a measurement tells (engine/dtype_choice.py): say so once where it is slower."""
     features = cpu_features()
-    if dtype != torch.bfloat16 or features.fast_bf16:
+    if dtype != torch.bfloat16:
+        return
+    if features.fast_bf16:
+        timings = linear_timings(*widest_linear)
+        if not timings.bfloat16_faster:
+            logger.warning(
+                "--dtype bfloat16 on %s: its native bfloat16 products measured slower than float32's here (%s); "
+                "float32 is faster on this CPU", features.describe(), timings.describe(),
+            )  # fmt: skip
         return
     if features.packed_bf16:
         how = f"oneDNN emulates bfloat16 products here (it lacks {', '.join(features.missing('avx512_bf16'))})"
