@@ -43,6 +43,7 @@ from bouquet.st_layout import (
     read_st_layout,
     require,
 )
+from bouquet.tokenizer_class import class_rules
 
 __all__ = [
     "UNSET_MODEL_MAX_LENGTH", "DenseSpec", "ModelSpec", "MultiVectorSpec", "PoolingMethod", "PoolingSpec",
@@ -119,7 +120,8 @@ class ModelSpec:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     dense: tuple[DenseSpec, ...] = ()
-    do_lower_case: bool = False  # sentence_bert_config.json: lower-case text before tokenizing
+    # lower-case text before tokenizing: sentence_bert_config.json says so, or transformers' tokenizer class does
+    do_lower_case: bool = False
     task: str | None = None  # "embed", "score" or "sparse" as sentence-transformers' files say; None: the model class
     score_activation: str = "Identity"  # a score model's: what sentence-transformers' CrossEncoder applies
     sparse: SpladeSpec | TokenWeightSpec | None = None  # how it gives sparse rows (vocab_size wide); None: it does not
@@ -195,7 +197,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         prompts=dict(st_config.get("prompts") or {}),
         default_prompt_name=st_config.get("default_prompt_name"),
         dense=layout.dense,
-        do_lower_case=bool(sbert_config.get("do_lower_case", False)),
+        do_lower_case=bool(sbert_config.get("do_lower_case", False)) or class_rules(transformer).lowercase,
         task=task,
         score_activation=_score_activation(st_config, hf_config),
         sparse=layout.splade or _token_weights(root, transformer, layout.task),

@@ -26,8 +26,9 @@ def load_tokenizer(source: TokenizerSource) -> Tokenizer:
 
 
 def tokenizer_json(path: Path, lowercase: bool = False) -> str:
-    """A model's tokenizer.json text; with `lowercase` (sentence_bert_config.json's do_lower_case), a Lowercase
-    normaliser put first unless it has one, as sentence-transformers does."""
+    """A model's tokenizer.json text; with `lowercase` (sentence_bert_config.json's do_lower_case, or a tokenizer
+    class that lowercases: tokenizer_class.py), a Lowercase normaliser put first unless it has one, as
+    sentence-transformers and that class do."""
     text = path.read_text(encoding="utf-8")
     if not lowercase:
         return text

@@ -7,6 +7,10 @@ the same way, with the tokenizer's pad token up to `length`. When the tokenizer 
 never keys: the real tokens' states are then those of the text alone, and the last pad's is all that is read, so
 one pad at the last position stands for all of them. Without a mask (SigLIP's own tokenizers give input_ids alone),
 pads are keys like any token, and every text runs at `length` tokens. Texts longer than `length` run as sent.
+
+A tokenizer that pads on the left (SigLIP 2's class in transformers 5: tokenizer_class.py) puts the pads first, so
+the last position is the text's last token; masked, those pads change nothing but where the text's positions
+start, and the text runs alone from there.
 """
 
 from __future__ import annotations
@@ -108,21 +112,32 @@ def last_token_rows(positions: torch.Tensor) -> torch.Tensor:  # [T] int64
 def padded_layout(
     input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int], padding: TextPadding, length: int
 ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # ids [T'], positions [T'], each padded length
-    """The texts with their pads after them, at the last positions up to `length` (masked pads: the last alone)."""
+    """The texts with the pads the processor gives them up to `length`: after them (masked pads: the last alone), or
+    before them (masked pads: none; the texts' positions start where the processor's pads end)."""
     lengths = np.array(seq_lens)
-    pads = np.maximum(length - lengths, 0)
-    if padding.masked:
-        pads = np.minimum(pads, 1)  # one pad at the last position stands for all (module docstring)
+    gaps = np.maximum(length - lengths, 0)  # the positions the processor's pads take
+    pads = _pad_counts(gaps, padding)
     padded = lengths + pads
     device = input_ids.device
-    shift = np.repeat((np.cumsum(padded) - padded) - (np.cumsum(lengths) - lengths), lengths)
+    lead = pads if padding.left else np.zeros_like(pads)  # pads laid before each text
+    shift = np.repeat((np.cumsum(padded) - padded) - (np.cumsum(lengths) - lengths) + lead, lengths)
     real = torch.from_numpy(np.arange(int(lengths.sum())) + shift).to(device)  # each text token's new row
     ids = torch.full((int(padded.sum()),), padding.pad_id, dtype=input_ids.dtype, device=device)
-    places = [np.arange(length - n, length) for n in pads]
+    starts = gaps - pads if padding.left else length - pads
+    places = [np.arange(start, start + n) for start, n in zip(starts, pads, strict=True)]
     pad_positions = torch.from_numpy(np.concatenate([np.zeros(0, np.int64), *places])).to(device)
-    padded_positions = pad_positions.new_zeros(len(ids)).index_copy(0, real, positions.long())
+    offsets = torch.from_numpy(np.repeat(gaps if padding.left else np.zeros_like(gaps), lengths)).to(device)
+    padded_positions = pad_positions.new_zeros(len(ids)).index_copy(0, real, positions.long() + offsets)
     padded_positions[_pad_rows(real, len(ids))] = pad_positions
     return ids.index_copy(0, real, input_ids), padded_positions, padded.tolist()
+
+
+def _pad_counts(gaps: np.ndarray, padding: TextPadding) -> np.ndarray:
+    """The pads each text runs with: all of them when pads are keys; when they are masked, only the last position
+    is read, so one pad stands for all after a text and none is needed before one (module docstring)."""
+    if not padding.masked:
+        return gaps
+    return np.zeros_like(gaps) if padding.left else np.minimum(gaps, 1)
 
 
 def _pad_rows(real: torch.Tensor, total: int) -> torch.Tensor:  # [total - len(real)] int64

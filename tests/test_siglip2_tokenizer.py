@@ -1,0 +1,154 @@
+"""SigLIP 2's texts as transformers 5 tokenizes and pads them, over real HTTP on loopback: a tiny random-weight
+Siglip2Model beside a real Siglip2Tokenizer (a BPE vocabulary trained here, with capitals) saved by `save_pretrained`
+with its own tokenizer_config.json, against `get_text_features` on what transformers' `AutoProcessor` gives for
+`text=..., padding="max_length", max_length=64` (float32, cosine >= 0.99999). AutoTokenizer loads Siglip2Tokenizer
+for any siglip2 directory: it lowercases in front of tokenizer.json's normaliser and pads on the left unless the
+files say otherwise. Four directories: as saved; with a Gemma-style tokenizer.json that does not lowercase itself
+(transformers lowercases all the same); with tokenizer_config.json's `padding_side: "right"`; with its
+`model_input_names` giving no attention mask (the left pads are then keys). Then the class rules
+on their own against AutoTokenizer, for siglip2 and SigLIP (v1) directories naming other classes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from conftest import row_cosines
+from in_process import engines, served
+from siglip2_models import save_siglip2
+
+from bouquet.model_dir import read_model_dir
+from bouquet.text_padding import read_text_padding
+from bouquet.tokenizer import TextTokenizer, tokenizer_json
+
+BOUND = 0.99999
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Siglip2Tokenizer's, at its ids 0 to 4
+CORPUS = [
+    "A Photo of a Cat sitting on the Sofa", "two dogs playing in the snow", "The Eiffel Tower at Night",
+    "a red Car parked by the river", "PEOPLE walking in a busy street", "an Old map of Paris and London",
+]  # fmt: skip
+TEXTS = [
+    "A Photo of TWO Cats", "a photo of two cats", "Dogs", "THE EIFFEL TOWER at night by the river in Paris",
+    "Old maps " * 30,  # over 64 tokens: truncated to 64 by both
+]  # fmt: skip
+VARIANTS = ("saved", "gemma-json", "right", "unmasked")
+
+
+def siglip2_tokenizer():  # transformers' Siglip2Tokenizer
+    """Siglip2Tokenizer on a BPE vocabulary trained on CORPUS the way Gemma's is split (spaces as "▁")."""
+    from tokenizers import Tokenizer, models, normalizers, trainers
+    from transformers import Siglip2Tokenizer
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.Replace(" ", "▁")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False)
+    bpe.train_from_iterator(CORPUS * 4, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return Siglip2Tokenizer(vocab=model["vocab"], merges=merges)
+
+
+def save_variant(path: Path, saved: Path, variant: str) -> None:
+    """`saved` copied to `path`, changed as `variant` says."""
+    shutil.copytree(saved, path)
+    if variant == "gemma-json":  # the normaliser Gemma's tokenizer.json has: spaces to "▁", no Lowercase
+        tokenizer = json.loads((path / "tokenizer.json").read_text())
+        tokenizer["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+        (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    changes = {"right": {"padding_side": "right"}, "unmasked": {"model_input_names": ["input_ids"]}}.get(variant)
+    if changes:  # unmasked: no attention_mask, so the pads before each text are keys
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_path: Path) -> tuple[dict[str, Path], torch.nn.Module]:
+    root = tmp_path_factory.mktemp("siglip2-tokenizer")
+    model = save_siglip2(root / "base", minilm_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        (root / "base" / name).unlink()  # MiniLM's, which save_siglip2 put beside the model
+    siglip2_tokenizer().save_pretrained(root / "base")
+    paths = {variant: root / variant for variant in VARIANTS}
+    for variant, path in paths.items():
+        save_variant(path, root / "base", variant)
+    return paths, model
+
+
+@pytest.fixture(scope="module")
+def server(models) -> Iterator[httpx.Client]:
+    with (
+        engines(*models[0].values()) as built,
+        served(built, listen=True) as running,
+        httpx.Client(base_url=running.url, timeout=120) as client,
+    ):
+        yield client
+
+
+def transformers_rows(path: Path, model: torch.nn.Module, texts: list[str]) -> np.ndarray:
+    from transformers import AutoProcessor
+
+    inputs = AutoProcessor.from_pretrained(path)(
+        text=texts, padding="max_length", max_length=64, truncation=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        return model.get_text_features(**inputs).pooler_output.numpy()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_texts_match_transformers_processor_and_tokenizer_class(server: httpx.Client, models, variant: str) -> None:
+    paths, model = models
+    answer = server.post("/v1/embeddings", json={"model": variant, "input": TEXTS})
+    assert answer.status_code == 200, answer.text
+    rows = np.array([item["embedding"] for item in answer.json()["data"]], np.float32)
+    cosines = row_cosines(rows, transformers_rows(paths[variant], model, TEXTS))
+    assert cosines.min() >= BOUND, np.round(cosines, 6)
+    np.testing.assert_allclose(rows[0], rows[1], atol=1e-6)  # capitals or not, one text once lowercased
+
+
+def test_the_sides_and_the_lowercasing_change_the_rows(models) -> None:
+    """What the test above relies on: transformers' rows differ by padding side, and by case where nothing
+    lowercases (a right-padded reference against a left-padded one; the tokenizer.json alone against the class)."""
+    paths, model = models
+    left, right = (transformers_rows(paths[variant], model, TEXTS[2:4]) for variant in ("saved", "right"))
+    assert row_cosines(left, right).max() < 0.99
+    raw = TextTokenizer(paths["gemma-json"] / "tokenizer.json", 64).encode(TEXTS[:2])
+    assert raw[0] != raw[1]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "named", "side"),
+    [
+        ("siglip2", "Siglip2Tokenizer", None),
+        ("siglip2", "GemmaTokenizer", None),  # as released SigLIP 2 checkpoints are said to name it: overridden
+        ("siglip2", "GemmaTokenizer", "right"),
+        ("siglip", "GemmaTokenizer", None),  # SigLIP (v1): the class named is the class loaded
+        ("siglip", "Siglip2Tokenizer", None),
+        ("siglip", "PreTrainedTokenizerFast", None),
+    ],
+)
+def test_the_class_rules_are_transformers_autotokenizers(
+    tmp_path: Path, models, model_type: str, named: str, side: str | None
+) -> None:
+    """bouquet's tokens and padding side for a directory against what AutoTokenizer loads for it (class, ids,
+    padding_side), the tokenizer_config.json naming `named` (and `side` where set) in a `model_type` directory."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "model"
+    save_variant(path, models[0]["gemma-json"], "gemma-json")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    tokenizer_config = {**tokenizer_config, "tokenizer_class": named, **({"padding_side": side} if side else {})}
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    reference = AutoTokenizer.from_pretrained(path)
+    spec = read_model_dir(path)
+    ours = TextTokenizer(tokenizer_json(spec.tokenizer_file, spec.do_lower_case), 64)
+    assert ours.encode(TEXTS[:4]) == reference(TEXTS[:4])["input_ids"], type(reference).__name__
+    padding = read_text_padding(path)
+    assert padding is not None and padding.left == (reference.padding_side == "left"), type(reference).__name__
