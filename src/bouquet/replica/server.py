@@ -30,7 +30,7 @@ from bouquet.encodings import encode_rows
 from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import MultiVectorSpec
 from bouquet.processes import serve_lock
-from bouquet.proto import embedding_pb2, embedding_pb2_grpc
+from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
 from bouquet.replica.metrics import ReplicaMetrics, TlsFiles
 from bouquet.replica.request import DeadlineExpired, InvalidInput, Limits, QueueFull, Unavailable, decode_request
@@ -143,6 +143,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             image_max_patches=scheduler.limits.patch_images.max_patches,
             chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
+            wire_version=WIRE_VERSION, bouquet_version=bouquet_version(),
         )  # fmt: skip
         _set_zero_shot_logit(self._info, engine)
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.

@@ -34,7 +34,7 @@ from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
-from bouquet.gateway.replicas.replica import Replica, unusable_cause
+from bouquet.gateway.replicas.replica import Incompatible, Replica, check_wire, unusable_cause
 from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, back_within, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
@@ -331,6 +331,7 @@ class ReplicaPool:
             # Asked for only for a model met for the first time with no local directory: it is megabytes.
             request = embedding_pb2.InfoRequest(include_tokenizer=True)
             info = await replica.stub.Info(request, timeout=30, metadata=self._metadata)
+        check_wire(info)  # a replica of another wire version is not used (Incompatible), and says so
         replica.model = self.catalog.register(info)
 
     async def _watch(self, replica: Replica) -> None:
@@ -343,7 +344,7 @@ class ReplicaPool:
                         await self._discover(replica)  # a restarted replica may serve another model
                     self._set_healthy(replica, reply.status == _SERVING)
                     replica.heard = True
-            except grpc.aio.AioRpcError as error:
+            except (grpc.aio.AioRpcError, Incompatible) as error:
                 replica.unusable(unusable_cause(error))
             finally:
                 replica.heard = True  # failed, or gone: the gateway knows what it can of it
@@ -376,7 +377,7 @@ class ReplicaPool:
                     if reply.status == _SERVING:
                         await self._discover(replica)
                         self._set_healthy(replica, True)
-                except grpc.aio.AioRpcError as error:
+                except (grpc.aio.AioRpcError, Incompatible) as error:
                     replica.unusable(unusable_cause(error))
         finally:
             replica.probing = False

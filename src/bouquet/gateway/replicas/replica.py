@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from bouquet.gateway.replicas.catalog import ServedModel
-from bouquet.proto import embedding_pb2_grpc
+from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,24 @@ class Replica:
 _TLS_WORDS = ("ssl", "tls", "handshake", "certificate", "verification")
 
 
-def unusable_cause(error: grpc.aio.AioRpcError) -> str:
-    """What an operator should check, from a failed health watch or Info call."""
+class Incompatible(Exception):
+    """A replica of a release whose wire this gateway does not speak (InfoResponse.wire_version)."""
+
+
+def check_wire(info: embedding_pb2.InfoResponse) -> None:
+    speaks = info.wire_version or 1  # a replica from before the field spoke version 1
+    if speaks != WIRE_VERSION:
+        theirs, ours = info.bouquet_version or "older", bouquet_version()
+        raise Incompatible(
+            f"it speaks wire version {speaks} (bouquet {theirs}) and this gateway {WIRE_VERSION} (bouquet {ours}): "
+            "run gateways and replicas of one release"
+        )
+
+
+def unusable_cause(error: grpc.aio.AioRpcError | Incompatible) -> str:
+    """What an operator should check, from a failed health watch or Info call, or a replica's Info."""
+    if isinstance(error, Incompatible):
+        return str(error)
     code, details = error.code(), (error.details() or "").strip()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return f"it refused the gateway's token ({details}): give the gateway its replicas' $BOUQUET_REPLICA_TOKEN"
@@ -163,4 +179,6 @@ def unusable_cause(error: grpc.aio.AioRpcError) -> str:
         )
     if code is grpc.StatusCode.UNAVAILABLE:
         return f"unreachable ({details}); if it serves TLS, give the gateway --replica-tls-ca"
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return f"it does not answer a call this gateway makes ({details}): is it a replica of another release?"
     return f"{code.name} ({details})"
