@@ -165,9 +165,12 @@ def served(host: Host, metrics: dict[str, str]) -> float:
     return scrape(metrics[host.name], "bouquet_requests_total", 'status="OK"')
 
 
-def marked_down(gateway: Process, address: str) -> int:
-    """How often the gateway marked `address` down (a replica that stays up is, when it misses a keepalive ping)."""
-    return sum(f"replica {address} is down" in line for line in gateway.lines)
+def marked_down(gateway: Process, address: str) -> str:
+    """How often the gateway marked `address` down (a replica that stays up is, when it misses a keepalive ping) and
+    ejected it (an attempt that ran past its deadline: a slow step on a loaded host)."""
+    down = sum(f"replica {address} is down" in line for line in gateway.lines)
+    ejected = sum(f"replica {address} ran past" in line for line in gateway.lines)
+    return f"marked down {down} times, ejected {ejected} times"
 
 
 def logged_down(gateway: Process, address: str, after: float) -> float:
@@ -208,8 +211,8 @@ def test_a_partitioned_replica_host_costs_no_request_and_rejoins(cluster: Cluste
     print(
         f"partition: {load.summary()}. The gateway logged the cut after {detected:.2f} s (r1 answered "
         f"{orphaned:.0f} calls after it, lost), saw the host back {rejoined:.2f} s after the restore. Requests: "
-        f"{phases(load, cut_at, restored_at, 'cut')}; bound {bound:.2f} s ({how}); r2 marked down "
-        f"{marked_down(gateway, r2.addr(REPLICA_PORT))} times"
+        f"{phases(load, cut_at, restored_at, 'cut')}; bound {bound:.2f} s ({how}); r2 "
+        f"{marked_down(gateway, r2.addr(REPLICA_PORT))}"
     )
     # Enough traffic to mean something on a slow machine too: most clients caught by the cut, more started during it.
     caught = [result for result in load.results if result[0] < cut_at < result[0] + result[1]]

@@ -230,3 +230,44 @@ def test_a_chunk_queued_when_its_replica_goes_down_for_a_moment_waits_for_it():
 
     waited, rows = asyncio.run(scenario())
     assert waited and rows.shape == (1, 2)  # type: ignore[attr-defined]
+
+
+class SlowOnce(FakeStub):
+    """Its first Embed runs past any deadline (a loaded host's step); later ones answer."""
+
+    async def Embed(self, request: embedding_pb2.EmbedRequest, timeout: float, metadata: object) -> object:
+        if not self.log:
+            self.log.append((self.name, -2))
+            await asyncio.sleep(timeout)
+            raise _Deadline()
+        return await super().Embed(request, timeout, metadata)
+
+
+class Broken(FakeStub):
+    async def Embed(self, request: embedding_pb2.EmbedRequest, timeout: float, metadata: object) -> object:
+        self.log.append((self.name, -1))
+        raise _Unavailable()
+
+
+def test_a_replica_ejected_for_a_late_attempt_takes_the_chunk_again_once_its_ejection_ends(monkeypatch):
+    # Seen with both cores loaded while the other replica hung: the chunk ran past its deadline on the slow replica,
+    # the hung one was marked down, and the chunk, never to return to a replica it had tried, was answered 503.
+    monkeypatch.setattr("bouquet.gateway.replicas.pool._ATTEMPT_FLOOR_S", 0.1)
+
+    async def scenario() -> tuple[object, list[tuple[str, int]]]:
+        log: list[tuple[str, int]] = []
+        pool = _pool(["slow", "broken"], log)
+        slow, broken = pool.replicas
+        slow.stub, broken.stub = SlowOnce("slow", log), Broken("broken", log)  # type: ignore[assignment]
+        for replica in pool.replicas:
+            replica.rate.started(0.0)
+            replica.rate.answered(10_000, 1.0, still_busy=False)
+            replica.stub.release.set()
+        broken.outstanding_tokens = 1  # the first attempt goes to the slow one
+        rows = await asyncio.wait_for(pool.embed("m", _batch(5)), timeout=10)
+        await pool.close()
+        return rows, log
+
+    rows, log = asyncio.run(scenario())
+    assert rows.shape == (1, 2)  # type: ignore[attr-defined]
+    assert log == [("slow", -2), ("broken", -1), ("slow", 5)]  # back on the slow one after its 1 s ejection

@@ -177,8 +177,9 @@ class ReplicaPool:
         AllOutputs; or, with `maxsim`, [B - 1, 1] scores of its first sequence against the others, [B - 1, 3] with
         all outputs); `priority` orders chunks waiting for a replica (lower first, then by arrival). A replica whose
         connection broke (UNAVAILABLE: a missed ping on a loaded host, a restart) may take the chunk again once it
-        serves, and an attempt that finds every replica down waits `come_back_seconds` for one: else the only
-        replica's broken connection (or a missed ping) would answer 503 a request that it serves a second later."""
+        serves, one ejected for running past an attempt's deadline once its ejection ends, and an attempt that finds
+        no replica waits `come_back_seconds` for one: else a loaded host's slow or briefly unreachable replicas
+        would answer 503 a request that they serve a second later."""
         request = embed_request(batch, maxsim)
         tokens = batch.budget_tokens  # the work it brings, as the replica's budget counts it
         tried: set[Replica] = set()
@@ -198,8 +199,8 @@ class ReplicaPool:
             except grpc.aio.AioRpcError as error:
                 last_code = error.code()
                 self._after_failure(replica, error, deadline)
-                if last_code is grpc.StatusCode.UNAVAILABLE:
-                    tried.discard(replica)  # marked down: chosen again only once it serves again
+                if last_code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    tried.discard(replica)  # marked down or ejected: chosen again only once it serves again
         if last_code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise Overloaded("every replica's queue is full; retry shortly", "overloaded", headers={"Retry-After": "1"})
         if time.monotonic() >= deadline:
