@@ -44,7 +44,7 @@ def test_a_hung_replica_is_routed_around():
         os.kill(replicas[0].process.pid, signal.SIGCONT)
         for process in (gateway, *replicas):
             process.stop()
-    bound, how = latency_bound(load, hung_at)
+    bound, how = latency_bound(load)
     left = marked_down(gateway, f"127.0.0.1:{ports[1]}")
     print(
         f"hung replica: {load.summary()}; {phases(load, hung_at, woke_at, 'hang')}; bound {bound:.2f} s ({how}); "
