@@ -33,9 +33,12 @@ CLIENTS = 8
 CUT_SECONDS = 20
 # A request caught by the cut waits for the keepalive (1-2 s), then its chunk runs elsewhere at its first place in
 # line (gateway/replicas/pool.py): 2.1-2.3 s here; 2.1-4.1 s before retries kept their place. On a machine whose
-# cores are busy a request's own time grows, and with one host cut the other's queue doubles it again (a busy loop
-# per core beside the test: p50 3.85 s, max 7.69 s), so the bound is the larger of this and 2 s plus twice the
-# median request (as tests/test_fault_hung_replica.py's): a move costs at most about one more request's time.
+# cores are busy a request's own time grows, and with one host cut the other's queue doubles it again, so the bound
+# is the larger of this and 2 s plus twice the run's median request (tests/test_fault_hung_replica.py's too): a move
+# costs at most about one more request's time. Measured 2026-12-04 (2-core Xeon VM, other jobs beside): without a
+# busy loop the requests caught took at most 1.7-2.0 s here and 2.3 s in the hung-replica test; with one busy loop
+# per core and other jobs beside (load 6-10), at most 5.1 s and 5.3 s (3 s exceeded by up to 2.3 s), while the
+# relative bound (5.4-9.1 s) held in every run that lost no request.
 MAX_LATENCY = 3.0
 WARM_SECONDS = 5  # the load first reaches its steady state: a cold replica's first requests are slower
 DELAY_MS = 200
