@@ -208,7 +208,7 @@ class _Load:
             except openai.RateLimitError:
                 self.refused += 1
             except Exception as error:  # what a client sees: another status, a reset, a timeout
-                self.failures.append(repr(error))
+                self.failures.append(f"{error!r} from {error.__cause__!r} at {time.monotonic():.2f}")
 
 
 def _actor_names() -> list[str]:
