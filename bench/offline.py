@@ -37,7 +37,7 @@ from bouquet.layers.int8_linear import (
     weight_limit,
     with_products,
 )
-from bouquet.layers.int8_products import available_products
+from bouquet.layers.int8_products import available_products, without_slow_paths
 from bouquet.layers.linear import Linear, prepack_cpu_linears
 from bouquet.offline.embed import embed_file
 from bouquet.tokenizer import TextTokenizer
@@ -232,7 +232,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for dtype in args.dtypes.split(","):
         if dtype == "int8":
-            for product in available_products():
+            for product in without_slow_paths(available_products(), (384, 1536)):  # slow paths take minutes
                 linear, alone = int8_ceilings(product)
                 print(f"int8 ceiling ({product}): bouquet's int8 linear {linear:.0f} GOP/s, product alone {alone:.0f}")
             continue

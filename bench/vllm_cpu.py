@@ -40,7 +40,7 @@ import torch
 
 from bouquet.config import default_model_path
 from bouquet.gateway.testing import Process, free_port, start_serve
-from bouquet.layers.int8_products import available_products
+from bouquet.layers.int8_products import available_products, without_slow_paths
 from bouquet.tokenizer import TextTokenizer
 
 MAX_TOKENS = 256  # all-MiniLM-L6-v2's limit (sentence-transformers' max_seq_length)
@@ -144,7 +144,7 @@ def report(dtype: str, found: list[System], work: Workload, ceilings: list[float
     print(f"\n== bouquet {dtype}, peers {peer_dtype}: oneDNN packed-linear ceiling in {peer_dtype} {ceiling:.0f} "
           f"GFLOP/s (median; rounds {listed})")  # fmt: skip
     if dtype == "int8":
-        for product in available_products():
+        for product in without_slow_paths(available_products(), (384, 1536)):  # slow paths take minutes
             linear, alone = offline.int8_ceilings(product)
             print(f"int8 ceiling ({product}): bouquet's int8 linear {linear:.0f} GOP/s, the product alone {alone:.0f}")
     print(f"documents: {sum(map(len, work.requests))} texts, {work.doc_tokens} real tokens, {args.per_request} "

@@ -125,7 +125,7 @@ def measure_products(products: list[str], shapes: list[Shape], threads: int) -> 
     and dequantization included: they are the same work for both, but the product's output type changes what the
     dequantization reads). Products are timed in turns, so that a slow spell falls on all."""
     torch.set_num_threads(threads)
-    products = _without_slow_paths(products, shapes[0])
+    products = without_slow_paths(products, shapes[0])
     calls = {product: {tokens: [_linear_call(product, shape, tokens) for shape in shapes] for tokens in MEASURED_TOKENS}
              for product in products}  # fmt: skip
     best = {product: {tokens: [float("inf")] * len(shapes) for tokens in MEASURED_TOKENS} for product in products}
@@ -139,7 +139,7 @@ def measure_products(products: list[str], shapes: list[Shape], threads: int) -> 
     return {product: {tokens: sum(times) for tokens, times in by_tokens.items()} for product, by_tokens in best.items()}
 
 
-def _without_slow_paths(products: list[str], shape: Shape) -> list[str]:
+def without_slow_paths(products: list[str], shape: Shape) -> list[str]:
     """Those within SLOW_PATH_FACTOR of the fastest on one query-sized call of `shape`. Where the CPU lacks an
     instruction set a product wants, oneDNN falls back to reference loops 50x slower or worse: timing those at
     a step's size would add minutes to the start."""
