@@ -22,19 +22,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
+from st_image_checks import assert_close, image_files, response_rows
 from test_clip import _clip, _save
-from test_image_api import _file, _image
 
 from bouquet.image_processor_file import read_image_processor_json
 from bouquet.st_layout import read_st_layout
 
-BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
 LAYOUTS = ("st", "clip-module", "hub")
 TEXTS = ["a photo of a cat", "two dogs playing in the snow near a red house", "x", "an empty room at night"]
-SIZES = [(50, 80), (300, 120), (17, 9), (64, 64)]  # (width, height); the processor's size is 32
 
 
 def _image_processor():
@@ -76,7 +73,7 @@ def reference(layouts: dict[str, Path]) -> dict[str, tuple[np.ndarray, np.ndarra
     """Each layout's rows as sentence-transformers loads and encodes it: (texts, images)."""
     from sentence_transformers import SentenceTransformer
 
-    images = [Image.open(io.BytesIO(data)) for data in _files()]
+    images = [Image.open(io.BytesIO(data)) for data in image_files()]
     rows = {}
     for name, path in layouts.items():
         model = SentenceTransformer(str(path), device="cpu")
@@ -94,33 +91,16 @@ def server(request, layouts: dict[str, Path]) -> Iterator[tuple[httpx.Client, st
         yield client, request.param
 
 
-def _files() -> list[bytes]:
-    files = [_file(_image(width, height, seed)) for seed, (width, height) in enumerate(SIZES)]
-    return [*files, _file(_image(90, 61, 8), "JPEG")]
-
-
-def _rows(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
-
-
-def _assert_close(rows: np.ndarray, expected: np.ndarray, dtype: str) -> None:
-    cosines = row_cosines(rows, expected)
-    assert cosines.min() >= BOUNDS[dtype], f"cosines {np.round(cosines, 7)}"
-    if dtype == "float32":  # raw rows, as sentence-transformers gives them without a Normalize module
-        np.testing.assert_allclose(np.linalg.norm(rows, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_texts_and_images_match_sentence_transformers_encode(server, reference, layout: str) -> None:
     client, dtype = server
     model = f"tiny-clip-{layout}"
-    texts = _rows(client.post("/v1/embeddings", json={"model": model, "input": TEXTS}))
-    inputs = [base64.b64encode(data).decode() for data in _files()]
-    images = _rows(client.post("/embeddings_image", json={"model": model, "input": inputs}))
+    texts = response_rows(client.post("/v1/embeddings", json={"model": model, "input": TEXTS}))
+    inputs = [base64.b64encode(data).decode() for data in image_files()]
+    images = response_rows(client.post("/embeddings_image", json={"model": model, "input": inputs}))
     expected_texts, expected_images = reference[layout]
-    _assert_close(texts, expected_texts, dtype)
-    _assert_close(images, expected_images, dtype)
+    assert_close(texts, expected_texts, dtype)
+    assert_close(images, expected_images, dtype)
 
 
 def test_each_layout_is_read_as_a_model_that_pools_itself(layouts: dict[str, Path]) -> None:

@@ -190,14 +190,8 @@ def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:
     assert seen == [(1, 1, 1)]
 
 
-@pytest.mark.parametrize("product", available_products())
-def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product: str) -> None:
-    """Each int8 product, torch's oneDNN ops among them, is captured and replayed with the kernels around it."""
-    layers: list[nn.Module] = [
-        int8_layer(32, 128, product, 1),
-        int8_layer(128, 32, product, 2),
-        KernelAttention(backend),
-    ]
+def assert_replays_equal_eager_runs(layers: list[nn.Module], backend: CpuVarlenBackend) -> None:
+    """Two step shapes, four states each: each shape eager, then captured, then replayed twice, bit for bit."""
     graphs = CpuLayerGraphs()
     for seed, tokens in itertools.product(range(4), (12, 20)):
         hidden = states(seed, tokens)
@@ -206,6 +200,17 @@ def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product
         )
     stats = graphs.thread_graphs(layers).stats
     assert stats.captures == 2 and stats.replays == 4
+
+
+@pytest.mark.parametrize("product", available_products())
+def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product: str) -> None:
+    """Each int8 product, torch's oneDNN ops among them, is captured and replayed with the kernels around it."""
+    layers: list[nn.Module] = [
+        int8_layer(32, 128, product, 1),
+        int8_layer(128, 32, product, 2),
+        KernelAttention(backend),
+    ]
+    assert_replays_equal_eager_runs(layers, backend)
 
 
 def test_a_float32_linear_on_onednns_packed_weight_replays_as_a_call(backend: CpuVarlenBackend) -> None:
@@ -224,14 +229,7 @@ def test_a_float32_linear_on_onednns_packed_weight_replays_as_a_call(backend: Cp
         int8_layer(4 * width, width, INT_MM_PRODUCT, 3),
         KernelAttention(backend),
     ]
-    graphs = CpuLayerGraphs()
-    for seed, tokens in itertools.product(range(4), (12, 20)):
-        hidden = states(seed, tokens)
-        assert torch.equal(
-            step(layers, hidden, [tokens], backend, graphs), step(layers, hidden, [tokens], backend, None)
-        )
-    stats = graphs.thread_graphs(layers).stats
-    assert stats.captures == 2 and stats.replays == 4
+    assert_replays_equal_eager_runs(layers, backend)
 
 
 def test_int8_engine_rows_are_the_same_with_graphs() -> None:

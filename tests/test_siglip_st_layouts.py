@@ -31,18 +31,16 @@ import pytest
 from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
-from test_image_api import _file, _image
+from st_image_checks import assert_close, image_files, response_rows
 from test_siglip import save_siglip
 
 from bouquet.config import EngineConfig
 from bouquet.engine.engine import Engine
 from bouquet.st_layout import read_st_layout
 
-BOUNDS = {"float32": 0.99999, "bfloat16": 0.999}
 LAYOUTS = ("st", "clip-module", "max-length")
 SHORT = ["a photo of a cat", "two dogs playing in the snow near a red house", "x", "an empty room at night"]
 LONG = "a diagram of a house " * 20  # over 64 tokens: cut at max_length, where no pad follows it
-SIZES = [(50, 80), (300, 120), (17, 9), (64, 64)]  # (width, height); the processor's size is 32 x 32
 WARNING = "pads this model's texts to each batch's longest"
 
 
@@ -74,7 +72,7 @@ def reference(layouts: dict[str, Path]) -> dict[str, dict[str, np.ndarray]]:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer, SiglipModel
 
-    images = [Image.open(io.BytesIO(data)) for data in _files()]
+    images = [Image.open(io.BytesIO(data)) for data in image_files()]
     rows = {}
     for name in LAYOUTS:
         path = layouts[name]
@@ -97,32 +95,15 @@ def server(request, layouts: dict[str, Path]) -> Iterator[tuple[httpx.Client, st
         yield client, request.param
 
 
-def _files() -> list[bytes]:
-    files = [_file(_image(width, height, seed)) for seed, (width, height) in enumerate(SIZES)]
-    return [*files, _file(_image(90, 61, 8), "JPEG")]
-
-
-def _rows(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
-
-
-def _assert_close(rows: np.ndarray, expected: np.ndarray, dtype: str) -> None:
-    cosines = row_cosines(rows, expected)
-    assert cosines.min() >= BOUNDS[dtype], f"cosines {np.round(cosines, 7)}"
-    if dtype == "float32":  # raw rows, as sentence-transformers gives them without a Normalize module
-        np.testing.assert_allclose(np.linalg.norm(rows, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_texts_match_transformers_padded_and_images_sentence_transformers(server, reference, layout: str) -> None:
     client, dtype = server
     model = f"tiny-siglip-{layout}"
-    texts = _rows(client.post("/v1/embeddings", json={"model": model, "input": SHORT}))
-    inputs = [base64.b64encode(data).decode() for data in _files()]
-    images = _rows(client.post("/embeddings_image", json={"model": model, "input": inputs}))
-    _assert_close(texts, reference[layout]["texts"], dtype)
-    _assert_close(images, reference[layout]["images"], dtype)
+    texts = response_rows(client.post("/v1/embeddings", json={"model": model, "input": SHORT}))
+    inputs = [base64.b64encode(data).decode() for data in image_files()]
+    images = response_rows(client.post("/embeddings_image", json={"model": model, "input": inputs}))
+    assert_close(texts, reference[layout]["texts"], dtype)
+    assert_close(images, reference[layout]["images"], dtype)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -132,11 +113,11 @@ def test_texts_equal_sentence_transformers_where_its_padding_reaches_max_length(
     they are not when it pads to the batch's longest (what the load warning says)."""
     client, dtype = server
     model = f"tiny-siglip-{layout}"
-    rows = _rows(client.post("/v1/embeddings", json={"model": model, "input": [*SHORT, LONG]}))
-    _assert_close(rows, reference[layout]["st batch"], dtype)
+    rows = response_rows(client.post("/v1/embeddings", json={"model": model, "input": [*SHORT, LONG]}))
+    assert_close(rows, reference[layout]["st batch"], dtype)
     alone = row_cosines(rows[: len(SHORT)], reference[layout]["st texts"])
     if layout == "max-length":
-        _assert_close(rows[: len(SHORT)], reference[layout]["st texts"], dtype)
+        assert_close(rows[: len(SHORT)], reference[layout]["st texts"], dtype)
     else:
         assert alone.max() < 0.99, f"sentence-transformers' rows of the short texts alone: cosines {alone}"
 
