@@ -35,9 +35,12 @@ def gateway(minilm_path, tmp_path_factory) -> Iterator[tuple[str, int]]:
     model_dir = linked_copy(minilm_path, tmp_path_factory.mktemp("models") / MODEL)
     replica_port, port = free_port(), free_port()
     replica = start_replica(replica_port, "--model", str(model_dir), "--dtype", "float32")
+    # The replica serves before the gateway starts: a worker that met it still loading would answer 503 until its
+    # next health probe while its sibling already served (each learns on its own schedule), and those start-up 503s
+    # are not what a worker's death costs.
+    replica.wait_ready()
     parent = start_gateway(port, [f"127.0.0.1:{replica_port}"], "--workers", "2", "--api-key", API_KEY)
     try:
-        replica.wait_ready()
         parent.wait_ready()
         wait_healthy(f"http://127.0.0.1:{port}")
         yield f"http://127.0.0.1:{port}", parent.process.pid
