@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bouquet.kernels.openmp import on_passing_thread
+from bouquet.layers.linear import onednn_runs
 from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
@@ -82,12 +83,13 @@ def _measure(in_features: int, out_features: int) -> dict[str, dict[int, float]]
 
 
 def _linear_call(dtype: str, in_features: int, out_features: int, rows: int) -> Callable[[], object]:
-    """The engine's linear in `dtype` (layers/linear.py): oneDNN's on its prepacked weight where it has one."""
+    """The engine's linear in `dtype` (layers/linear.py): oneDNN's on its prepacked weight where oneDNN takes the
+    dtype on this CPU, else ATen's."""
     torch_dtype = getattr(torch, dtype)
     weight = torch.randn(out_features, in_features).to(torch_dtype)
     bias = torch.randn(out_features).to(torch_dtype)
     x = torch.randn(rows, in_features).to(torch_dtype)
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if onednn_runs(weight):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight)
 
         def call() -> object:
