@@ -9,7 +9,8 @@ the memory behind every pointer outlives the recording and that nothing but thes
 A recorded call may also be a torch op that writes into a tensor given to it (`torch._int_mm(a, b, out=c)`, where
 oneDNN's own product is the fastest this CPU has): its arguments are then tensors, kept alive by the recording, and
 `inside_kernel_call` tells a watcher of the ops (cpu_graphs' dispatch mode) that the op is one of the calls a replay
-makes again.
+makes again. A torch op with no output argument goes through `op_call`: a replay runs it again and copies its
+answer into the tensor its capture returned.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 _local = threading.local()
 
@@ -49,6 +51,34 @@ def kernel_call(function: Callable[..., int], *args: object) -> int:
         return function(*args)
     finally:
         _local.inside = False
+
+
+class _CopiedAnswer:
+    """A recorded op with no output argument: its first run's answer is kept, and a replay runs the op again and
+    copies the new answer into it (the calls recorded after it read that memory)."""
+
+    def __init__(self, op: Callable[..., Any], args: tuple[object, ...]) -> None:
+        self.op, self.args = op, args
+        self.answer: Any = None
+        self.__name__ = getattr(op, "__name__", str(op))
+
+    def __call__(self) -> int:
+        answer = self.op(*self.args)
+        if self.answer is None:
+            self.answer = answer
+        else:
+            self.answer.copy_(answer)
+        return 0
+
+
+def op_call(op: Callable[..., Any], *args: object) -> Any:
+    """`op(*args)` for a torch op that returns a new tensor (oneDNN's matmuls have no output argument): recorded, when
+    this thread records, as a call whose replays copy their answer into the tensor returned now."""
+    if not is_recording():
+        return op(*args)
+    call = _CopiedAnswer(op, args)
+    kernel_call(call)
+    return call.answer
 
 
 def is_recording() -> bool:

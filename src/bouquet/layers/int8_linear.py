@@ -35,7 +35,7 @@ from torch import nn
 
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
-from bouquet.kernels.recording import is_recording, kernel_call
+from bouquet.kernels.recording import kernel_call, op_call
 from bouquet.layers.amx_product import AMX_PRODUCT, amx_linear, amx_product, pack_for_amx
 from bouquet.layers.amx_product import fits as amx_fits
 
@@ -168,20 +168,11 @@ def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
         out = torch.empty(values.shape[0], weight.scales.numel(), dtype=torch.int32)
         kernel_call(_int_mm_into, values, weight.transposed, out)
         return out
-    if not is_recording():  # the matmul has no output argument: a copy into one only where a graph needs it
-        return _onednn_matmul(values, weight.packed, weight.scales.numel())
-    out = torch.empty(values.shape[0], weight.scales.numel())
-    kernel_call(_onednn_into, values, weight.packed, out)
-    return out
+    return op_call(_onednn_matmul, values, weight.packed, weight.scales.numel())  # (no output argument)
 
 
 def _int_mm_into(values: torch.Tensor, transposed: torch.Tensor, out: torch.Tensor) -> int:
     torch._int_mm(values, transposed, out=out)
-    return 0
-
-
-def _onednn_into(values: torch.Tensor, packed: torch.Tensor, out: torch.Tensor) -> int:
-    out.copy_(_onednn_matmul(values, packed, out.shape[1]))
     return 0
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bouquet.cpu_features import cpu_features
-from bouquet.kernels.recording import is_recording, kernel_call
+from bouquet.kernels.recording import op_call
 from bouquet.layers import bf16_amx
 from bouquet.layers.activation import get_activation
 from bouquet.layers.bf16_amx import amx_bf16_linear, amx_bf16_linear_add_norm
@@ -122,11 +122,8 @@ class Linear(nn.Linear):
             return amx_bf16_linear(x, self.amx_bf16, self.out_features, self.amx_bias, _activation_of(epilogue))
         x = x.to(self.weight.dtype)
         if self.packed_weight is not None and x.device.type == "cpu" and not x.requires_grad:
-            if is_recording():  # a CPU graph replays it as a call: the QKV projections int8 keeps without VNNI
-                out = x.new_empty(*x.shape[:-1], self.out_features)
-                kernel_call(_packed_linear_into, x.contiguous(), self.packed_weight, self.bias, epilogue, out)
-                return out
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, *epilogue)
+            # A call a CPU graph replays: the QKV projections that int8 keeps in float32 without VNNI.
+            return op_call(torch.ops.mkldnn._linear_pointwise, x.contiguous(), self.packed_weight, self.bias, *epilogue)
         if epilogue is not _NO_EPILOGUE and onednn_runs(self.weight) and not x.requires_grad:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, *epilogue)
         return F.linear(x, self.weight, self.bias)
@@ -135,18 +132,6 @@ class Linear(nn.Linear):
         if x.device.type != "cpu" or x.requires_grad:
             return False
         return self.amx_bf16_rows == -1 or x.numel() // x.shape[-1] <= self.amx_bf16_rows
-
-
-def _packed_linear_into(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    bias: torch.Tensor | None,
-    epilogue: tuple[str, list[object], str],
-    out: torch.Tensor,
-) -> int:
-    """oneDNN's linear on a packed weight, as a kernel call writing into `out` (it has no output argument)."""
-    out.copy_(torch.ops.mkldnn._linear_pointwise(x, packed, bias, *epilogue))
-    return 0
 
 
 def _activation_of(epilogue: tuple[str, list[object], str]) -> str:
