@@ -1,11 +1,13 @@
 """A tiny random-weight SigLIP 2 (transformers' Siglip2Model, NaFlex) saved by `save_pretrained` with its own image
 processor's config (Siglip2ImageProcessorPil: not the processor's defaults) beside the MiniLM tokenizer, and
 transformers' own rows for it: its processor's padded patches, pixel_attention_mask and spatial_shapes through
-`get_image_features`, texts through `get_text_features`."""
+`get_image_features`, texts through `get_text_features`. Also a real Siglip2Tokenizer (`siglip2_tokenizer`), and a
+SigLIP 2 of the released ones' patching saved with its Siglip2Processor (`save_siglip2_processor`)."""
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -41,6 +43,50 @@ def save_siglip2(path: Path, tokenizer_dir: Path, max_num_patches: int = MAX_NUM
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, path / name)
     return model.eval()
+
+
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Siglip2Tokenizer's, at its ids 0 to 4
+CORPUS = [
+    "A Photo of a Cat sitting on the Sofa", "two dogs playing in the snow", "The Eiffel Tower at Night",
+    "a red Car parked by the river", "PEOPLE walking in a busy street", "an Old map of Paris and London",
+]  # fmt: skip
+
+
+def siglip2_tokenizer():  # transformers' Siglip2Tokenizer
+    """Siglip2Tokenizer on a BPE vocabulary trained on CORPUS the way Gemma's is split (spaces as "▁")."""
+    from tokenizers import Tokenizer, models, normalizers, trainers
+    from transformers import Siglip2Tokenizer
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.normalizer = normalizers.Replace(" ", "▁")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False)
+    bpe.train_from_iterator(CORPUS * 4, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return Siglip2Tokenizer(vocab=model["vocab"], merges=merges)
+
+
+def save_siglip2_processor(path: Path) -> None:
+    """A SigLIP 2 patched as the released ones are (patch 16, a 16 x 16 position table, 256 patches an image: what
+    Siglip2Processor's call uses whatever its image processor saved), tiny otherwise, saved by `save_pretrained`
+    with its Siglip2Processor (Pillow image processor, real Siglip2Tokenizer)."""
+    from transformers import Siglip2Config, Siglip2ImageProcessorPil, Siglip2Model, Siglip2Processor
+
+    tokenizer = siglip2_tokenizer()
+    tower = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    text = dict(tower, vocab_size=len(tokenizer), max_position_embeddings=64, bos_token_id=2, eos_token_id=1)
+    config = Siglip2Config(
+        text_config=dict(text, pad_token_id=0), vision_config=dict(tower, patch_size=16, num_patches=256)
+    )
+    model = Siglip2Model(config)
+    spread_weights(model, seed=0, scale=0.3)
+    with torch.no_grad():  # as in save_siglip2, for patches of 768 values
+        model.vision_model.embeddings.patch_embedding.weight.mul_(0.05)
+        model.vision_model.head.probe.mul_(3.0)
+    model.save_pretrained(path)
+    images = Siglip2ImageProcessorPil(patch_size=16, max_num_patches=256, resample=3, image_mean=[0.4, 0.5, 0.6],
+                                      image_std=[0.3, 0.2, 0.25])  # fmt: skip
+    Siglip2Processor(image_processor=images, tokenizer=tokenizer).save_pretrained(path)
 
 
 def processor(max_num_patches: int = MAX_NUM_PATCHES):

@@ -1,6 +1,6 @@
 """What the tests of image models saved by sentence-transformers share (test_clip_st_layouts.py,
-test_siglip_st_layouts.py): the images they send, reading a served answer's rows, and the issue's bounds against
-sentence-transformers' own rows."""
+test_siglip_st_layouts.py, test_siglip2_st_layouts.py): the images they send, reading a served answer's rows, and the
+issue's bounds against sentence-transformers' own rows."""
 
 from __future__ import annotations
 

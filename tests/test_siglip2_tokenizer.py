@@ -21,37 +21,18 @@ import pytest
 import torch
 from conftest import row_cosines
 from in_process import engines, served
-from siglip2_models import save_siglip2
+from siglip2_models import save_siglip2, siglip2_tokenizer
 
 from bouquet.model_dir import read_model_dir
 from bouquet.text_padding import read_text_padding
 from bouquet.tokenizer import TextTokenizer, tokenizer_json
 
 BOUND = 0.99999
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # Siglip2Tokenizer's, at its ids 0 to 4
-CORPUS = [
-    "A Photo of a Cat sitting on the Sofa", "two dogs playing in the snow", "The Eiffel Tower at Night",
-    "a red Car parked by the river", "PEOPLE walking in a busy street", "an Old map of Paris and London",
-]  # fmt: skip
 TEXTS = [
     "A Photo of TWO Cats", "a photo of two cats", "Dogs", "THE EIFFEL TOWER at night by the river in Paris",
     "Old maps " * 30,  # over 64 tokens: truncated to 64 by both
 ]  # fmt: skip
 VARIANTS = ("saved", "gemma-json", "right", "unmasked")
-
-
-def siglip2_tokenizer():  # transformers' Siglip2Tokenizer
-    """Siglip2Tokenizer on a BPE vocabulary trained on CORPUS the way Gemma's is split (spaces as "▁")."""
-    from tokenizers import Tokenizer, models, normalizers, trainers
-    from transformers import Siglip2Tokenizer
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.normalizer = normalizers.Replace(" ", "▁")
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, show_progress=False)
-    bpe.train_from_iterator(CORPUS * 4, trainer)
-    model = json.loads(bpe.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return Siglip2Tokenizer(vocab=model["vocab"], merges=merges)
 
 
 def save_variant(path: Path, saved: Path, variant: str) -> None:

@@ -100,7 +100,7 @@ class StLayout:
     logit_score: LogitScoreSpec | None = None  # a causal LM's CrossEncoder: the tokens its score reads
     splade: SpladeSpec | None = None  # a SparseEncoder's pooling of its masked LM's logits
     token_dense: tuple[DenseSpec, ...] = ()  # PyLate's Dense modules on every token's state (ColBERT)
-    model_pools: bool = False  # the Transformer gives each input's embedding itself (CLIP, SigLIP: st_model_pools.py)
+    model_pools: bool = False  # the Transformer gives each input's embedding itself (st_model_pools.py)
     text_padding: str | None = None  # a model that pools itself: how sentence-transformers pads its texts
 
 
@@ -274,7 +274,7 @@ _TRANSFORMER_TASKS = {
     ("fill-mask", "token_embeddings"): "masked-lm",  # what SpladePooling reads as its "token_embeddings"
     ("feature-extraction", "sentence_embedding"): "pooled",  # a CLIP or SigLIP model's own rows
 }
-_MODEL_POOLED = "pooled"  # a model that pools itself: CLIP, SigLIP (st_model_pools.py)
+_MODEL_POOLED = "pooled"  # a model that pools itself: CLIP, SigLIP, SigLIP 2 (st_model_pools.py)
 
 
 def _transformer_task(folder: Path, default_task: str, default_output: str | None) -> str:
