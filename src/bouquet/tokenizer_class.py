@@ -8,7 +8,12 @@ transformers 5 loads a `siglip2` directory's tokenizer as Siglip2Tokenizer whate
 `tokenizer_class` says (siglip2 is among the model types whose hub tokenizer class it calls wrong); Siglip2Tokenizer
 keeps the file's vocabulary, merges and post-processor, rebuilds Gemma's normaliser with Lowercase in front of it
 (SigLIP 2 was trained on lowercased text), and pads on the left, so the text tower's last position, which it
-pools, is the text's last token rather than a pad."""
+pools, is the text's last token rather than a pad.
+
+tokenizer_config.json's `add_bos_token` and `add_eos_token` (released SigLIP 2's say false and true) are not rules
+here: transformers 5 drops both whenever it loads a tokenizer.json, so the file's post-processor alone decides which
+special tokens a text gets, as it does for `tokenizers` (transformers 4's GemmaTokenizerFast rebuilt the
+post-processor from them instead)."""
 
 from __future__ import annotations
 
