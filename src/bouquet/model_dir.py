@@ -43,7 +43,7 @@ from bouquet.st_layout import (
     read_st_layout,
     require,
 )
-from bouquet.tokenizer_class import class_rules
+from bouquet.tokenizer_class import class_rules, tokenizer_file
 
 __all__ = [
     "UNSET_MODEL_MAX_LENGTH", "DenseSpec", "ModelSpec", "MultiVectorSpec", "PoolingMethod", "PoolingSpec",
@@ -189,7 +189,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         name=name or root.name,
         hf_config=hf_config,
         weight_files=find_weights(transformer),
-        tokenizer_file=require(transformer / "tokenizer.json"),
+        tokenizer_file=tokenizer_file(transformer),
         pooling=layout.pooling,
         # Without sentence-transformers metadata nothing says; normalised rows are what servers return by default.
         normalize=True if layout.normalize is None else layout.normalize,

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from bouquet.model_dir import UNSET_MODEL_MAX_LENGTH
 from bouquet.st_layout import read_optional_json
-from bouquet.tokenizer_class import padding_side
+from bouquet.tokenizer import load_tokenizer, tokenizer_json
+from bouquet.tokenizer_class import padding_side, tokenizer_file
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ def read_text_padding(folder: Path) -> TextPadding | None:
              **(read_optional_json(folder / "tokenizer_config.json") or {})}  # fmt: skip
     token = named.get("pad_token")
     token = token.get("content") if isinstance(token, dict) else token
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = load_tokenizer(tokenizer_json(tokenizer_file(folder)))
     pad_id = tokenizer.token_to_id(token) if isinstance(token, str) else None
     if pad_id is None:
         return None

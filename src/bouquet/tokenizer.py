@@ -8,6 +8,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, normalizers
 
 from bouquet.pair_templates import PairTemplate
+from bouquet.sentencepiece_tokenizer import siglip_tokenizer
+from bouquet.tokenizer_class import SPIECE_FILE
 
 TRUNCATION_DIRECTIONS = ("right", "left")
 
@@ -26,10 +28,10 @@ def load_tokenizer(source: TokenizerSource) -> Tokenizer:
 
 
 def tokenizer_json(path: Path, lowercase: bool = False) -> str:
-    """A model's tokenizer.json text; with `lowercase` (sentence_bert_config.json's do_lower_case, or a tokenizer
-    class that lowercases: tokenizer_class.py), a Lowercase normaliser put first unless it has one, as
-    sentence-transformers and that class do."""
-    text = path.read_text(encoding="utf-8")
+    """A model's tokenizer.json text (a SigLIP's spiece.model rebuilt as one: sentencepiece_tokenizer.py); with
+    `lowercase` (sentence_bert_config.json's do_lower_case, or a tokenizer class that lowercases: tokenizer_class.py),
+    a Lowercase normaliser put first unless it has one, as sentence-transformers and that class do."""
+    text = siglip_tokenizer(path).to_str() if path.name == SPIECE_FILE else path.read_text(encoding="utf-8")
     if not lowercase:
         return text
     tokenizer = Tokenizer.from_str(text)

@@ -13,7 +13,10 @@ pools, is the text's last token rather than a pad.
 tokenizer_config.json's `add_bos_token` and `add_eos_token` (released SigLIP 2's say false and true) are not rules
 here: transformers 5 drops both whenever it loads a tokenizer.json, so the file's post-processor alone decides which
 special tokens a text gets, as it does for `tokenizers` (transformers 4's GemmaTokenizerFast rebuilt the
-post-processor from them instead)."""
+post-processor from them instead).
+
+SiglipTokenizer (SigLIP v1's) reads the directory's sentencepiece model, `spiece.model`, even beside a
+tokenizer.json; bouquet rebuilds it as a `tokenizers` Tokenizer (sentencepiece_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bouquet.st_layout import read_optional_json
+from bouquet.st_layout import read_optional_json, require
 
 PADDING_SIDES = ("right", "left")
 
@@ -37,6 +40,9 @@ CLASS_RULES = {
     "GemmaTokenizer": ClassRules(lowercase=False, padding_side="left"),
 }
 DEFAULT_RULES = ClassRules(lowercase=False, padding_side="right")
+# The classes that read a sentencepiece model rather than tokenizer.json, and the file they read.
+SENTENCEPIECE_CLASSES = ("SiglipTokenizer",)
+SPIECE_FILE = "spiece.model"
 # Model types whose tokenizer class transformers picks itself, ignoring the one tokenizer_config.json names.
 MODEL_TYPE_CLASSES = {"siglip2": "Siglip2Tokenizer"}
 
@@ -49,6 +55,15 @@ def tokenizer_class(folder: Path) -> str | None:
         return MODEL_TYPE_CLASSES[model_config["model_type"]]
     named = tokenizer_config.get("tokenizer_class") or model_config.get("tokenizer_class")
     return named.removesuffix("Fast") if isinstance(named, str) else None
+
+
+def tokenizer_file(folder: Path) -> Path:
+    """The file transformers' tokenizer for `folder` is read from: SiglipTokenizer's sentencepiece model where the
+    class is named and the file is there, else tokenizer.json (FileNotFoundError naming it when missing)."""
+    spiece = folder / SPIECE_FILE
+    if tokenizer_class(folder) in SENTENCEPIECE_CLASSES and spiece.is_file():
+        return spiece
+    return require(folder / "tokenizer.json")
 
 
 def class_rules(folder: Path) -> ClassRules:
