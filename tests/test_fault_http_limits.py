@@ -511,3 +511,21 @@ def test_expect_100_continue_over_the_limit_gets_413_and_the_body_is_never_a_req
         return
     rest, _ = until_closed(sock)
     assert b"HTTP/1.1 400" not in rest and b"HTTP/1.1 200" not in rest, rest[:300]
+
+
+def test_a_responses_head_and_body_arrive_in_one_read(gateway: tuple[str, int]) -> None:
+    """The head and the body leave in one send (http/held_writes.py): a client waiting on the connection wakes once
+    for the whole answer. uvicorn alone wrote them apart, and the client's first read held the head only."""
+    _, port = gateway
+    body = json.dumps({"input": "one short query", "model": "all-MiniLM-L6-v2"}).encode()
+    request = (f"POST /v1/embeddings HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+    with connect(port) as sock:
+        for _ in range(20):  # one keep-alive connection, as a client of one query at a time holds it
+            sock.sendall(request)
+            first = sock.recv(1 << 20)
+            head, _, rest = first.partition(b"\r\n\r\n")
+            status, headers, _ = response(head + b"\r\n\r\n{}")
+            assert status == 200, first[:300]
+            assert len(rest) == int(headers["content-length"]), f"the first read held {len(rest)} body bytes"
+            assert json.loads(rest)["data"][0]["embedding"]

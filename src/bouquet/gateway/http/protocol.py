@@ -35,7 +35,7 @@ import http
 import logging
 import resource
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -43,6 +43,7 @@ from uvicorn.server import ServerState
 
 from bouquet.config import GatewayConfig
 from bouquet.gateway.errors import ApiError, HeadersTooLarge, InvalidRequest, RequestTimeout, Unavailable, error_body
+from bouquet.gateway.http.held_writes import HeldWrites
 from bouquet.gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     # The connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(cast(asyncio.Transport, HeldWrites(transport, self.loop)))  # head and body as one
         if not self.shared.admit():
             self.shared.closed("refused")
             message = f"the gateway holds its limit of {self.limits.max_connections} connections, all busy; retry"
