@@ -47,6 +47,18 @@ def test_a_tokenizer_from_json_text_or_a_tokenizer_encodes_as_from_its_file(mini
     assert given.padding is not None, "the caller's tokenizer keeps its own padding"
 
 
+def test_a_lone_text_encodes_as_it_does_among_others(minilm_path: Path):
+    """A request of one text takes the tokenizer's single-text call: the same ids as a batch gives it, cut at the
+    limit from either end or kept whole."""
+    texts = [*TEXTS, " ".join(corpus.documents(40))]  # the last is over the 32-token limit below
+    for direction in ("right", "left"):
+        tokenizer = TextTokenizer(minilm_path / "tokenizer.json", 32, direction)
+        for truncate in (True, False):
+            batch = tokenizer.encode(texts, truncate=truncate)
+            assert [tokenizer.encode([text], truncate=truncate)[0] for text in texts] == batch
+            assert (len(batch[-1]) == 32) is truncate
+
+
 def test_a_local_directory_of_the_model_is_preferred_with_the_bundled_names(minilm_path: Path, executor):
     catalog = ModelCatalog((minilm_path,), executor)
     info = minilm_info()

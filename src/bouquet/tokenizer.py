@@ -76,6 +76,8 @@ class TextTokenizer:
     def encode(self, texts: list[str], truncate: bool = True) -> list[list[int]]:
         """Token ids per text, special tokens included; `truncate=False` keeps over-long sequences whole."""
         tokenizer = self._truncating if truncate else self._tokenizer
+        if len(texts) == 1:  # a lone query: encode_batch would hand it to its thread pool and wait for it there
+            return [tokenizer.encode(texts[0]).ids]
         return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
 
     def encode_pairs(
