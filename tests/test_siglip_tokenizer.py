@@ -9,8 +9,9 @@ random-weight SiglipModel (test_siglip.py), in four directories:
 - "st": sentence-transformers' save of "saved".
 Token ids against SiglipTokenizer's, token for token, on a few thousand varied texts (case, punctuation, whitespace,
 unicode, long texts truncated at 64, empty); then each directory served over real HTTP on loopback against
-`get_text_features` on what SiglipTokenizer gives with `padding="max_length"` (float32, cosine >= 0.99999); and the
-sentencepiece models bouquet does not read refused, naming the file."""
+`get_text_features` on what SiglipTokenizer gives with `padding="max_length"` (float32, cosine >= 0.99999); ids
+under other sentencepiece settings (character maps, byte fallback); and the sentencepiece models bouquet does not
+read refused, naming the file."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ VARIANTS = ("saved", "released", "cased", "st")
 EOS_ID = 2  # sentencepiece's </s>, SiglipTokenizer's EOS and pad
 # Pieces of text the random texts are made of: ASCII, accents composed and not, letters that lowercase to two,
 # scripts the vocabulary lacks, compatibility forms the model's NFKC map rewrites, whitespace of every kind, "▁".
-ATOMS = [*string.printable, "é", "e\u0301", "ß", "İ", "Σ", "ς", "日本", "ｶﾞ", "ﬁ", "①", "！", "Ｈｅｌｌｏ",
+ATOMS = [*string.printable, "é", "e\u0301", "ß", "İ", "Σ", "ΟΔΟΣ", "ς", "日本", "ｶﾞ", "ﬁ", "①", "！", "Ｈｅｌｌｏ",
          "\u3000", "\xa0", "\u2028", "\x1c", "\x85", "\u200b", "¨", "\x01", "▁", "🎉", "  ", "\t\n"]  # fmt: skip
+# sentencepiece trainer settings other than its defaults (the released SigLIP's, as far as the files show)
+SETTINGS = [{"normalization_rule_name": "identity"}, {"normalization_rule_name": "nfkc_cf"}, {"byte_fallback": True}]
 TEXTS = [
     "A Photo, of a CAT!", "a photo of a cat", "Two dogs -- running (fast) on the beach...", "",
     "Return a new string object " * 12,  # over 64 tokens: cut at 64, EOS last
@@ -146,6 +149,23 @@ def test_token_ids_are_siglip_tokenizers(models, variant: str) -> None:
     assert ours.vocab_size == len(reference)
 
 
+@pytest.mark.parametrize("options", SETTINGS)
+def test_token_ids_are_siglip_tokenizers_under_other_sentencepiece_settings(tmp_path: Path, options) -> None:
+    """Other character maps (none; NFKC with case folding), and bytes for characters the vocabulary lacks, which show
+    each such character rather than one <unk> for a run of them: the halfwidth "ｶﾞ" is left out there, the one
+    difference of `tokenizers`' Precompiled in these texts (sentencepiece_tokenizer.py)."""
+    from transformers import SiglipTokenizer
+
+    SiglipTokenizer(vocab_file=str(train_spiece(tmp_path / "trained.model", **options))).save_pretrained(tmp_path)
+    reference = SiglipTokenizer.from_pretrained(tmp_path)
+    ours = TextTokenizer(siglip_tokenizer(tmp_path / "spiece.model"), 64)
+    texts = [text for text in varied_texts() if "ｶﾞ" not in text or not options.get("byte_fallback")]
+    expected = reference(texts, truncation=True, max_length=64)["input_ids"]
+    wrong = [(text, want, have) for text, want, have in zip(texts, expected, ours.encode(texts), strict=True)
+             if want != have]  # fmt: skip
+    assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]}"
+
+
 def test_the_canonicalisation_changes_the_ids(models) -> None:
     """What the test above relies on: case and punctuation change SiglipTokenizer's ids where it keeps them."""
     lowered = TextTokenizer(siglip_tokenizer(models[0]["saved"] / "spiece.model"), 64).encode(TEXTS[:2])
@@ -176,8 +196,9 @@ def test_the_padding_is_siglip_tokenizers(models) -> None:
 
 @pytest.mark.parametrize(
     ("options", "refusal"),
-    [({"model_type": "bpe"}, "unigram"), ({"user_defined_symbols": ["photo"]}, "user-defined pieces")],
-)
+    [({"model_type": "bpe"}, "unigram"), ({"user_defined_symbols": ["photo"]}, "user-defined pieces"),
+     ({"remove_extra_whitespaces": False}, "keeps extra whitespace")],
+)  # fmt: skip
 def test_sentencepiece_models_bouquet_cannot_rebuild_are_refused(tmp_path: Path, options, refusal: str) -> None:
     spiece = train_spiece(tmp_path / "spiece.model", **options)
     with pytest.raises(ValueError, match=refusal) as refused:

@@ -8,13 +8,14 @@ converts SiglipTokenizer), transformers is no runtime dependency, and the steps 
 sentencepiece have to be spelled out anyway. What SiglipTokenizer does to a text (transformers 5.25,
 models/siglip/tokenization_siglip.py), each step mirrored by one normaliser below:
 - puts "▁" in front of the text, after turning any "▁" in it into a space;
-- canonicalises it as big_vision did: lowercased (`do_lower_case`, true unless tokenizer_config.json says not),
+- canonicalises it as big_vision did: lowercased as Python lowercases (`do_lower_case`, true unless
+  tokenizer_config.json says not; a word's last capital sigma becomes "ς"),
   ASCII punctuation (`string.punctuation`) removed, every run of whitespace (Python's `\\s`) made one space,
   stripped (only its end can be: the "▁" comes first);
 - has sentencepiece encode "<unk>" + that text and drops the pieces of "<unk>": so the text's pieces are those of
-  sentencepiece's normalisation (the model's precompiled character map, then runs of spaces, and "▁", which it
-  reads as a space, made one and the ends stripped, where `remove_extra_whitespaces` says) and its unigram model,
-  words split at "▁" as its pieces never span one;
+  sentencepiece's normalisation (the model's precompiled character map, then runs of spaces made one and the end
+  stripped; a model that keeps them, `remove_extra_whitespaces` false, is refused) and its unigram model (with byte
+  fallback where the model has it), words split at "▁" as its pieces never span one;
 - appends EOS.
 Checked token for token against SiglipTokenizer in tests/test_siglip_tokenizer.py. Known differences, none in
 ordinary text: a text holding a special token's string itself ("</s>", "<unk>"): both split the token out, but
@@ -65,6 +66,8 @@ def _check_supported(spiece: Path, proto: Any) -> None:
         raise ValueError(f"{spiece}: only sentencepiece's unigram models are read, not type {trainer.model_type}")
     if trainer.treat_whitespace_as_suffix or not normalizer.escape_whitespaces:
         raise ValueError(f"{spiece}: a model that puts '▁' after words, or keeps spaces as they are, is not read")
+    if not normalizer.remove_extra_whitespaces:  # SiglipTokenizer then gives a blank text a "▁"; tokenizers cannot
+        raise ValueError(f"{spiece}: a model that keeps extra whitespace (remove_extra_whitespaces false) is not read")
     user_defined = [piece.piece for piece in proto.pieces if piece.type == _USER_DEFINED]
     if user_defined:
         raise ValueError(f"{spiece}: user-defined pieces ({user_defined[:3]}...) are not read")
@@ -79,19 +82,26 @@ def _unigram(proto: Any) -> models.Unigram:
 def _normalizer(spec: Any, lowercase: bool) -> normalizers.Normalizer:
     punctuation = "".join(f"\\x{ord(c):02x}" for c in string.punctuation)
     whitespace = "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace())  # what Python's \\s matches
-    steps: list[normalizers.Normalizer] = [normalizers.Lowercase()] if lowercase else []
+    steps: list[normalizers.Normalizer] = _lowercase() if lowercase else []
     steps += [
         normalizers.Replace("▁", " "),
         normalizers.Replace(Regex(f"[{punctuation}]"), ""),
         normalizers.Replace(Regex(f"[{whitespace}]+"), " "),
         normalizers.Replace(Regex(" $"), ""),
+        normalizers.Prepend("▁"),
     ]
     if spec.precompiled_charsmap:
         steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
-    if spec.remove_extra_whitespaces:  # where the map made spaces; and the space after the "▁" put first
-        steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex("^ | $"), "")]
-    steps.append(normalizers.Prepend("▁"))
+    # sentencepiece's whitespace removal, in a text that "<unk>" comes before: runs made one, the end stripped
+    steps += [normalizers.Replace(Regex(" {2,}"), " "), normalizers.Replace(Regex(" $"), "")]
     return normalizers.Sequence(steps)
+
+
+def _lowercase() -> list[normalizers.Normalizer]:
+    """Python's str.lower, which `Lowercase` (character by character) is but for its one rule with context: a capital
+    sigma ending a word (a cased letter before it, none after it) becomes the final "ς"."""
+    final_sigma = Regex(r"(?<=\p{Cased}\p{Case_Ignorable}*)Σ(?!\p{Case_Ignorable}*\p{Cased})")
+    return [normalizers.Replace(final_sigma, "ς"), normalizers.Lowercase()]
 
 
 def _token(config: dict[str, Any], key: str) -> str:
