@@ -18,7 +18,7 @@ and in int8, normalised as served, and the rows are compared one by one by cosin
   `.venv-onnx` has it: the int8 users get from the field today.
 
 Goals: min cosine >= 0.99 on MiniLM's documents and on its queries, recall@10 >= 0.98; the last lines say PASS or
-FAIL for each. The CPU and the int8 weight limit in use (127; 63 on a CPU without VNNI) come first.
+FAIL for each. The CPU and the int8 weights' range in use (full; narrowed on a CPU without VNNI) come first.
 
     .venv/bin/python bench/int8_quality.py [--docs 300] [--queries 300] [--families bert,qwen3] [--skip-recall]
 """
@@ -41,7 +41,7 @@ from family_models import FAMILIES, build_family
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.cpu_features import cpu_features
 from bouquet.engine.engine import Engine
-from bouquet.layers.int8_linear import weight_limit
+from bouquet.layers.int8_linear import weight_range
 from bouquet.tokenizer import TextTokenizer
 
 MIN_COSINE_GOAL = 0.99
@@ -200,7 +200,8 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     started = time.perf_counter()
     print(f"CPU: {cpu_features().describe()}")
-    print(f"int8 weight limit: {weight_limit()} (127: full range; 63: 7-bit weights, no VNNI)")
+    codes = weight_range()
+    print(f"int8 weights: {codes.describe()} ({'full range' if codes.full else 'narrowed: no VNNI'})")
     path = default_model_path()
     documents, queries = corpus.documents(args.docs), list(dict.fromkeys(corpus.queries()))[: args.queries]
     summary = minilm(documents, queries, path)

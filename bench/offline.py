@@ -34,7 +34,7 @@ from bouquet.layers.int8_linear import (
     int8_product,
     quantize_rows,
     quantize_weight,
-    weight_limit,
+    weight_range,
     with_products,
 )
 from bouquet.layers.int8_products import available_products, without_slow_paths
@@ -71,7 +71,7 @@ def int8_ceilings(product: str, tokens: int = 4096, repeats: int = 20) -> tuple[
     """GOP/s of bouquet's int8 linear (row quantization, product, dequantization) and of the int8 product alone
     (`torch._int_mm`, or oneDNN's matmul on the prepacked weight), at MiniLM's widest product over a step's worth
     of tokens."""
-    weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_limit(product))
+    weight = quantize_weight(torch.randn(1536, 384) * 0.05, torch.zeros(1536), weight_range(product))
     weight = with_products(weight, product, product)
     x = torch.randn(tokens, 384)
     rows = quantize_rows(x)

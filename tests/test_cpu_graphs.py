@@ -22,7 +22,14 @@ from bouquet.engine.cuda_graphs import BucketState
 from bouquet.layers.attention_backends.base import AttentionShape
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
-from bouquet.layers.int8_linear import INT_MM_PRODUCT, Int8Weight, int8_linear, quantize_weight, with_products
+from bouquet.layers.int8_linear import (
+    INT_MM_PRODUCT,
+    Int8Weight,
+    int8_linear,
+    quantize_weight,
+    weight_range,
+    with_products,
+)
 from bouquet.layers.int8_products import available_products
 from bouquet.layers.layer_stack import run_layers
 from bouquet.layers.linear import Linear, LinearActivation
@@ -63,8 +70,8 @@ class Int8Layer(nn.Module):
 def int8_layer(in_features: int, out_features: int, product: str, seed: int) -> Int8Layer:
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
-    return Int8Layer(with_products(quantize_weight(weight, torch.randn(out_features, generator=generator), 127),
-                                   product, product))  # fmt: skip
+    bias = torch.randn(out_features, generator=generator)
+    return Int8Layer(with_products(quantize_weight(weight, bias, weight_range(product)), product, product))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """`--dtype int8` on the CPU: the kernels against exact references, the quantization's rules (per-channel weights,
-per-token activations, 7-bit weights where the CPU's products saturate), and the quality gate, loosely: every
+per-token activations, weights narrowed where the CPU's products saturate), and the quality gate, loosely: every
 family's rows against its own float32 rows by cosine (bench/int8_quality.py prints the full gate)."""
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS
 from bouquet.engine.engine import Engine
 from bouquet.gateway.testing import Process, free_port, start_serve
 from bouquet.layers.int8_linear import (
-    FULL_WEIGHT_LIMIT,
+    FULL_RANGE,
     INT_MM_PRODUCT,
+    PAIRED_RANGE,
+    REDUCED_RANGE,
     Int8Weight,
     dequantize,
     input_rotation,
@@ -35,7 +37,7 @@ from bouquet.layers.int8_linear import (
     int8_linear_add_norm,
     quantize_rows,
     quantize_weight,
-    weight_limit,
+    weight_range,
 )
 from bouquet.layers.int8_products import Int8Plan
 from bouquet.layers.linear import Linear, QKVLinear
@@ -83,7 +85,7 @@ def test_dequantize_applies_zero_points_scales_bias_and_activation_in_place(acti
     generator = torch.Generator().manual_seed(1)
     products = torch.randint(-200_000, 200_000, (33, 70), dtype=torch.int32, generator=generator)
     rows = quantize_rows(torch.randn(33, 16, generator=generator))
-    weight = quantize_weight(torch.randn(70, 16, generator=generator), torch.randn(70, generator=generator), 127)
+    weight = quantize_weight(torch.randn(70, 16, generator=generator), torch.randn(70, generator=generator))
     centred = products.double() - rows.zeros[:, None].double() * weight.sums.double()
     expected = centred * rows.scales[:, None].double() * weight.scales.double() + weight.bias.double()
     expected = REFERENCE_ACTIVATIONS[activation](expected).float()
@@ -97,10 +99,11 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     x = torch.randn(40, 384, generator=generator)
     w = torch.randn(1152, 384, generator=generator) * 0.05
     b = torch.randn(1152, generator=generator)
-    limit = weight_limit()  # 7 bits where this CPU's products would saturate at full range
-    weight = quantize_weight(w, b, limit, rotate=False)
+    codes = weight_range()  # narrowed where this CPU's products would saturate at full range
+    weight = quantize_weight(w, b, codes, rotate=False)
     assert weight.transposed.dtype == torch.int8 and weight.transposed.shape == (384, 1152)
-    assert torch.equal(weight.scales, w.abs().amax(dim=1) / limit)  # per output channel
+    if codes.full:
+        assert torch.equal(weight.scales, w.abs().amax(dim=1) / codes.limit)  # per output channel
     assert torch.equal(weight.sums, weight.transposed.sum(dim=0, dtype=torch.int32))
     rows = quantize_rows(x)
     centred = rows.values.long() - rows.zeros[:, None].long()
@@ -108,7 +111,7 @@ def test_an_int8_linear_is_exact_integer_arithmetic_and_close_to_float32() -> No
     y = int8_linear(x[None], weight)[0]  # leading dimensions kept
     torch.testing.assert_close(y, (exact + b.double()).float(), rtol=1e-5, atol=1e-5)
     reference = F.linear(x, w, b)
-    assert (y - reference).norm() / reference.norm() < (0.02 if limit == FULL_WEIGHT_LIMIT else 0.03)
+    assert (y - reference).norm() / reference.norm() < (0.02 if codes.full else 0.03)
 
 
 @pytest.mark.parametrize("width", [384, 1536, 24, 7])
@@ -137,19 +140,19 @@ def _float_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
 
 def test_a_rotated_int8_linear_computes_the_same_product_closer_to_float32() -> None:
     """The rotation acts on the activation rows' rounding (fixed outlier channels no longer set every token's
-    scale), so that part is measured apart: the weights' own rounding, 7-bit where the CPU has no VNNI, is as
+    scale), so that part is measured apart: the weights' own rounding, narrowed where the CPU has no VNNI, is as
     large with or without it and would otherwise hide the rows' gain in the total."""
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(64, 384, generator=generator)
     x[:, [5, 99, 223]] *= 15  # fixed outlier channels set every token's scale unless rotated away
     w = torch.randn(1152, 384, generator=generator) * 0.05
     b = torch.randn(1152, generator=generator)
-    limit = weight_limit()
-    rotated = quantize_weight(w, b, limit)
+    codes = weight_range()
+    rotated = quantize_weight(w, b, codes)
     assert rotated.rotation is not None and rotated.rotation.block == 128
     reference = F.linear(x, w, b)
     errors, row_errors = {}, {}
-    for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, limit, rotate=False))):
+    for name, weight in (("rotated", rotated), ("plain", quantize_weight(w, b, codes, rotate=False))):
         y = int8_linear(x, weight)
         errors[name] = float((y - reference).norm() / reference.norm())
         row_errors[name] = float((y - _float_product(x, weight)).norm() / reference.norm())
@@ -165,7 +168,7 @@ def test_the_fused_add_and_layernorm_match_torchs_after_the_int8_linear(
     torch's LayerNorm, to float32 rounding; and Linear.add_norm takes the fused path only in int8."""
     generator = torch.Generator().manual_seed(rows)
     weight = quantize_weight(torch.randn(out_features, in_features, generator=generator), torch.randn(out_features),
-                             weight_limit())  # fmt: skip
+                             weight_range())  # fmt: skip
     x = torch.randn(rows, in_features, generator=generator)
     residual = torch.randn(rows, out_features, generator=generator) * 3
     norm = torch.nn.LayerNorm(out_features, eps=1e-12)
@@ -176,15 +179,36 @@ def test_the_fused_add_and_layernorm_match_torchs_after_the_int8_linear(
     linear = Linear(in_features, out_features)
     float32 = linear.add_norm(x, residual, norm)
     torch.testing.assert_close(float32, norm(residual + linear(x)))
-    linear.quantize_int8(weight_limit(), Int8Plan(INT_MM_PRODUCT, INT_MM_PRODUCT))
+    linear.quantize_int8(weight_range(), Int8Plan(INT_MM_PRODUCT, INT_MM_PRODUCT))
     torch.testing.assert_close(linear.add_norm(x, residual, norm), norm(residual + linear(x)), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(linear.add_norm(x, residual, norm), float32, atol=1e-6)  # int8 ran
 
 
-def test_the_weight_limit_is_full_range_where_products_are_exact() -> None:
+def test_the_weight_range_is_full_where_products_are_exact() -> None:
     if not cpu_features().vnni:
         pytest.skip(f"this CPU has no VNNI (avx512_vnni or avx_vnni): {cpu_features().describe()}")
-    assert weight_limit() == FULL_WEIGHT_LIMIT
+    assert weight_range() == FULL_RANGE
+
+
+@pytest.mark.parametrize("in_features", [384, 1536, 65])
+def test_paired_weights_keep_each_pair_within_its_bound_and_round_finer_than_7_bits(in_features: int) -> None:
+    """PAIRED_RANGE (CPUs without VNNI): every channel's adjacent pairs sum to 128 or less in magnitude, the bound
+    reached in each channel (the scale is its largest pair's, or its largest weight's at 127), and the weight's
+    rounding error is below 7-bit weights' on a rotated weight like a model's."""
+    generator = torch.Generator().manual_seed(in_features)
+    w = torch.randn(256, in_features, generator=generator) * 0.05
+    paired = quantize_weight(w, None, PAIRED_RANGE)
+    codes = paired.transposed.t().long()
+    even = in_features // 2 * 2
+    pair_sums = codes[:, :even].abs().view(256, -1, 2).sum(dim=2)
+    assert pair_sums.max() <= 128 and codes.abs().max() <= 127
+    assert bool(((pair_sums.amax(dim=1) >= 127) | (codes.abs().amax(dim=1) == 127)).all())
+    assert torch.equal(paired.sums, codes.sum(dim=1).int())
+    rotated = paired.rotation.apply(w) if paired.rotation is not None else w
+    errors = {}
+    for name, weight in (("paired", paired), ("7-bit", quantize_weight(w, None, REDUCED_RANGE))):
+        errors[name] = float((weight.transposed.t().float() * weight.scales[:, None] - rotated).norm())
+    assert errors["paired"] < 0.85 * errors["7-bit"], errors
 
 
 NO_VNNI = """
@@ -193,10 +217,11 @@ import numpy as np
 from bouquet.batch import Batch
 from bouquet.config import EngineConfig, default_model_path
 from bouquet.engine.engine import Engine
-from bouquet.layers.int8_linear import weight_limit
+from bouquet.layers.int8_linear import weight_range
 from bouquet.layers.linear import QKVLinear
 logging.basicConfig(level=logging.INFO)
-print(weight_limit())
+codes = weight_range()
+print(codes.limit, codes.pair_sum)
 ids = [[101, 7592, 2088, 102], [101, 2023, 2003, 1037, 3231, 1997, 1996, 2173, 102]]
 rows = {}
 for dtype in ("int8", "float32"):
@@ -214,9 +239,10 @@ print(float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis
 # AVX2's case in the default run; AVX-512 without VNNI in CI's long tier (the default run's ~10 minutes)
 @pytest.mark.parametrize("isa", [pytest.param("AVX512_CORE", marks=pytest.mark.long), "AVX2"])
 @pytest.mark.process
-def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa: str) -> None:
+def test_a_cpu_without_vnni_takes_paired_weights_and_keeps_quality(tmp_path, isa: str) -> None:
     """Without VNNI oneDNN multiplies by vpmaddubsw, whose pair sums saturate at full-range weights: measured at
-    load, the weights then take 7 bits, the QKV projections stay float32, and the rows stay within the gate; a
+    load, each adjacent pair of weights then sums to 128 at most, the QKV projections stay float32, and the rows
+    stay within the gate; a
     lone query's steps are still captured as CPU graphs at start (oneDNN's float32 linear recorded as a call)."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa, "BOUQUET_CACHE_DIR": str(tmp_path)}
     if isa == "AVX2":
@@ -224,9 +250,9 @@ def test_a_cpu_without_vnni_takes_7_bit_weights_and_keeps_quality(tmp_path, isa:
     env.pop("BOUQUET_CPU_FEATURES", None)
     result = subprocess.run([sys.executable, "-c", NO_VNNI], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    limit, qkv, kept_float, cosine = result.stdout.split()
-    assert limit == "63" and "weights use 7 bits" in result.stderr
-    assert qkv == kept_float == "6"  # the QKV projections stay float32 with 7-bit weights
+    limit, pair_sum, qkv, kept_float, cosine = result.stdout.split()
+    assert (limit, pair_sum) == ("127", "128") and "adjacent pairs' |w| summed <= 128" in result.stderr
+    assert qkv == kept_float == "6"  # the QKV projections stay float32 with narrowed weights
     assert float(cosine) >= 0.99
     assert f"CPU graphs: {SHORT_QUERY_TOKENS} of a lone query's shapes captured at start" in result.stderr
 
@@ -247,7 +273,7 @@ def test_minilm_in_int8_meets_the_quality_gate(minilm_path: Path) -> None:
     cosines = row_cosines(int8_rows, float_rows)
     assert cosines.min() >= 0.99 and cosines.mean() >= 0.997
     linears = [module for module in engine.model.modules() if isinstance(module, Linear)]
-    float_qkv = weight_limit() < FULL_WEIGHT_LIMIT  # 7-bit weights: the QKV projections stay float32
+    float_qkv = not weight_range().full  # narrowed weights: the QKV projections stay float32
     quantized = [linear for linear in linears if not (float_qkv and isinstance(linear, QKVLinear))]
     assert len(linears) == 6 * 4 and len(quantized) == (18 if float_qkv else 24)
     assert all(linear.int8 is not None for linear in quantized)
@@ -271,7 +297,7 @@ def test_a_sparse_model_keeps_its_vocabulary_head_in_float32(tmp_path, minilm_pa
         head_linears = [module for module in head.modules() if isinstance(module, Linear)]
         assert head_linears and all(linear.int8 is None for linear in head_linears)
         body = [m for m in engine.model.modules() if isinstance(m, Linear) and all(m is not h for h in head_linears)]
-        if weight_limit() < FULL_WEIGHT_LIMIT:  # 7-bit weights: the QKV projections stay float32
+        if not weight_range().full:  # narrowed weights: the QKV projections stay float32
             body = [linear for linear in body if not isinstance(linear, QKVLinear)]
         assert body and all(linear.int8 is not None for linear in body)
     finally:
@@ -310,8 +336,8 @@ def test_small_calls_reuse_their_threads_buffers_without_mixing_results() -> Non
     import threading
 
     generator = torch.Generator().manual_seed(11)
-    limit = weight_limit()
-    weights = [quantize_weight(torch.randn(96, width, generator=generator), None, limit) for width in (64, 128)]
+    codes = weight_range()
+    weights = [quantize_weight(torch.randn(96, width, generator=generator), None, codes) for width in (64, 128)]
     inputs = [[torch.randn(rows, weight.in_features, generator=generator) for rows in (3, 16, 64, 65)]
               for weight in weights]  # fmt: skip
     expected = [[int8_linear(x, weight).clone() for x in xs] for weight, xs in zip(weights, inputs, strict=True)]

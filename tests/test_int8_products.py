@@ -23,22 +23,23 @@ from bouquet.layers.int8_linear import (
     int8_linear,
     int8_linear_add_norm,
     int8_product,
+    narrowest,
     onednn_product_available,
     quantize_weight,
-    weight_limit,
+    weight_range,
     with_products,
 )
 
 needs_onednn = pytest.mark.skipif(not onednn_product_available(), reason="torch without oneDNN's int8 matmul")
-FULL_LIMIT = 127
 needs_amx = pytest.mark.skipif(not amx_available(), reason=f"no AMX-INT8 here: {cpu_features().describe()}")
 
 
 @needs_onednn
 def test_both_products_give_the_same_integers() -> None:
     generator = torch.Generator().manual_seed(0)
-    limit = min(weight_limit(INT_MM_PRODUCT), weight_limit(ONEDNN_PRODUCT))
-    weight = quantize_weight(torch.randn(1152, 384, generator=generator), torch.randn(1152, generator=generator), limit)
+    weight_codes = narrowest([weight_range(INT_MM_PRODUCT), weight_range(ONEDNN_PRODUCT)])
+    dense, bias = torch.randn(1152, 384, generator=generator), torch.randn(1152, generator=generator)
+    weight = quantize_weight(dense, bias, weight_codes)
     packed = with_products(weight, ONEDNN_PRODUCT, ONEDNN_PRODUCT)
     assert packed.transposed.numel() == 0 and packed.in_features == 384  # one copy of the weight is kept
     codes = torch.randint(-128, 128, (37, 384), dtype=torch.int8, generator=generator)
@@ -55,7 +56,7 @@ def test_both_products_give_the_same_integers() -> None:
 @needs_onednn
 def test_a_weight_with_both_copies_takes_the_plain_product_below_its_crossover() -> None:
     generator = torch.Generator().manual_seed(1)
-    weight = quantize_weight(torch.randn(96, 64, generator=generator), None, weight_limit(ONEDNN_PRODUCT))
+    weight = quantize_weight(torch.randn(96, 64, generator=generator), None, weight_range(ONEDNN_PRODUCT))
     both = with_products(weight, INT_MM_PRODUCT, ONEDNN_PRODUCT, from_rows=32)
     assert both.transposed.numel() == 64 * 96 and both.packed is not None and both.amx is None
     short, long = (torch.randint(-128, 128, (rows, 64), dtype=torch.int8, generator=generator) for rows in (31, 32))
@@ -110,7 +111,7 @@ def test_the_amx_kernel_gives_the_same_integers(threads: int) -> None:
     try:
         for in_features, out_features in [(64, 16), (384, 1152), (1536, 384), (128, 80), (256, 208)]:
             dense = torch.randn(out_features, in_features, generator=generator)
-            weight = quantize_weight(dense, None, weight_limit(AMX_PRODUCT))
+            weight = quantize_weight(dense, None, weight_range(AMX_PRODUCT))
             tiles = with_products(weight, AMX_PRODUCT, AMX_PRODUCT)
             assert tiles.amx is not None and tiles.transposed.numel() == 0 and tiles.packed is None
             exact = weight.transposed.long()
@@ -137,7 +138,7 @@ def test_a_linear_on_amx_is_the_plain_linear_in_one_call(threads: int) -> None:
     try:
         for in_features, out_features in [(384, 1536), (1536, 384)]:
             dense = torch.randn(out_features, in_features, generator=generator)
-            weight = quantize_weight(dense, torch.randn(out_features, generator=generator), FULL_LIMIT)
+            weight = quantize_weight(dense, torch.randn(out_features, generator=generator))
             tiles = with_products(weight, AMX_PRODUCT, AMX_PRODUCT)
             norm = torch.nn.LayerNorm(out_features)
             torch.nn.init.normal_(norm.weight, generator=generator)
@@ -156,14 +157,14 @@ def test_a_linear_on_amx_is_the_plain_linear_in_one_call(threads: int) -> None:
 @needs_amx
 def test_a_shape_the_amx_kernel_cannot_take_keeps_torch_int_mm() -> None:
     generator = torch.Generator().manual_seed(3)
-    weight = quantize_weight(torch.randn(24, 96, generator=generator), None, FULL_LIMIT)  # 96 inputs: not 64k
+    weight = quantize_weight(torch.randn(24, 96, generator=generator), None)  # 96 inputs: not 64k
     chosen = with_products(weight, AMX_PRODUCT, AMX_PRODUCT)
     assert chosen.amx is None and chosen.small == chosen.large == INT_MM_PRODUCT
     codes = torch.randint(-128, 128, (20, 96), dtype=torch.int8, generator=generator)
     assert torch.equal(int8_product(codes, chosen).long(), codes.long() @ weight.transposed.long())
-    mixed = with_products(quantize_weight(torch.randn(32, 64), None, FULL_LIMIT), INT_MM_PRODUCT, AMX_PRODUCT, 32)
+    mixed = with_products(quantize_weight(torch.randn(32, 64), None), INT_MM_PRODUCT, AMX_PRODUCT, 32)
     assert mixed.amx is not None and mixed.transposed.numel() == 64 * 32
-    always_large = with_products(quantize_weight(torch.randn(32, 64), None, FULL_LIMIT), INT_MM_PRODUCT, AMX_PRODUCT)
+    always_large = with_products(quantize_weight(torch.randn(32, 64), None), INT_MM_PRODUCT, AMX_PRODUCT)
     assert always_large.amx is not None and always_large.transposed.numel() == 0  # from_rows 0: only `large`
 
 

@@ -266,7 +266,7 @@ class Engine:
             logger.info(
                 "int8: %d linears quantized (per-channel weights, per-token activations; products: %s)%s",
                 quantized, plan.describe(),
-                f", {kept} QKV projections kept in float32 (7-bit weights on this CPU)" if kept else "",
+                f", {kept} QKV projections kept in float32 (narrowed int8 weights on this CPU)" if kept else "",
             )  # fmt: skip
         elif self.device.type == "cpu" and self.config.dtype == "bfloat16":
             self._use_amx_bf16(model)

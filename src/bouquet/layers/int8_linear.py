@@ -16,9 +16,13 @@ residual stream carries (14x the median channel's largest value in MiniLM) over 
 set every token's scale, and it does the same for the weights' outliers. No data is needed (QuaRot's idea, for
 8-bit here); the transform costs a few vector operations a value inside the quantizing pass.
 
-The weight limit is measured, not assumed (`weight_limit`): CPUs without VNNI multiply int8 pairs with
-`vpmaddubsw`, which saturates the sum of two u8 x s8 products at 32,767, so full-range weights can overflow; 7-bit
-weights (|w| <= 63) cannot, as 2 x 255 x 63 < 32,767 (ONNX Runtime's `reduce_range` makes the same trade).
+The weights' range is measured, not assumed (`weight_range`): CPUs without VNNI multiply int8 with `vpmaddubsw`,
+which adds the u8 x s8 products of two adjacent inputs (k = 2j, 2j + 1) in 16 bits, saturating at 32,767, so
+full-range weights can overflow (oneDNN shifts s8 activations to u8, up to 255). ONNX Runtime's `reduce_range`
+gives every weight 7 bits (|w| <= 63: 2 x 255 x 63 < 32,767); the bound only needs each adjacent pair's magnitudes
+to sum to 128 or less (255 x 128 = 32,640), so there each channel's scale is set by its largest pair sum rather
+than its largest weight: a channel's weights keep up to 8 bits, and on MiniLM (rotated) their squared rounding error
+is 0.49x 7-bit weights' (8-bit: 0.25x), which took its recall@10 from 0.977 to 0.981 there (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -41,8 +45,28 @@ from bouquet.layers.amx_product import fits as amx_fits
 
 logger = logging.getLogger(__name__)
 
-FULL_WEIGHT_LIMIT = 127
-REDUCED_WEIGHT_LIMIT = 63
+
+@dataclass(frozen=True)
+class WeightRange:
+    """The int8 codes a product computes exactly on this CPU: |w| <= `limit`, and, where the product adds two
+    inputs' products in 16 bits, |w[2j]| + |w[2j + 1]| <= `pair_sum`."""
+
+    limit: int
+    pair_sum: int | None = None
+
+    @property
+    def full(self) -> bool:
+        return self == FULL_RANGE
+
+    def describe(self) -> str:
+        if self.pair_sum is None:
+            return f"|w| <= {self.limit}"
+        return f"|w| <= {self.limit}, adjacent pairs' |w| summed <= {self.pair_sum}"
+
+
+FULL_RANGE = WeightRange(127)
+PAIRED_RANGE = WeightRange(127, 128)  # 255 x 128 < 32,767: vpmaddubsw's pair sum cannot saturate
+REDUCED_RANGE = WeightRange(63)  # 2 x 255 x 63 < 32,767 however the product pairs its inputs
 # The kernel's activation codes, by the names LinearActivation fuses.
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
 # The int8 products: `torch._int_mm` (oneDNN's s8 x s8 -> s32 GEMM on the plain weight), oneDNN's matmul
@@ -117,20 +141,45 @@ class Int8Weight:
         return self.scales.data_ptr(), self.sums.data_ptr(), self.bias.data_ptr(), signs, block
 
 
-def quantize_weight(weight: torch.Tensor, bias: torch.Tensor | None, limit: int, rotate: bool = True) -> Int8Weight:
-    """Per-output-channel symmetric quantization of a [out, in] weight, its input space rotated first unless
-    `rotate` is False; an all-zero channel keeps scale 0."""
+def quantize_weight(
+    weight: torch.Tensor, bias: torch.Tensor | None, weight_range: WeightRange = FULL_RANGE, rotate: bool = True
+) -> Int8Weight:
+    """Per-output-channel symmetric quantization of a [out, in] weight into `weight_range`, its input space rotated
+    first unless `rotate` is False; an all-zero channel keeps scale 0."""
     weight = weight.detach().float()
     rotation = input_rotation(weight.shape[1]) if rotate else None
     if rotation is not None:
         weight = rotation.apply(weight)
-    absmax = weight.abs().amax(dim=1)
-    scales = absmax / limit
-    inverse = torch.where(absmax > 0, limit / absmax, torch.zeros_like(absmax))
-    rows = (weight * inverse[:, None]).round_().clamp_(-limit, limit).to(torch.int8)
+    scales = weight.abs().amax(dim=1) / weight_range.limit
+    if weight_range.pair_sum is not None:
+        scales = torch.maximum(scales, _pair_sums(weight).amax(dim=1) / weight_range.pair_sum)
+    inverse = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+    rows = (weight * inverse[:, None]).round_().clamp_(-weight_range.limit, weight_range.limit)
+    if weight_range.pair_sum is not None:
+        _fit_pairs(rows, weight_range.pair_sum)
+    rows = rows.to(torch.int8)
     bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
     sums = rows.sum(dim=1, dtype=torch.int32)
     return Int8Weight(rows.t(), scales.contiguous(), sums, bias, weight.shape[1], rotation=rotation)
+
+
+def _pair_sums(rows: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N, K // 2]: |w[2j]| + |w[2j + 1]| (an odd K's last input has no partner to overflow with)."""
+    even = rows.shape[1] // 2 * 2
+    return rows[:, :even].abs().view(rows.shape[0], -1, 2).sum(dim=2)
+
+
+def _fit_pairs(rows: torch.Tensor, pair_sum: int) -> None:
+    """Rounding can carry a pair whose scaled sum was at the bound one over it: its larger magnitude gives it back."""
+    over = _pair_sums(rows) > pair_sum
+    if not over.any():
+        return
+    even = rows.shape[1] // 2 * 2
+    pairs = rows[:, :even].view(rows.shape[0], -1, 2)  # a view: edits land in `rows`
+    larger = pairs.abs().argmax(dim=2, keepdim=True)
+    excess = (_pair_sums(rows) - pair_sum).clamp(min=0)
+    chosen = pairs.gather(2, larger)
+    pairs.scatter_(2, larger, chosen - chosen.sign() * excess[..., None])
 
 
 def onednn_product_available() -> bool:
@@ -363,27 +412,44 @@ def fuses_add_norm(norm: nn.Module) -> bool:
 
 
 @functools.cache
-def weight_limit(product: str = INT_MM_PRODUCT) -> int:
-    """127 where this int8 product is exact at full range on this CPU, else 63 (see the module docstring).
-    Measured once per process and product, on worst-case operands (every pair of products at its largest
-    magnitude)."""
-    limit = on_passing_thread(lambda: _measure_weight_limit(product))
-    if limit != FULL_WEIGHT_LIMIT:
-        logger.warning(
-            "int8: this CPU's int8 products saturate at full-range weights (no VNNI): weights use 7 bits (|w| <= %d)",
-            limit,
-        )
-    return limit
+def weight_range(product: str = INT_MM_PRODUCT) -> WeightRange:
+    """The widest WeightRange this int8 product computes exactly on this CPU (see the module docstring), measured
+    once per process and product on worst-case operands."""
+    found = on_passing_thread(lambda: _measure_weight_range(product))
+    if not found.full:
+        _say_narrowed(found)
+    return found
 
 
-def _measure_weight_limit(product: str) -> int:
+@functools.cache  # once per process, however many products share the range
+def _say_narrowed(found: WeightRange) -> None:
+    logger.warning(
+        "int8: this CPU's int8 products saturate at full-range weights (no VNNI): weights kept to %s", found.describe()
+    )
+
+
+def narrowest(ranges: list[WeightRange]) -> WeightRange:
+    """The range every one of these products computes exactly in (they are nested: full, paired, reduced)."""
+    return min(ranges, key=lambda r: (r.limit, 2 * r.limit if r.pair_sum is None else r.pair_sum))
+
+
+def _measure_weight_range(product: str) -> WeightRange:
     torch.set_num_threads(1)
+    for candidate, pattern in ((FULL_RANGE, [127]), (PAIRED_RANGE, [127, 1, 1, 127])):
+        # [127, 1, 1, 127]: every pair (2j, 2j + 1) at the bound, while pairs taken one input off would reach 254
+        if _exact_at(product, torch.tensor(pattern, dtype=torch.int8)):
+            return candidate
+    return REDUCED_RANGE
+
+
+def _exact_at(product: str, pattern: torch.Tensor) -> bool:
+    """Whether the product is exact on rows of activations at their extremes against weights repeating `pattern`,
+    every other channel negated (each pair of products at its largest magnitude, both signs)."""
     depth, width = 64, 32
     x = torch.full((4, depth), 127, dtype=torch.int8)
     x[1::2] = -128
-    w = torch.full((width, depth), FULL_WEIGHT_LIMIT, dtype=torch.int8)
-    w[1::2] = -FULL_WEIGHT_LIMIT
+    w = pattern.repeat(width, depth // pattern.numel())
+    w[1::2] = -w[1::2]
     weight = Int8Weight(w.t(), torch.ones(width), w.sum(dim=1, dtype=torch.int32), torch.zeros(width), depth)
     weight = with_products(weight, product, product)
-    exact = torch.equal(int8_product(x, weight).to(torch.int64), x.long() @ w.long().t())
-    return FULL_WEIGHT_LIMIT if exact else REDUCED_WEIGHT_LIMIT
+    return torch.equal(int8_product(x, weight).to(torch.int64), x.long() @ w.long().t())

@@ -27,7 +27,6 @@ import torch
 from bouquet.kernels.openmp import on_passing_thread
 from bouquet.layers.amx_product import AMX_PRODUCT, amx_available
 from bouquet.layers.int8_linear import (
-    FULL_WEIGHT_LIMIT,
     INT_MM_PRODUCT,
     ONEDNN_PRODUCT,
     int8_linear,
@@ -155,7 +154,7 @@ def without_slow_paths(products: list[str], shape: Shape) -> list[str]:
 
 def _linear_call(product: str, shape: Shape, tokens: int) -> Callable[[], object]:
     in_features, out_features = shape
-    weight = quantize_weight(torch.randn(out_features, in_features), torch.randn(out_features), FULL_WEIGHT_LIMIT)
+    weight = quantize_weight(torch.randn(out_features, in_features), torch.randn(out_features))
     weight = with_products(weight, product, product)
     x = torch.randn(tokens, in_features)
 

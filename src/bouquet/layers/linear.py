@@ -24,13 +24,14 @@ from bouquet.layers.activation import get_activation
 from bouquet.layers.bf16_amx import amx_bf16_linear, amx_bf16_linear_add_norm
 from bouquet.layers.int8_linear import (
     ACTIVATIONS,
-    FULL_WEIGHT_LIMIT,
     Int8Weight,
+    WeightRange,
     fuses_add_norm,
     int8_linear,
     int8_linear_add_norm,
+    narrowest,
     quantize_weight,
-    weight_limit,
+    weight_range,
     with_products,
 )
 from bouquet.layers.int8_products import Int8Plan, choose_int8_plan
@@ -66,8 +67,8 @@ class Linear(nn.Linear):
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
 
-    def quantize_int8(self, limit: int, plan: Int8Plan) -> None:
-        weight = quantize_weight(self.weight, self.bias, limit)
+    def quantize_int8(self, codes: WeightRange, plan: Int8Plan) -> None:
+        weight = quantize_weight(self.weight, self.bias, codes)
         self.int8 = with_products(weight, plan.small, plan.large, plan.from_rows)
         self.packed_weight = None
         self.weight = nn.Parameter(self.weight.new_empty(0, dtype=torch.float32), requires_grad=False)
@@ -164,8 +165,9 @@ class LinearActivation(Linear):
 
 class QKVLinear(Linear):
     """A layer's fused query, key and value projection. The linear int8 hurts most (it reads the normalised residual
-    stream, whose outlier channels set each token's scale): with 7-bit weights (CPUs without VNNI) it stays in
-    float32, which keeps MiniLM's queries within the quality gate there (docs/benchmarks.md, "int8 on the CPU")."""
+    stream, whose outlier channels set each token's scale): where the weights are narrowed (CPUs without VNNI:
+    int8_linear.WeightRange) it stays in float32, which keeps MiniLM's recall@10 within the quality gate there
+    (0.981, against 0.978 with it in int8 too: docs/benchmarks.md, "int8 on the CPU")."""
 
 
 def onednn_runs(weight: torch.Tensor) -> bool:
@@ -197,17 +199,17 @@ def drop_plain_weights(model: nn.Module) -> int:
 
 def quantize_cpu_linears(model: nn.Module, heads: nn.Module, threads: int = 1) -> tuple[int, int, Int8Plan]:
     """Quantizes every Linear of `model` to int8 but those `heads` also holds (a SPLADE masked-LM head runs on
-    every token but scores the vocabulary: heads stay float32) and, with 7-bit weights, the QKV projections, for
-    the int8 products measured fastest at their shapes on `threads` (an engine worker's share).
+    every token but scores the vocabulary: heads stay float32) and, where the weights are narrowed, the QKV
+    projections, for the int8 products measured fastest at their shapes on `threads` (an engine worker's share).
     Returns (quantized, kept in float32, the products' plan)."""
     in_heads = {id(module) for module in heads.modules()}
     linears = [m for m in model.modules() if isinstance(m, Linear) and id(m) not in in_heads]
     plan = choose_int8_plan(sorted({(m.in_features, m.out_features) for m in linears}), threads)
-    limit = min(weight_limit(product) for product in plan.products)
-    kept = [m for m in linears if limit < FULL_WEIGHT_LIMIT and isinstance(m, QKVLinear)]
+    codes = narrowest([weight_range(product) for product in plan.products])
+    kept = [m for m in linears if not codes.full and isinstance(m, QKVLinear)]
     for linear in linears:
         if linear not in kept:
-            linear.quantize_int8(limit, plan)
+            linear.quantize_int8(codes, plan)
     return len(linears) - len(kept), len(kept), plan
 
 
