@@ -21,6 +21,7 @@ import io
 import json
 import random
 import re
+import shutil
 import string
 import textwrap
 from collections.abc import Iterator
@@ -164,6 +165,29 @@ def test_token_ids_are_siglip_tokenizers_under_other_sentencepiece_settings(tmp_
     wrong = [(text, want, have) for text, want, have in zip(texts, expected, ours.encode(texts), strict=True)
              if want != have]  # fmt: skip
     assert not wrong, f"{len(wrong)} of {len(texts)} texts differ, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("change", ["tokenizer.json beside", "no class named"])
+def test_the_file_is_the_one_transformers_reads(tmp_path: Path, models, minilm_path: Path, change: str) -> None:
+    """SiglipTokenizer reads spiece.model even beside a tokenizer.json; with no class named, a siglip directory's
+    tokenizer is SiglipTokenizer all the same."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "model"
+    shutil.copytree(models[0]["saved"], path)
+    if change == "tokenizer.json beside":
+        shutil.copy(minilm_path / "tokenizer.json", path / "tokenizer.json")
+    else:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        del config["tokenizer_class"]
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = AutoTokenizer.from_pretrained(path)
+    assert type(reference).__name__ == "SiglipTokenizer"
+    spec = read_model_dir(path)
+    assert spec.tokenizer_file == path / "spiece.model"
+    texts = varied_texts()[:500]
+    ours = TextTokenizer(tokenizer_json(spec.tokenizer_file, spec.do_lower_case), 64)
+    assert ours.encode(texts) == reference(texts, truncation=True, max_length=64)["input_ids"]
 
 
 def test_the_canonicalisation_changes_the_ids(models) -> None:

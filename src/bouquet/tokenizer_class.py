@@ -45,21 +45,26 @@ SENTENCEPIECE_CLASSES = ("SiglipTokenizer",)
 SPIECE_FILE = "spiece.model"
 # Model types whose tokenizer class transformers picks itself, ignoring the one tokenizer_config.json names.
 MODEL_TYPE_CLASSES = {"siglip2": "Siglip2Tokenizer"}
+# Model types whose class transformers takes from its own table where the files name none (only those that matter).
+MODEL_TYPE_DEFAULTS = {"siglip": "SiglipTokenizer"}
 
 
 def tokenizer_class(folder: Path) -> str | None:
-    """The tokenizer class transformers' AutoTokenizer loads for `folder` (None where its files name none)."""
+    """The tokenizer class transformers' AutoTokenizer loads for `folder` (None where its files name none and its
+    model type has no default here)."""
     tokenizer_config = read_optional_json(folder / "tokenizer_config.json") or {}
     model_config = read_optional_json(folder / "config.json") or {}
     if "auto_map" not in tokenizer_config and model_config.get("model_type") in MODEL_TYPE_CLASSES:
         return MODEL_TYPE_CLASSES[model_config["model_type"]]
     named = tokenizer_config.get("tokenizer_class") or model_config.get("tokenizer_class")
-    return named.removesuffix("Fast") if isinstance(named, str) else None
+    if isinstance(named, str):
+        return named.removesuffix("Fast")
+    return MODEL_TYPE_DEFAULTS.get(model_config.get("model_type") or "")
 
 
 def tokenizer_file(folder: Path) -> Path:
-    """The file transformers' tokenizer for `folder` is read from: SiglipTokenizer's sentencepiece model where the
-    class is named and the file is there, else tokenizer.json (FileNotFoundError naming it when missing)."""
+    """The file transformers' tokenizer for `folder` is read from: SiglipTokenizer's sentencepiece model where that
+    is the class and the file is there, else tokenizer.json (FileNotFoundError naming it when missing)."""
     spiece = folder / SPIECE_FILE
     if tokenizer_class(folder) in SENTENCEPIECE_CLASSES and spiece.is_file():
         return spiece
