@@ -19,10 +19,13 @@ models/siglip/tokenization_siglip.py), each step mirrored by one normaliser belo
 - appends EOS.
 Checked token for token against SiglipTokenizer in tests/test_siglip_tokenizer.py. Known differences, none in
 ordinary text: a text holding a special token's string itself ("</s>", "<unk>"): both split the token out, but
-SiglipTokenizer gives the text after it no leading "▁", and no EOS after a final "</s>"; a combining mark after a
-character the character map rewrites ("ﬁ" + U+0301: `tokenizers`' Precompiled maps the two as one and drops the
-mark, as in every `tokenizers` conversion of a sentencepiece model); and a control piece's name spelled in forms the
-map turns into it ("＜s＞"), which sentencepiece never matches and the unigram model here does.
+SiglipTokenizer gives the text after it no leading "▁", and no EOS after a final "</s>"; `tokenizers`' Precompiled,
+as in every `tokenizers` conversion of a sentencepiece model, maps a short grapheme by the shortest entry that starts
+it and drops the rest, and a long one character by character, where sentencepiece takes the longest entry at each
+position: a combining mark after a character the map rewrites ("ﬁ" + U+0301, an Arabic presentation form with its
+vowel mark), a letter with two marks in decomposed form (Vietnamese in NFD), halfwidth kana with its voicing mark
+("ｶﾞ") come out otherwise; and a control piece's name spelled in forms the map turns into it ("＜s＞"), which
+sentencepiece never matches and the unigram model here does.
 """
 
 from __future__ import annotations
