@@ -121,25 +121,46 @@ async def openai_errors(answer: Awaitable[Response]) -> Response:
 async def unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
     """Runs `work`, cancelling it if the client goes away first (its gRPC calls are cancelled with it, so the
     replicas drop the chunks still queued instead of computing rows nobody will read). The service cancels it
-    when the gateway's drain ends first: then the client is told to retry (503)."""
+    when the gateway's drain ends first: then the client is told to retry (503).
+
+    `work` runs in the request's own task, a watcher task beside it cancelling it: a task of its own would cost a
+    turn of the event loop to start and another to hand its result back, on every request."""
     service: Service = request.app.state.service
-    task = asyncio.ensure_future(work)
-    service.work.add(task)
-    task.add_done_callback(service.work.discard)
+    task = asyncio.current_task()
+    assert task is not None, "a request is handled in a task"
     watcher = asyncio.ensure_future(_disconnected(request))
+    stop = _StopOnDisconnect(task)
+    watcher.add_done_callback(stop)
+    service.work.add(task)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
+        if watcher.done() and not watcher.cancelled():
+            task.uncancel()
+            raise ClientClosed(
+                "the client closed the connection before the embeddings were ready", "client_closed"
+            ) from None
+        if service.drain_ended:
+            task.uncancel()
+            raise shutting_down() from None
         raise
     finally:
+        stop.armed = False  # its callback may already be on the loop's queue, past removing
+        service.work.discard(task)
         watcher.cancel()
-    if task.cancelled() and service.drain_ended:
-        raise shutting_down()
-    if not task.done():
-        task.cancel()
-        raise ClientClosed("the client closed the connection before the embeddings were ready", "client_closed")
-    return task.result()
+
+
+class _StopOnDisconnect:
+    """The watcher's done-callback: the client went away, so the request's work stops; once the work has ended (or
+    the watcher was cancelled for it) it does nothing, whatever the task is doing by then."""
+
+    def __init__(self, task: asyncio.Task[Any]):
+        self.task = task
+        self.armed = True
+
+    def __call__(self, watcher: asyncio.Future[None]) -> None:
+        if self.armed and not watcher.cancelled():
+            self.task.cancel()
 
 
 async def _disconnected(request: Request) -> None:
