@@ -3,7 +3,8 @@ server over HTTP, on the same images in one run; then where bouquet's time goes 
 
 The model is bench/image_models.py's: a random-weight CLIP at ViT-B/32's size (50 tokens an image) with
 transformers' default CLIPImageProcessor, built once into --model-dir; the images are JPEG files of 300 x 200 to
-1024 x 768 pixels (gradients with noise) generated here. Nothing comes from the internet.
+1024 x 768 pixels (gradients with noise) generated here. Nothing comes from the internet. --tiny builds and measures a
+2-layer CLIP of width 32 instead (in its own directory): a smoke run of the whole bench, whose figures mean nothing.
 
 Throughput: --images images in requests of --per-request (base64 files in Infinity's `/embeddings_image` body,
 answers in base64 floats), from --concurrency keep-alive clients; images/s end to end, the load generator included.
@@ -29,6 +30,7 @@ over (OpenMP's helpers sleep, and each of a forward's hundreds of parallel regio
 load average before and after the rounds is printed beside the figures.
 
     .venv/bin/python bench/images.py [--images 96] [--per-request 8] [--concurrency 4] [--latency 40] [--rounds 3]
+                                     [--tiny] [--model-dir DIR] [--infinity PYTHON | --no-infinity]
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from PIL import Image
 from bouquet.gateway.testing import Process, free_port, start_serve
 
 NAME = "clip-vit-b32-random"
+CACHE = Path.home() / ".cache" / "bouquet-bench"
 
 
 @dataclass
@@ -183,7 +186,9 @@ def agreement(servers: list[Server], model, files: list[bytes], step: int) -> li
 def report_serving(
     servers: list[Server], reference: dict[str, list[float]], agreed: list[tuple[str, float]], args: argparse.Namespace
 ) -> None:
-    print(f"CLIP ViT-B/32 (random weights, 50 tokens an image), float32, {torch.get_num_threads()} threads, "
+    tower, tokens = image_models.describe(args.model_dir)
+    print(f"CLIP (random weights; image tower {tower}: {tokens} tokens an image), float32, "
+          f"{torch.get_num_threads()} threads, "
           f"{args.rounds} rounds (medians); load average {args.load[0]:.1f} before, {args.load[1]:.1f} after "
           "(above the cores' count, other processes shared them)")  # fmt: skip
     for name, cosine in agreed:
@@ -239,11 +244,11 @@ def breakdown(args: argparse.Namespace, files: list[bytes]) -> None:
         }
     parts = {"decode (base64 + JPEG)": statistics.median(decode), "preprocess": statistics.median(preprocess),
              f"encode (batch {args.per_request})": encode[args.per_request]}  # fmt: skip
-    total = sum(parts.values())
+    total, tokens = sum(parts.values()), image_models.describe(args.model_dir)[1]
     print(f"where bouquet's time goes, per image (median of {len(files)} images; decode and preprocess on one thread; "
-          f"encode one step at a time: {args.per_request} images ({50 * args.per_request} tokens) a step, on one "
+          f"encode one step at a time: {args.per_request} images ({tokens * args.per_request} tokens) a step, on one "
           "engine worker's thread when over --cpu-lone-step-tokens (256), where serve runs "
-          "two workers' steps at once; a lone image's 50 tokens on every thread):")  # fmt: skip
+          f"two workers' steps at once; a lone image's {tokens} tokens on every thread):")  # fmt: skip
     for name, seconds in parts.items():
         print(f"  {name:28} {seconds * 1e3:7.2f} ms   {seconds / total:5.1%}")
     print(f"  {'encode (batch 1)':28} {encode[1] * 1e3:7.2f} ms")
@@ -260,7 +265,7 @@ def encode_only(folder: Path, model_dir: Path, per_request: int) -> None:
     from bouquet.engine.engine import Engine
 
     engine = Engine(EngineConfig(model_path=model_dir, device="cpu", dtype="float32"))
-    stacked, tokens, encode = np.load(folder / "pixels.npy"), 1 + (224 // 32) ** 2, {}
+    stacked, tokens, encode = np.load(folder / "pixels.npy"), image_models.describe(model_dir)[1], {}
     for size in (per_request, 1):
         batches = [stacked[i : i + size] for i in range(0, min(len(stacked), 8 * size), size)]
         engine.embed(Batch.pack_images(batches[0], tokens))  # warm-up
@@ -277,11 +282,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--latency", type=int, default=40, help="one-image requests a round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "bouquet-bench" / NAME)
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer CLIP of width 32: a smoke run")
+    parser.add_argument("--model-dir", type=Path, help=f"where the CLIP is built (default: {CACHE}/{NAME}, or -tiny)")
     parser.add_argument("--infinity", type=Path, default=peers.PEERS_PYTHON, metavar="PYTHON")
     parser.add_argument("--no-infinity", action="store_true")
     parser.add_argument("--encode-only", type=Path, help=argparse.SUPPRESS)  # breakdown()'s child process
     args = parser.parse_args()
+    args.model_dir = args.model_dir or CACHE / (f"{NAME}-tiny" if args.tiny else NAME)
     if args.encode_only:
         return encode_only(args.encode_only, args.model_dir, args.per_request)
     args.infinity_skipped = "--no-infinity" if args.no_infinity else ""
@@ -296,7 +303,7 @@ def main() -> None:
 
     from sentence_transformers import SentenceTransformer
 
-    image_models.build_clip(args.model_dir)
+    image_models.build_clip(args.model_dir, tiny=args.tiny)
     files = image_models.jpeg_files(args.images)
     model = SentenceTransformer(str(args.model_dir), device="cpu")
     processes: list[Process] = []
