@@ -66,15 +66,15 @@ def siglip2_tokenizer():  # transformers' Siglip2Tokenizer
     return Siglip2Tokenizer(vocab=model["vocab"], merges=merges)
 
 
-def save_siglip2_processor(path: Path) -> None:
+def save_siglip2_processor(path: Path, positions: int = 64) -> None:
     """A SigLIP 2 patched as the released ones are (patch 16, a 16 x 16 position table, 256 patches an image: what
     Siglip2Processor's call uses whatever its image processor saved), tiny otherwise, saved by `save_pretrained`
-    with its Siglip2Processor (Pillow image processor, real Siglip2Tokenizer)."""
+    with its Siglip2Processor (Pillow image processor, real Siglip2Tokenizer); `positions` text positions."""
     from transformers import Siglip2Config, Siglip2ImageProcessorPil, Siglip2Model, Siglip2Processor
 
     tokenizer = siglip2_tokenizer()
     tower = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-    text = dict(tower, vocab_size=len(tokenizer), max_position_embeddings=64, bos_token_id=2, eos_token_id=1)
+    text = dict(tower, vocab_size=len(tokenizer), max_position_embeddings=positions, bos_token_id=2, eos_token_id=1)
     config = Siglip2Config(
         text_config=dict(text, pad_token_id=0), vision_config=dict(tower, patch_size=16, num_patches=256)
     )
@@ -138,7 +138,7 @@ PAD_ID = 0  # the MiniLM tokenizer's [PAD]
 def text_features(model: torch.nn.Module, texts: list[list[int]], masked: bool = True) -> np.ndarray:
     """The texts as Siglip2Processor pads them (padding="max_length", 64, with the tokenizer's pad token; an
     attention_mask when the tokenizer gives one), through transformers' forward."""
-    length = model.config.text_config.max_position_embeddings
+    length = 64  # Siglip2Processor's max_length, whatever the position table's length
     ids = torch.tensor([[*text, *[PAD_ID] * (length - len(text))] for text in texts])
     lengths = torch.tensor([[len(text)] for text in texts])
     mask = {"attention_mask": (torch.arange(length) < lengths).long()} if masked else {}

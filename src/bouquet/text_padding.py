@@ -4,12 +4,19 @@ transformers' docs ask for `padding="max_length"`, and Siglip2Processor pads so 
 tokenizer's files: the pad token, whether the tokenizer gives an `attention_mask` (its `model_input_names`;
 transformers' tokenizers give one unless the saved config says otherwise, and SigLIP's own say input_ids alone),
 with which the pad tokens are masked as keys, its `model_max_length`, what `padding="max_length"` pads to, and the
-side it pads on (tokenizer_class.py: SigLIP 2's tokenizer class pads on the left). No torch."""
+side it pads on (tokenizer_class.py: SigLIP 2's tokenizer class pads on the left). No torch.
+
+A model whose processor class pads and cuts every text at a length of its own (`processor_text_length`: SigLIP 2's
+64, models/siglip2.py) runs texts of that length whatever the tokenizer's `model_max_length` says; but a
+`max_length` or `padding` saved in tokenizer_config.json is what transformers' processor call takes over its class
+defaults when the call names none (a plain call, sentence-transformers'), while the model's documented call names
+both: such a directory has two readings in transformers, and is refused."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bouquet.model_dir import UNSET_MODEL_MAX_LENGTH
 from bouquet.st_layout import read_optional_json
@@ -25,10 +32,26 @@ class TextPadding:
     left: bool = False  # pads go before the text (the last position is then the text's last token)
 
 
-def read_text_padding(folder: Path) -> TextPadding | None:
-    """The padding of the tokenizer saved in `folder`; None when it names no pad token in its vocabulary."""
-    named = {**(read_optional_json(folder / "special_tokens_map.json") or {}),
-             **(read_optional_json(folder / "tokenizer_config.json") or {})}  # fmt: skip
+def processor_text_length(model: Any) -> int | None:
+    """The length the model's processor pads and cuts every text at, whatever the tokenizer says; None if none."""
+    length = getattr(model, "processor_text_length", None)
+    return length if isinstance(length, int) else None
+
+
+def text_limit(st_limit: int, model: Any) -> int:
+    """The longest text `model` runs: sentence-transformers' limit (`st_limit`: its max_seq_length, else the
+    tokenizer's model_max_length) within the model's positions, or its processor's own length (module docstring)."""
+    fixed = processor_text_length(model)
+    return fixed if fixed is not None else min(st_limit, int(model.max_seq_length))
+
+
+def read_text_padding(folder: Path, processor_length: int | None = None) -> TextPadding | None:
+    """The padding of the tokenizer saved in `folder`; None when it names no pad token in its vocabulary.
+    `processor_length`: the model's processor's own text length, which the saved settings must not contradict."""
+    tokenizer_config = read_optional_json(folder / "tokenizer_config.json") or {}
+    if processor_length is not None:
+        _check_call_settings(folder / "tokenizer_config.json", tokenizer_config, processor_length)
+    named = {**(read_optional_json(folder / "special_tokens_map.json") or {}), **tokenizer_config}
     token = named.get("pad_token")
     token = token.get("content") if isinstance(token, dict) else token
     tokenizer = load_tokenizer(tokenizer_json(tokenizer_file(folder)))
@@ -44,3 +67,18 @@ def read_text_padding(folder: Path) -> TextPadding | None:
         max_length=max_length if known else None,
         left=padding_side(folder, tokenizer.padding) == "left",
     )
+
+
+def _check_call_settings(path: Path, tokenizer_config: dict[str, Any], length: int) -> None:
+    """Refuses a saved `max_length` or `padding` that a processor call naming none would take over `length` and
+    "max_length" (module docstring)."""
+    expected = {"max_length": length, "padding": "max_length"}
+    saved = tokenizer_config
+    differ = {key: saved[key] for key, value in expected.items() if saved.get(key, value) != value}
+    if differ:
+        raise ValueError(
+            f"{path}: {differ} makes transformers' processor pad and cut texts otherwise when called without "
+            f"settings (and in sentence-transformers) than in this model's documented call (padding='max_length', "
+            f"max_length={length}), so bouquet cannot give both rows; remove those keys (or save max_length {length}, "
+            "padding 'max_length')"
+        )

@@ -45,7 +45,7 @@ from bouquet.layers.sparse import SpladeHead, TokenWeightHead
 from bouquet.model_dir import ModelSpec, MultiVectorSpec, PoolingSpec, SpladeSpec, TokenWeightSpec, read_model_dir
 from bouquet.models import create_model
 from bouquet.st_model_pools import warn_if_st_pads_short
-from bouquet.text_padding import read_text_padding
+from bouquet.text_padding import processor_text_length, read_text_padding, text_limit
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def load_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> nn.
         state = {name: tensor for name, tensor in state.items() if not name.startswith(_IN_MODEL_PROJECTION)}
     load_checked(model, model.convert_checkpoint(state))
     if getattr(model, "pads_texts", False):  # its texts padded as its processor pads them (SigLIP, SigLIP 2)
-        model.text_padding = read_text_padding(spec.tokenizer_file.parent)
+        model.text_padding = read_text_padding(spec.tokenizer_file.parent, processor_text_length(model))
         warn_if_st_pads_short(spec.path, spec.architecture, spec.st_text_padding)
     # Only the matrix products run in the compute dtype: embeddings, norms and the residual stream stay
     # float32, which is what keeps bfloat16 within the parity bound at almost no cost.
@@ -230,8 +230,8 @@ class Engine:
 
     @property
     def max_seq_length(self) -> int:
-        """sentence-transformers' limit, lowered to what the model's positions hold."""
-        return min(self.spec.max_seq_length, self.model.max_seq_length)
+        """sentence-transformers' limit within the model's positions, or its processor's own (text_padding.py)."""
+        return text_limit(self.spec.max_seq_length, self.model)
 
     @property
     def image_shape(self) -> tuple[int, ...]:
@@ -420,9 +420,9 @@ class Engine:
     def _create_backend(self, model: nn.Module) -> AttentionBackend:
         shape = attention_shape(model, getattr(torch, self.config.float_dtype))
         if self.config.attention_backend == "auto":
-            max_seq_length = min(self.spec.max_seq_length, model.max_seq_length)
             table = self.config.attention_table
-            backend = create_auto_backend(self.device, shape, table, max_seq_length, self.threads_per_worker)
+            limit = text_limit(self.spec.max_seq_length, model)
+            backend = create_auto_backend(self.device, shape, table, limit, self.threads_per_worker)
         else:
             backend = create_attention_backend(self.config.attention_backend)
         backend.bind(shape)

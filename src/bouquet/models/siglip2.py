@@ -7,9 +7,13 @@ Packed, padding-free: an image is a sequence of its own, one token per patch, of
 image's tokens alone. A step may mix texts and images: each tower runs on its own sequences (an attention plan of its
 own), and every sequence's row is put at its first token, where the engine's CLS pooling reads it.
 
-Texts as transformers' Siglip2Processor makes them: padded to its `max_length` (64, the text positions) with the
-tokenizer's pad token, the row taken at the last position, a pad for any shorter text (models/siglip_text.py). The
-loader reads the padding from the tokenizer's files (`text_padding`); without a pad token, texts run as sent.
+Texts as transformers' Siglip2Processor makes them: padded to its `max_length` with the tokenizer's pad token, the
+row taken at the last position, a pad for any shorter text (models/siglip_text.py). The loader reads the padding from
+the tokenizer's files (`text_padding`); without a pad token, texts run as sent. That length is the processor class's
+own, 64 (`processor_text_length`): its call pads and truncates there whatever the tokenizer's `model_max_length` or
+the position table's length say, in SigLIP 2's documented call (`padding="max_length", max_length=64`), in a call
+naming nothing and in sentence-transformers' (which sets `model_max_length` from its `max_seq_length`), so the engine
+cuts texts there too. A table shorter than 64 positions is refused: transformers' forward cannot run its texts.
 
 Parameter names follow the Hugging Face checkpoint, converted as SigLIP's are.
 """
@@ -35,6 +39,8 @@ from bouquet.text_padding import TextPadding
 # default; 1,024 in the largest published settings) is far below it; the bound keeps a request's one image within
 # what a step's attention can hold.
 MAX_IMAGE_PATCHES = 16384
+# transformers' Siglip2Processor.text_kwargs: padding "max_length", truncation, max_length 64 (module docstring).
+PROCESSOR_TEXT_LENGTH = 64
 
 
 def siglip2_config(config: dict[str, Any]) -> SiglipConfig:
@@ -46,7 +52,13 @@ def siglip2_config(config: dict[str, Any]) -> SiglipConfig:
     if side * side != num_patches:
         raise ValueError(f"vision_config.num_patches {num_patches} is not a square: no square position table")
     vision["image_size"] = side * int(vision.get("patch_size", 16))
-    return SiglipConfig.from_hf({**config, "vision_config": vision})
+    siglip = SiglipConfig.from_hf({**config, "vision_config": vision})
+    if siglip.max_positions < PROCESSOR_TEXT_LENGTH:
+        raise ValueError(
+            f"text_config.max_position_embeddings {siglip.max_positions} is fewer than the {PROCESSOR_TEXT_LENGTH} "
+            "tokens transformers' Siglip2Processor pads every text to: transformers' own forward cannot run them"
+        )
+    return siglip
 
 
 class Siglip2Model(nn.Module):
@@ -55,6 +67,7 @@ class Siglip2Model(nn.Module):
     takes_images = True
     variable_images = True  # images of any size, as patches (Batch.image_grid_thw)
     pads_texts = True  # the loader sets `text_padding` from the tokenizer (module docstring)
+    processor_text_length = PROCESSOR_TEXT_LENGTH  # every text padded and cut there, whatever the tokenizer says
 
     def __init__(self, config: SiglipConfig):
         super().__init__()
@@ -129,8 +142,8 @@ class Siglip2Model(nn.Module):
 
     def _texts(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
         """[T, D] float32: each text's row at its first token, the texts padded as the processor pads them (to its
-        `max_length`, 64: the position table's length)."""
-        return self.text_model.texts(input_ids, positions, seq_lens, self.text_padding, self.config.max_positions)
+        `max_length`, 64, within the position table)."""
+        return self.text_model.texts(input_ids, positions, seq_lens, self.text_padding, self.processor_text_length)
 
     def _check_images(
         self, pixel_values: torch.Tensor, grids: list[tuple[int, int]], seq_lens: list[int], is_image: list[bool]
