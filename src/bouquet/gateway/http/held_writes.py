@@ -21,13 +21,14 @@ class HeldWrites:
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
         self._loop = loop
-        self._held: bytes | bytearray | memoryview | None = None
+        self._held: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         if self._held is None:
-            self._held = data
+            # A copy of anything mutable: the caller may reuse its buffer once write() returns, as a transport allows.
+            self._held = data if isinstance(data, bytes) else bytes(data)
             self._loop.call_soon(self._send_held)
             return
         held, self._held = self._held, None
