@@ -52,47 +52,57 @@ async def read_body(service: Service, request: Request, limit: int | None = None
 
 
 async def _read_body(service: Service, request: Request, limit: int) -> bytearray:
-    """The whole body. Besides the pause between its bytes (`_next_piece`), the whole body has a deadline that
-    grows with what has arrived: `body_timeout` plus a second per `body_min_rate` bytes (Apache's
-    mod_reqtimeout MinRate), so a client trickling a byte a second cannot hold a request open for hours."""
+    """The whole body, within two deadlines kept as one timer (its earlier): `body_timeout` without a byte, and for
+    the whole body `body_timeout` plus a second per `body_min_rate` bytes that have arrived (Apache's mod_reqtimeout
+    MinRate), so a client trickling a byte a second cannot hold a request open for hours. The timeout lives here, in
+    the one reader every route with a body uses, so the 408 is the route's own error answer, counted under the
+    route; a client that stops sending (a body shorter than its Content-Length) no longer holds its connection."""
     body = bytearray()
     config = service.config
-    started = asyncio.get_running_loop().time()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    by_pause = True  # which deadline the timer holds; the first byte's: both are `body_timeout` away
     try:
-        async with aclosing(request.stream()) as pieces, asyncio.timeout(config.body_timeout) as whole:
-            while (piece := await _next_piece(service, pieces)) is not None:
+        async with aclosing(request.stream()) as pieces, asyncio.timeout_at(started + config.body_timeout) as timer:
+            while (piece := await _next_piece(pieces)) is not None:
+                if not piece:
+                    continue  # the stream's end marker: no byte came
                 body += piece
                 if len(body) > limit:
                     raise TooLarge(f"the body is over the limit of {limit} bytes", "payload_too_large")
-                whole.reschedule(started + config.body_timeout + len(body) / config.body_min_rate)
+                pause = loop.time() + config.body_timeout
+                whole = started + config.body_timeout + len(body) / config.body_min_rate
+                by_pause = pause <= whole
+                timer.reschedule(min(pause, whole))
     except TimeoutError:
-        service.metrics.connections_closed.labels("body_too_slow").inc()
-        raise RequestTimeout(
-            f"the body came slower than {config.body_min_rate} bytes a second ({len(body)} bytes in "
-            f"{asyncio.get_running_loop().time() - started:.0f} s)",
-            "request_timeout",
-            headers={"Connection": "close"},
-        ) from None
+        raise _timed_out(service, by_pause, len(body), loop.time() - started) from None
     return body
 
 
-async def _next_piece(service: Service, pieces: AsyncGenerator[bytes, None]) -> bytes | None:
-    """The body's next piece, None at its end. The body timeout lives here, in the one reader every route with a
-    body uses, so the 408 is the route's own error answer, counted under the route; a client that stops sending
-    (a body shorter than its Content-Length) no longer holds its connection forever."""
-    seconds = service.config.body_timeout
+async def _next_piece(pieces: AsyncGenerator[bytes, None]) -> bytes | None:
+    """The body's next piece, None at its end."""
     try:
-        async with asyncio.timeout(seconds):
-            return await anext(pieces, None)
-    except TimeoutError:
-        service.metrics.connections_closed.labels("body_timeout").inc()
-        raise RequestTimeout(
-            f"no byte of the body arrived for {seconds:g} s (is it shorter than its Content-Length?)",
-            "request_timeout",
-            headers={"Connection": "close"},  # the rest of the body may still come: the connection is done
-        ) from None
+        return await anext(pieces, None)
     except ClientDisconnect:
         raise ClientClosed("the client closed the connection before its body ended", "client_closed") from None
+
+
+def _timed_out(service: Service, by_pause: bool, received: int, elapsed: float) -> RequestTimeout:
+    """The 408 for the deadline that passed: a pause of `body_timeout` between bytes, or the whole body's."""
+    config = service.config
+    if by_pause:
+        service.metrics.connections_closed.labels("body_timeout").inc()
+        return RequestTimeout(
+            f"no byte of the body arrived for {config.body_timeout:g} s (is it shorter than its Content-Length?)",
+            "request_timeout",
+            headers={"Connection": "close"},  # the rest of the body may still come: the connection is done
+        )
+    service.metrics.connections_closed.labels("body_too_slow").inc()
+    return RequestTimeout(
+        f"the body came slower than {config.body_min_rate} bytes a second ({received} bytes in {elapsed:.0f} s)",
+        "request_timeout",
+        headers={"Connection": "close"},
+    )
 
 
 def content_length(request: Request) -> int | None:
