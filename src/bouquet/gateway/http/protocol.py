@@ -151,6 +151,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._idle_since = 0.0
         self._body_at = 0.0  # when the latest body bytes came
         self._timer: asyncio.TimerHandle | None = None  # the head's or body's deadline
+        # The deadline a read left pending, armed once the read is parsed (`_arm_pending`): a request whose head and
+        # body come in one read has none to arm, where arming each as the parser passed would make two timers a request.
+        self._pending: tuple[float, Any] | None = None
         self._refusal: bytes | None = None  # an answer to send once the response in progress is done
         self._lingering = False
         self._draining = False  # the server's shutdown began: the request in progress is this connection's last
@@ -192,6 +195,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             super().data_received(data)
         else:
             self._head_received(data)
+        self._arm_pending()
         if self._idle() and self.timeout_keep_alive_task is None and not self.transport.is_closing():
             self._arm_idle()  # bytes that begin no request (blank lines) do not restart the idle clock
 
@@ -223,14 +227,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._in_message = True
         self.shared.busy(self)
         self._unset_keepalive_if_required()
-        self._set_timer(self.limits.header_timeout, self._head_timed_out)
+        self._set_timer_after_read(self.limits.header_timeout, self._head_timed_out)
 
     def on_headers_complete(self) -> None:
         self._heads += 1
         self._head_bytes = 0
         self._in_body = True
         self._body_at = self.loop.time()
-        self._set_timer(self.limits.body_timeout, self._body_timed_out)
+        self._set_timer_after_read(self.limits.body_timeout, self._body_timed_out)
         super().on_headers_complete()
         if self._draining and self.cycle is not None:
             self.cycle.keep_alive = False
@@ -295,7 +299,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._cancel_timer()
         self._timer = self.loop.call_later(delay, callback)
 
+    def _set_timer_after_read(self, delay: float, callback: Any) -> None:
+        """From a parser callback: the deadline replaces the one running now, and is armed once the read is parsed
+        unless the request has moved on by then (its head or body complete)."""
+        self._cancel_timer()
+        self._pending = (delay, callback)
+
+    def _arm_pending(self) -> None:
+        if self._pending is not None:
+            delay, callback = self._pending
+            self._pending = None
+            if not self.transport.is_closing():
+                self._timer = self.loop.call_later(delay, callback)
+
     def _cancel_timer(self) -> None:
+        self._pending = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
