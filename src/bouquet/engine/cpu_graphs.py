@@ -2,11 +2,12 @@
 same shape, without the Python between the calls.
 
 Where every op in a model's layers is one of bouquet's C kernels or a torch op called as one (int8 linears, with
-their products on AMX tiles or oneDNN's; bfloat16 linears on AMX tiles; float32 linears on oneDNN's packed weights,
-as int8 keeps the QKV projections on CPUs without VNNI; `cpu_varlen` attention), a short step's time is mostly the
-Python around them: modules, views, allocations, argument packing (docs/benchmarks.md). A step is keyed by its
-(tokens, sequences, attention backend) within its stack of layers; as CUDA graphs do (cuda_graphs.LazyGraphs), a
-key's first step runs eagerly, its second is captured, later ones replay.
+their products on AMX tiles or oneDNN's; bfloat16 linears on AMX tiles; float32 linears of short steps by
+layers/f32_short.py's kernel, or on oneDNN's packed weights as int8 keeps the QKV projections on CPUs without VNNI;
+`cpu_varlen` attention), a short step's time is mostly the Python around them: modules, views, allocations, argument
+packing (docs/benchmarks.md). A step is keyed by its (tokens, sequences, attention backend) within its stack of
+layers; as CUDA graphs do (cuda_graphs.LazyGraphs), a key's first step runs eagerly, its second is captured, later
+ones replay.
 
 Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
 copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:

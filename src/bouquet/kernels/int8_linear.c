@@ -235,18 +235,10 @@ void bouquet_dequantize(void* data, int64_t rows, int64_t cols, const float* row
                        activation, float_products);
 }
 
-// A post-norm block's end (BERT's `attention.output` and `output`): the dequantized row (above, no activation),
-// plus the residual row, then LayerNorm over the row, in one pass while the row is in cache, where torch took three
-// (add; the row's moments; normalise).
-CLONED static void dequantize_add_norm_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
-                                           const float* col_scales, const int32_t* col_sums, const float* bias,
-                                           int float_products, const float* residual, const float* gamma,
-                                           const float* beta, float eps) {
-    if (float_products)
-        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 1);
-    else
-        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 0);
-    aliased_float* out = (aliased_float*)data;
+// A post-norm block's end on one row in place, while it is in cache: plus the residual row, then LayerNorm over the
+// row (gamma, beta, eps), where torch took three passes (add; the row's moments; normalise).
+INLINE void add_norm_row(float* out, int64_t cols, const float* residual, const float* gamma, const float* beta,
+                         float eps) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < cols; ++c) {
@@ -260,6 +252,18 @@ CLONED static void dequantize_add_norm_row(void* data, int64_t cols, float row_s
     const float inverse = 1.0f / sqrtf(squares / (float)cols + eps);
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] = (out[c] - mean) * inverse * gamma[c] + beta[c];
+}
+
+// BERT's `attention.output` and `output`: the dequantized row (above, no activation), then add_norm_row.
+CLONED static void dequantize_add_norm_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
+                                           const float* col_scales, const int32_t* col_sums, const float* bias,
+                                           int float_products, const float* residual, const float* gamma,
+                                           const float* beta, float eps) {
+    if (float_products)
+        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 1);
+    else
+        dequantize_row_with(data, cols, row_scale, row_zero, col_scales, col_sums, bias, ACT_NONE, 0);
+    add_norm_row((aliased_float*)data, cols, residual, gamma, beta, eps);
 }
 
 // bouquet_dequantize's arguments (no activation), then residual: [rows, cols] float32, `residual_stride` elements
@@ -279,6 +283,7 @@ void bouquet_dequantize_add_norm(void* data, int64_t rows, int64_t cols, const f
 // teams cost.
 #include "int8_linear_amx.h"
 #include "int8_linear_bf16.h"
+#include "int8_linear_f32.h"
 
 // x: [rows, k] float32 (`x_stride` elements between rows) -> out: [rows, n] float32, contiguous: the rows quantized
 // (rotated first where `signs`; into codes [rows, k], row_scales, row_zeros: the caller's scratch), times the packed

@@ -7,6 +7,8 @@ and a large float32 batch runs through MKL's sgemm, about 25% slower here than o
 (docs/benchmarks.md has the measurements). oneDNN runs bfloat16 only on CPUs with AVX-512 BW/VL/DQ or
 AVX-NE-CONVERT (torch refuses to reorder otherwise): elsewhere bfloat16 weights stay unpacked, through ATen's
 plain product.
+In float32, steps of up to a measured number of rows (a query's) run on layers/f32_short.py's kernel instead, on a
+second packed copy of the weight, which has none of oneDNN's cost per call and fuses the block's end.
 With `--dtype int8` every Linear but the heads' (and, on CPUs without VNNI, the QKV projections) is quantized at
 load (`quantize_cpu_linears`) and runs layers/int8_linear.py's products instead; its float weight is dropped.
 """
@@ -19,9 +21,10 @@ from torch import nn
 
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.recording import op_call
-from bouquet.layers import bf16_amx
+from bouquet.layers import bf16_amx, f32_short
 from bouquet.layers.activation import get_activation
 from bouquet.layers.bf16_amx import amx_bf16_linear, amx_bf16_linear_add_norm
+from bouquet.layers.f32_short import f32_linear, f32_linear_add_norm
 from bouquet.layers.int8_linear import (
     ACTIVATIONS,
     Int8Weight,
@@ -62,7 +65,11 @@ class Linear(nn.Linear):
     amx_bf16: torch.Tensor | None = None
     amx_bias: torch.Tensor | None = None
     amx_bf16_rows: int = 0
-    _amx_norm: tuple[nn.Module, tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    # float32 short steps (layers/f32_short.py): the weight packed for its kernel, and up to how many rows it runs.
+    f32_packed: torch.Tensor | None = None
+    f32_rows: int = 0
+    # The norm `add_norm` last saw and its weight and bias for the fused kernels (None where they cannot apply it).
+    _kernel_norm: tuple[nn.Module, tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def prepack(self) -> None:
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -82,6 +89,11 @@ class Linear(nn.Linear):
             self.packed_weight = None
             self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
 
+    def use_f32_short(self, up_to_rows: int) -> None:
+        """Runs float32 calls of up to `up_to_rows` rows on f32_short.py's kernel; needs the plain weight."""
+        self.f32_packed = f32_short.pack(self.weight)
+        self.f32_rows = up_to_rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
             return int8_linear(x, self.int8)
@@ -94,19 +106,21 @@ class Linear(nn.Linear):
                 self._fused_norm = (norm, fuses_add_norm(norm))
             if self._fused_norm[1]:
                 return int8_linear_add_norm(x, self.int8, residual, norm)
-        stream = residual.dtype == torch.float32 and residual.stride(-1) == 1  # the kernel's residual
-        if self.amx_bf16 is not None and stream and self._runs_on_amx_bf16(x):
-            weights = self._amx_norm_weights(norm)
-            if weights is not None:
-                return amx_bf16_linear_add_norm(
-                    x, self.amx_bf16, self.out_features, self.amx_bias, residual, *weights, norm.eps
-                )
+        stream = residual.dtype == torch.float32 and residual.stride(-1) == 1  # the kernels' residual
+        fused = self.f32_packed is not None or self.amx_bf16 is not None
+        weights = self._norm_weights(norm) if stream and fused else None
+        if weights is not None and self.f32_packed is not None and self._runs_f32_short(x):
+            return f32_linear_add_norm(x, self.f32_packed, self.out_features, self.bias, residual, *weights, norm.eps)
+        if weights is not None and self.amx_bf16 is not None and self._runs_on_amx_bf16(x):
+            return amx_bf16_linear_add_norm(
+                x, self.amx_bf16, self.out_features, self.amx_bias, residual, *weights, norm.eps
+            )
         return norm(residual + self(x))
 
-    def _amx_norm_weights(self, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The norm's weight and bias in float32 for the fused bfloat16 kernel, made once; None where the norm is
+    def _norm_weights(self, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The norm's weight and bias in float32 for the fused kernels, made once; None where the norm is
         not a LayerNorm over the last dimension with both."""
-        if self._amx_norm is None or self._amx_norm[0] is not norm:
+        if self._kernel_norm is None or self._kernel_norm[0] is not norm:
             fits_kernel = (
                 isinstance(norm, nn.LayerNorm) and len(norm.normalized_shape) == 1 and norm.weight is not None
                 and norm.bias is not None and norm.normalized_shape[0] == self.out_features
@@ -115,10 +129,12 @@ class Linear(nn.Linear):
             if fits_kernel:
                 assert isinstance(norm, nn.LayerNorm)
                 weights = (norm.weight.detach().float().contiguous(), norm.bias.detach().float().contiguous())
-            self._amx_norm = (norm, weights)
-        return self._amx_norm[1]
+            self._kernel_norm = (norm, weights)
+        return self._kernel_norm[1]
 
     def _linear(self, x: torch.Tensor, epilogue: tuple[str, list[object], str]) -> torch.Tensor:
+        if self.f32_packed is not None and self._runs_f32_short(x):
+            return f32_linear(x, self.f32_packed, self.out_features, self.bias, _activation_of(epilogue))
         if self.amx_bf16 is not None and self._runs_on_amx_bf16(x):
             return amx_bf16_linear(x, self.amx_bf16, self.out_features, self.amx_bias, _activation_of(epilogue))
         x = x.to(self.weight.dtype)
@@ -133,6 +149,11 @@ class Linear(nn.Linear):
         if x.device.type != "cpu" or x.requires_grad:
             return False
         return self.amx_bf16_rows == -1 or x.numel() // x.shape[-1] <= self.amx_bf16_rows
+
+    def _runs_f32_short(self, x: torch.Tensor) -> bool:
+        if x.device.type != "cpu" or x.requires_grad or x.dtype != torch.float32:
+            return False
+        return x.numel() // x.shape[-1] <= self.f32_rows
 
 
 def _activation_of(epilogue: tuple[str, list[object], str]) -> str:
@@ -225,4 +246,19 @@ def use_amx_bf16_linears(model: nn.Module, threads: int = 1) -> int:
     if up_to_rows:
         for linear in linears:
             linear.use_amx_bf16(up_to_rows)
+    return up_to_rows
+
+
+def use_f32_short_linears(model: nn.Module, threads: int = 1) -> int:
+    """Gives every float32 Linear of `model` a packed copy for f32_short.py's kernel, for the rows measured faster
+    there than oneDNN at the model's shapes on `threads` threads (an engine worker's share), unless the copies would
+    take more than f32_short.MAX_WEIGHT_BYTES. Returns up to how many rows (0: none moved)."""
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.int8 is None and m.weight.numel()]
+    linears = [m for m in linears if m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if sum(m.weight.numel() * 4 for m in linears) > f32_short.MAX_WEIGHT_BYTES:
+        return 0
+    up_to_rows = f32_short.choose_f32_rows(sorted({(m.in_features, m.out_features) for m in linears}), threads)
+    if up_to_rows:
+        for linear in linears:
+            linear.use_f32_short(up_to_rows)
     return up_to_rows
