@@ -27,6 +27,10 @@
 // cycles an input, too few for the hardware prefetcher alone to hide L3's latency (the weights of a whole model stay
 // in L3 at best). F32_SLICE: inputs per slice where several row blocks share a weight block (32 KB: L1 holds it).
 enum { F32_BLOCK = 32, F32_MAX_ROWS = 14, F32_PREFETCH = 32, F32_SLICE = 256 };
+// Below this many multiply-adds a call runs on the calling thread alone. Lower than the int8 kernels' bound: a lone
+// query's lead holds a team whose other thread spins between parallel regions, so a short region run alone costs that
+// thread's time as well as its own.
+enum { F32_PARALLEL_WORK = 1 << 19 };
 
 int bouquet_f32_available(void) {
 #if BOUQUET_F32
@@ -173,7 +177,7 @@ int bouquet_f32_linear(const float* x, int64_t rows, int64_t k, int64_t ldx, con
     const int wide = rows <= F32_MAX_ROWS ? F32_WIDE_BLOCKS[rows] : 0;
     const int group = wide > 1 ? wide : 1;
     const int64_t groups = (blocks + group - 1) / group;
-#pragma omp parallel if (rows * n * k >= PARALLEL_WORK)
+#pragma omp parallel if (rows * n * k >= F32_PARALLEL_WORK)
     {
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) {
