@@ -17,8 +17,8 @@ from torch import nn
 
 from bouquet.batch import Batch
 from bouquet.config import create_engine_config, default_model_path
-from bouquet.engine.cpu_graphs import CpuLayerGraphs, NotReplayable, _KeepAndGuard
-from bouquet.engine.cuda_graphs import BucketState
+from bouquet.engine.cpu_graphs import CpuCapturer, CpuLayerGraphs, NotReplayable, _KeepAndGuard
+from bouquet.engine.cuda_graphs import Bucket, BucketState
 from bouquet.layers.attention_backends.base import AttentionShape
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
 from bouquet.layers.context import ForwardContext, forward_context, get_forward_context
@@ -174,6 +174,32 @@ def test_bounds_tokens_bytes_and_other_backends(backend: CpuVarlenBackend) -> No
         assert torch.equal(step(layers, hidden, [16], backend, tight), step(layers, hidden, [16], backend, None))
     assert tight.thread_graphs(layers).stats.captures == 0
     assert "graph budget" in next(iter(tight.thread_graphs(layers).capture_errors.values()))
+
+
+def test_a_graph_predicted_over_the_budget_is_never_captured(
+    backend: CpuVarlenBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a thread's graphs have shown their bytes per token, a bucket whose graph would not fit what is left stays
+    eager without a capture: one found over the budget after recording had cost its step ~4 eager runs."""
+    layers: list[nn.Module] = [KernelAttention(backend)]
+    sizing = CpuLayerGraphs()
+    for seed in range(2):
+        step(layers, states(seed, 16), [16], backend, sizing)
+    one_graph = sizing.bytes_here()
+    attempts: list[int] = []
+    capture = CpuCapturer.capture
+    monkeypatch.setattr(CpuCapturer, "capture", lambda self, fn, bucket: attempts.append(bucket.num_tokens)
+                        or capture(self, fn, bucket))  # fmt: skip
+    graphs = CpuLayerGraphs(max_bytes=one_graph * 3 // 2)  # a 16-token graph fits, a 32-token one no longer does
+    for tokens in (16, 16, 16, 32, 32, 32):
+        hidden = states(tokens, tokens)
+        assert torch.equal(
+            step(layers, hidden, [tokens], backend, graphs), step(layers, hidden, [tokens], backend, None)
+        )
+    assert attempts == [16]
+    stack = graphs.thread_graphs(layers)
+    assert stack.stats.captures == 1 and stack.stats.replays == 1
+    assert stack.capture_errors == {Bucket(32, 1, 0, backend.name): "its graph would pass the thread's graph budget"}
 
 
 def test_each_thread_keeps_its_own_graphs(backend: CpuVarlenBackend) -> None:

@@ -161,7 +161,10 @@ class _RecordingCapturer:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_RecordingGraph, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return True
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[_RecordingGraph, torch.Tensor]:
         self.calls.append("capture")
         return _RecordingGraph(self.calls), fn()
 
@@ -234,7 +237,10 @@ class _FailingCapturer:
     def __init__(self) -> None:
         self.attempts = 0
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_RecordingGraph, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return True
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[_RecordingGraph, torch.Tensor]:
         self.attempts += 1
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -275,7 +281,10 @@ class _ReplayingCapturer:
 
     computes = False
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_Replay, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return True
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[_Replay, torch.Tensor]:
         output = fn()
         return _Replay(fn, output), output
 

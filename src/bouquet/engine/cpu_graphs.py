@@ -96,18 +96,29 @@ class CpuGraph:
 
 
 class CpuCapturer:
-    """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs."""
+    """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs.
+
+    A capture costs about three eager runs, and one found over the budget is thrown away and its step run again:
+    under a mix of query lengths, each new shape past the budget cost its step ~4x (20 ms served tails on a 4.5 ms
+    float32 query, docs/benchmarks.md). So a graph's size is predicted first, from the bytes per token the thread's
+    graphs kept so far (the largest ratio seen: stacks of two towers differ), and a bucket that would not fit is not
+    captured at all."""
 
     computes = True  # the capture is an eager run: its output is the capturing step's answer
 
     def __init__(self, max_bytes: int):
         self.bytes_left = max_bytes
+        self.bytes_per_token = 0.0  # 0: no graph yet, nothing to predict from
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[CpuGraph, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return self.bytes_per_token * bucket.num_tokens <= self.bytes_left
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[CpuGraph, torch.Tensor]:
         guard = _KeepAndGuard()
         with recording() as program, guard:
             output = fn()
         size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in guard.kept}.values())
+        self.bytes_per_token = max(self.bytes_per_token, size / max(bucket.num_tokens, 1))
         if size > self.bytes_left:
             raise NotReplayable(f"its {size / 2**20:.1f} MB would pass the thread's graph budget")
         if not program.calls:

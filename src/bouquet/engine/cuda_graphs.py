@@ -148,7 +148,12 @@ class Capturer(Protocol):
     # output is already its answer; a CUDA capture only records, and the step replays.
     computes: bool
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        """Whether a graph of this bucket would be kept, judged before capturing it (a capture that would only be
+        thrown away costs a CPU step several eager runs)."""
+        ...
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[Graph, torch.Tensor]:
         """Records `fn` once; returns the graph and `fn`'s output tensor, which every replay rewrites."""
         ...
 
@@ -162,7 +167,10 @@ class CudaCapturer:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = stream
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Graph, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return True  # graphs share one memory pool: the bound is `max_graphs`
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[Graph, torch.Tensor]:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the readback thread may synchronize finished events while this thread captures;
         # the default "global" mode would make those calls fail.
@@ -232,8 +240,12 @@ class LazyGraphs:
         if len(self.graphs) >= self.max_graphs:
             self.states[bucket] = BucketState.EAGER
             return BucketState.EAGER
+        if not self.capturer.fits(bucket):
+            self.capture_errors[bucket] = "its graph would pass the thread's graph budget"
+            self.states[bucket] = BucketState.EAGER
+            return BucketState.EAGER
         try:
-            self.graphs[bucket] = self.capturer.capture(capture())
+            self.graphs[bucket] = self.capturer.capture(capture(), bucket)
         except Exception as error:
             logger.log(
                 self.failure_level, "%s capture failed for %s tokens x %s sequences (max_seqlen %s, %s), eager from "
