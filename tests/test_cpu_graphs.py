@@ -185,12 +185,14 @@ def test_a_graph_predicted_over_the_budget_is_never_captured(
     sizing = CpuLayerGraphs()
     for seed in range(2):
         step(layers, states(seed, 16), [16], backend, sizing)
-    one_graph = sizing.bytes_here()
+    kept_by_one = sizing.bytes_here() - sizing.arena_bytes_here()
+    assert kept_by_one > 0
     attempts: list[int] = []
     capture = CpuCapturer.capture
     monkeypatch.setattr(CpuCapturer, "capture", lambda self, fn, bucket: attempts.append(bucket.num_tokens)
                         or capture(self, fn, bucket))  # fmt: skip
-    graphs = CpuLayerGraphs(max_bytes=one_graph * 3 // 2)  # a 16-token graph fits, a 32-token one no longer does
+    # the 16-token graph and the arena fit; a 32-token graph's own buffers (twice the 16-token one's) no longer do
+    graphs = CpuLayerGraphs(max_bytes=sizing.bytes_here() + kept_by_one)
     for tokens in (16, 16, 16, 32, 32, 32):
         hidden = states(tokens, tokens)
         assert torch.equal(
@@ -244,6 +246,30 @@ def test_int8_products_replay_as_kernel_calls(backend: CpuVarlenBackend, product
         KernelAttention(backend),
     ]
     assert_replays_equal_eager_runs(layers, backend)
+
+
+def test_graphs_of_one_thread_share_one_arena_and_each_replays_its_own_step(backend: CpuVarlenBackend) -> None:
+    """Every graph's buffers live in the thread's arena (graph_arena.py), sized at the first capture for the longest
+    step: six shapes captured, replayed in an order that alternates them, each bit for bit its eager run, the arena
+    never grown, and the thread's bytes far below what six graphs of their own would keep."""
+    layers: list[nn.Module] = [int8_layer(32, 128, INT_MM_PRODUCT, 1), int8_layer(128, 32, INT_MM_PRODUCT, 2),
+                               KernelAttention(backend)]  # fmt: skip
+    graphs = CpuLayerGraphs(max_tokens=64)
+    shapes = [8, 64, 16, 40, 24, 32]
+    for tokens in shapes * 2:  # eager, then captured
+        step(layers, states(tokens, tokens), [tokens], backend, graphs)
+    arena = graphs.arena_bytes_here()
+    capturer = graphs._local.capturer
+    assert graphs.thread_graphs(layers).stats.captures == len(shapes) and arena > 0
+    for seed, tokens in itertools.product(range(3), [*shapes, *reversed(shapes)]):
+        hidden = states(seed, tokens)
+        assert torch.equal(
+            step(layers, hidden, [tokens], backend, graphs), step(layers, hidden, [tokens], backend, None)
+        )
+    assert graphs.thread_graphs(layers).stats.replays == 3 * 2 * len(shapes)
+    assert graphs.arena_bytes_here() == arena
+    own_buffers = capturer.allocated_per_token * sum(shapes)  # what the graphs would keep without the arena
+    assert graphs.bytes_here() < 0.6 * own_buffers
 
 
 def test_a_float32_linear_on_onednns_packed_weight_replays_as_a_call(backend: CpuVarlenBackend) -> None:

@@ -254,7 +254,8 @@ def test_a_cpu_without_vnni_takes_paired_weights_and_keeps_quality(tmp_path, isa
     assert (limit, pair_sum) == ("127", "128") and "adjacent pairs' |w| summed <= 128" in result.stderr
     assert qkv == kept_float == "6"  # the QKV projections stay float32 with narrowed weights
     assert float(cosine) >= 0.99
-    assert f"CPU graphs: {SHORT_QUERY_TOKENS} of a lone query's shapes captured at start" in result.stderr
+    shapes = min(SHORT_QUERY_TOKENS, 32)  # the script's warm-up
+    assert f"CPU graphs: {shapes} of a lone query's shapes captured at start" in result.stderr
 
 
 def _family_rows(model_path: Path, dtype: str, texts: list[str]) -> tuple[np.ndarray, Engine]:

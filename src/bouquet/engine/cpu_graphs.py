@@ -11,8 +11,8 @@ ones replay.
 
 Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
 copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:
-it keeps alive every tensor the run creates (the recorded pointers address them) and refuses any op that
-computes, since a replay would skip it: a model whose layers run torch's own ops (a residual add, a LayerNorm)
+it keeps alive every tensor the run creates (the recorded pointers address them; those it allocated move into the
+thread's arena, graph_arena.py) and refuses any op that computes, since a replay would skip it: a model whose layers run torch's own ops (a residual add, a LayerNorm)
 cannot be replayed from kernel calls, and its steps stay eager. Memory the run did not create is the model's
 (weights) or the thread's (int8's scratch rows): both outlive the thread's graphs. Graphs are per engine thread,
 since two workers replaying one graph would share its buffers, and bounded in count and bytes.
@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bouquet.engine.cuda_graphs import Bucket, BucketState, LazyGraphs
+from bouquet.engine.graph_arena import GraphArena
 from bouquet.kernels.recording import KernelProgram, inside_kernel_call, recording
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.layer_stack import run_eagerly
@@ -40,8 +41,10 @@ logger = logging.getLogger(__name__)
 
 MAX_TOKENS = 128  # longer steps run eagerly: their Python is a smaller share of their time
 # A lone query's lengths, captured at start-up (Engine._capture_short_steps); longer shapes are captured lazily.
-SHORT_QUERY_TOKENS = 32
-MAX_GRAPHS = 64  # per engine thread and stack of layers
+# 64: queries of 33-64 tokens (~2% of bench/corpus.py's) met on their first sightings an eager run or a capture, which
+# set a fresh server's p99; in the threads' shared arena (graph_arena.py) MiniLM's 64 shapes keep ~14 MB.
+SHORT_QUERY_TOKENS = 64
+MAX_GRAPHS = 128  # per engine thread and stack of layers: a lone query's 64 shapes, and as many met under load
 # Per engine thread, the tensors its graphs keep (MiniLM: ~0.1 MB a token; docs/memory.md): graphs do not share
 # memory, since buffers that outlive a capture (int8's scratch rows) cannot be told from those that do not.
 MAX_BYTES = 64 * 2**20
@@ -59,6 +62,7 @@ class _KeepAndGuard(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.kept: list[torch.Tensor] = []
+        self.allocated: list[torch.UntypedStorage] = []  # the memory the run itself created (graph_arena.py)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -77,6 +81,8 @@ class _KeepAndGuard(TorchDispatchMode):
         if name not in _ALLOCATING and not returned_as_given and not (func.is_view and _shares_storage(outputs, given)):
             raise NotReplayable(f"{name} computes outside bouquet's kernels")
         self.kept.extend(outputs)
+        if name in _ALLOCATING:
+            self.allocated.extend(t.untyped_storage() for t in outputs)
         return out
 
 
@@ -96,36 +102,52 @@ class CpuGraph:
 
 
 class CpuCapturer:
-    """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs.
+    """Records a run's kernel calls (cuda_graphs.Capturer), within a byte budget shared by one thread's graphs: what
+    each graph keeps of its own, plus the arena its allocations move into (graph_arena.py).
 
     A capture costs about three eager runs, and one found over the budget is thrown away and its step run again:
     under a mix of query lengths, each new shape past the budget cost its step ~4x (20 ms served tails on a 4.5 ms
-    float32 query, docs/benchmarks.md). So a graph's size is predicted first, from the bytes per token the thread's
-    graphs kept so far (the largest ratio seen: stacks of two towers differ), and a bucket that would not fit is not
-    captured at all."""
+    float32 query, docs/benchmarks.md). So a graph's cost is predicted first, from the bytes per token the thread's
+    graphs kept and allocated so far (the largest ratios seen: stacks of two towers differ), and a bucket that would
+    not fit is not captured at all."""
 
     computes = True  # the capture is an eager run: its output is the capturing step's answer
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, max_tokens: int = 0):
         self.bytes_left = max_bytes
-        self.bytes_per_token = 0.0  # 0: no graph yet, nothing to predict from
+        self.max_tokens = max_tokens  # the longest step a graph is captured for: the arena is sized for it
+        self.arena = GraphArena()
+        self.kept_per_token = 0.0  # 0: no graph yet, nothing to predict from
+        self.allocated_per_token = 0.0
 
     def fits(self, bucket: Bucket) -> bool:
-        return self.bytes_per_token * bucket.num_tokens <= self.bytes_left
+        growth = max(0.0, self.allocated_per_token * bucket.num_tokens - self.arena.nbytes)
+        return self.kept_per_token * bucket.num_tokens + growth <= self.bytes_left
 
     def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[CpuGraph, torch.Tensor]:
         guard = _KeepAndGuard()
         with recording() as program, guard:
             output = fn()
-        size = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in guard.kept}.values())
-        self.bytes_per_token = max(self.bytes_per_token, size / max(bucket.num_tokens, 1))
-        if size > self.bytes_left:
-            raise NotReplayable(f"its {size / 2**20:.1f} MB would pass the thread's graph budget")
         if not program.calls:
             raise NotReplayable("the layers made no kernel call")
-        self.bytes_left -= size
-        logger.debug("a CPU graph of %d kernel calls keeps %.1f MB", len(program.calls), size / 2**20)
-        return CpuGraph(program, guard.kept), output
+        moved = {s.data_ptr() for s in guard.allocated}
+        kept = [t for t in guard.kept if t.untyped_storage().data_ptr() not in moved]
+        kept_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}.values())
+        allocated_bytes = sum({s.data_ptr(): s.nbytes() for s in guard.allocated}.values())
+        tokens = max(bucket.num_tokens, 1)
+        self.kept_per_token = max(self.kept_per_token, kept_bytes / tokens)
+        self.allocated_per_token = max(self.allocated_per_token, allocated_bytes / tokens)
+        growth = max(0, allocated_bytes - self.arena.nbytes)
+        if kept_bytes + growth > self.bytes_left:
+            raise NotReplayable(f"its {(kept_bytes + growth) / 2**20:.1f} MB would pass the thread's graph budget")
+        expected = min(int(self.allocated_per_token * self.max_tokens * 1.05), self.bytes_left - kept_bytes)
+        output, grown = self.arena.relocate(program, guard.allocated, output, expected)
+        self.bytes_left -= kept_bytes + grown
+        logger.debug(
+            "a CPU graph of %d kernel calls keeps %.1f MB, %.1f MB moved into the thread's arena of %.1f MB",
+            len(program.calls), kept_bytes / 2**20, allocated_bytes / 2**20, self.arena.nbytes / 2**20,
+        )  # fmt: skip
+        return CpuGraph(program, [*kept, self.arena.memory]), output
 
 
 @dataclass
@@ -139,8 +161,8 @@ class _Inputs:
 class _ThreadGraphs(threading.local):
     """One thread's graphs, per stack of layers (a model may have two: CLIP's towers), one byte budget for all."""
 
-    def __init__(self, max_graphs: int, max_bytes: int) -> None:
-        self.capturer = CpuCapturer(max_bytes)
+    def __init__(self, max_graphs: int, max_bytes: int, max_tokens: int) -> None:
+        self.capturer = CpuCapturer(max_bytes, max_tokens)
         self.max_graphs = max_graphs
         self.stacks: dict[int, LazyGraphs] = {}  # by the stack's id: a model's ModuleList lives as long as it
         self.inputs: dict[tuple[int, Bucket], _Inputs] = {}
@@ -157,7 +179,7 @@ class CpuLayerGraphs:
     def __init__(self, max_tokens: int = MAX_TOKENS, max_graphs: int = MAX_GRAPHS, max_bytes: int = MAX_BYTES):
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
-        self._local = _ThreadGraphs(max_graphs, max_bytes)
+        self._local = _ThreadGraphs(max_graphs, max_bytes, max_tokens)
         self._reasons: set[str] = set()
         self._lock = threading.Lock()
 
@@ -166,8 +188,12 @@ class CpuLayerGraphs:
         return sum(graphs.stats.captures for graphs in self._local.stacks.values())
 
     def bytes_here(self) -> int:
-        """The bytes this thread's graphs keep."""
+        """The bytes this thread's graphs keep, their arena included."""
         return self.max_bytes - self._local.capturer.bytes_left
+
+    def arena_bytes_here(self) -> int:
+        """The bytes of the arena this thread's graphs share (graph_arena.py)."""
+        return self._local.capturer.arena.nbytes
 
     def thread_graphs(self, layers: Iterable[nn.Module]) -> LazyGraphs:
         """This thread's graphs of a stack of layers (their states and counts, for tests and logs)."""

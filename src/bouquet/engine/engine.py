@@ -367,7 +367,8 @@ class Engine:
             self._workers.submit(self._build_lone_primitives, lone).result()
 
     def _capture_short_steps(self) -> None:
-        """CPU graphs for a lone query's shapes (1 to SHORT_QUERY_TOKENS tokens, as steps are padded), captured now on
+        """CPU graphs for a lone query's shapes (1 to SHORT_QUERY_TOKENS tokens, as steps are padded: a length short of
+        its bucket is one more sequence, its pad), captured now on
         the lead worker, which an idle engine gives every step, within the byte bound: no lone query pays a first
         sighting (an eager step, then a capture at about three eager steps' time). The other workers capture the
         shapes they meet (under load, mostly steps of several sequences). A model whose layers cannot be replayed

@@ -53,7 +53,7 @@ def kernel_call(function: Callable[..., int], *args: object) -> int:
         _local.inside = False
 
 
-class _CopiedAnswer:
+class CopiedAnswer:
     """A recorded op with no output argument: its first run's answer is kept, and a replay runs the op again and
     copies the new answer into it (the calls recorded after it read that memory)."""
 
@@ -76,7 +76,7 @@ def op_call(op: Callable[..., Any], *args: object) -> Any:
     this thread records, as a call whose replays copy their answer into the tensor returned now."""
     if not is_recording():
         return op(*args)
-    call = _CopiedAnswer(op, args)
+    call = CopiedAnswer(op, args)
     kernel_call(call)
     return call.answer
 
