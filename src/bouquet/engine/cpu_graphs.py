@@ -12,10 +12,11 @@ ones replay.
 Capture runs the layers eagerly on buffers of the graph's own, the hidden states and cu_seqlens that a replay
 copies the step's into, while kernels/recording.py keeps every kernel call. A dispatch mode watches the run:
 it keeps alive every tensor the run creates (the recorded pointers address them; those it allocated move into the
-thread's arena, graph_arena.py) and refuses any op that computes, since a replay would skip it: a model whose layers run torch's own ops (a residual add, a LayerNorm)
-cannot be replayed from kernel calls, and its steps stay eager. Memory the run did not create is the model's
-(weights) or the thread's (int8's scratch rows): both outlive the thread's graphs. Graphs are per engine thread,
-since two workers replaying one graph would share its buffers, and bounded in count and bytes.
+thread's arena, graph_arena.py) and refuses any op that computes, since a replay would skip it: a model whose layers
+run torch's own ops (a residual add, a LayerNorm) cannot be replayed from kernel calls, and its steps stay eager.
+Memory the run did not create is the model's (weights) or the thread's (int8's scratch rows): both outlive the
+thread's graphs. Graphs are per engine thread, since two workers replaying one graph would share its buffers, and
+bounded in count and bytes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bouquet.engine.cuda_graphs import Bucket, BucketState, LazyGraphs
-from bouquet.engine.graph_arena import GraphArena
+from bouquet.engine.graph_arena import GraphArena, allocated_by
 from bouquet.kernels.recording import KernelProgram, inside_kernel_call, recording
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.layer_stack import run_eagerly
@@ -130,10 +131,11 @@ class CpuCapturer:
             output = fn()
         if not program.calls:
             raise NotReplayable("the layers made no kernel call")
-        moved = {s.data_ptr() for s in guard.allocated}
+        allocated = allocated_by(program, guard.allocated)
+        moved = {s.data_ptr() for s in allocated}
         kept = [t for t in guard.kept if t.untyped_storage().data_ptr() not in moved]
         kept_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}.values())
-        allocated_bytes = sum({s.data_ptr(): s.nbytes() for s in guard.allocated}.values())
+        allocated_bytes = sum({s.data_ptr(): s.nbytes() for s in allocated}.values())
         tokens = max(bucket.num_tokens, 1)
         self.kept_per_token = max(self.kept_per_token, kept_bytes / tokens)
         self.allocated_per_token = max(self.allocated_per_token, allocated_bytes / tokens)
@@ -141,7 +143,7 @@ class CpuCapturer:
         if kept_bytes + growth > self.bytes_left:
             raise NotReplayable(f"its {(kept_bytes + growth) / 2**20:.1f} MB would pass the thread's graph budget")
         expected = min(int(self.allocated_per_token * self.max_tokens * 1.05), self.bytes_left - kept_bytes)
-        output, grown = self.arena.relocate(program, guard.allocated, output, expected)
+        output, grown = self.arena.relocate(program, allocated, output, expected)
         self.bytes_left -= kept_bytes + grown
         logger.debug(
             "a CPU graph of %d kernel calls keeps %.1f MB, %.1f MB moved into the thread's arena of %.1f MB",

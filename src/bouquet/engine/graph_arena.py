@@ -47,8 +47,8 @@ class GraphArena:
     def relocate(
         self, program: KernelProgram, allocated: list[torch.UntypedStorage], output: torch.Tensor, expected: int = 0
     ) -> tuple[torch.Tensor, int]:
-        """Moves the buffers in `allocated` (the capture's own) into the arena: rewrites `program`'s calls to
-        address them there, and returns the graph's output as the arena's tensor (holding the capture's answer)
+        """Moves the buffers in `allocated` (the capture's own: `allocated_by`) into the arena: rewrites `program`'s
+        calls to address them there, and returns the graph's output as the arena's tensor (holding the capture's answer)
         and the bytes the arena grew by. `expected`: the largest graph the arena should hold."""
         blocks, needed = _layout(allocated)
         grown = 0
@@ -63,6 +63,14 @@ class GraphArena:
         return moved, grown
 
 
+def allocated_by(program: KernelProgram, allocations: list[torch.UntypedStorage]) -> list[torch.UntypedStorage]:
+    """The memory a capture created: what its run allocated, and the answers of the torch ops it recorded as calls
+    (a replay copies each op's new answer into the first one's memory, which later calls read)."""
+    answers = [f.answer for f, _ in program.calls if isinstance(f, CopiedAnswer)]
+    strided = [a for a in answers if isinstance(a, torch.Tensor) and not a.is_mkldnn and a.layout is torch.strided]
+    return [*allocations, *(answer.untyped_storage() for answer in strided)]
+
+
 def _layout(allocated: list[torch.UntypedStorage]) -> tuple[list[_Block], int]:
     blocks, offset = [], 0
     for start, storage in sorted({s.data_ptr(): s for s in allocated if s.nbytes()}.items()):
@@ -73,8 +81,9 @@ def _layout(allocated: list[torch.UntypedStorage]) -> tuple[list[_Block], int]:
 
 def _moved_call(call: Call, blocks: list[_Block], base: int, memory: torch.Tensor) -> Call:
     function, args = call
-    if isinstance(function, CopiedAnswer):  # a torch op run again on replay: its inputs may be the graph's buffers
+    if isinstance(function, CopiedAnswer):  # a torch op run again on replay: its inputs and answer may be moved
         function.args = tuple(_moved(arg, blocks, base, memory) for arg in function.args)
+        function.answer = _moved(function.answer, blocks, base, memory)
     return function, tuple(_moved(arg, blocks, base, memory) for arg in args)
 
 
