@@ -201,7 +201,9 @@ def test_one_step_mixes_all_outputs_with_other_sequences(m3_engines: list[Engine
     start = 0
     for part in parts:
         alone = engine.embed(part)
-        np.testing.assert_allclose(mixed[start : start + len(alone), : alone.shape[1]], alone, atol=1e-6)
+        # a step's size picks its float32 linears' kernel (short steps: layers/f32_short.py), whose sums round
+        # apart from oneDNN's by ~1e-6 relative
+        np.testing.assert_allclose(mixed[start : start + len(alone), : alone.shape[1]], alone, atol=1e-6, rtol=1e-5)
         start += len(alone)
     assert start == len(mixed)
 

@@ -72,7 +72,10 @@ def test_splade_rows_match_sparse_encoder(splade, dtype: str) -> None:
     finally:
         engine.close()
     assert_sparse_rows_match(rows, expected, dtype)
-    np.testing.assert_allclose(small_blocks, rows, atol=1e-6 if dtype == "float32" else 2e-2, rtol=0)
+    # float32: the head's blocks of SMALL_BLOCK rows run on the short-step kernel (layers/f32_short.py), the larger
+    # ones on oneDNN: their sums round apart (up to 1.5e-5 after the log1p and the max over a text's tokens)
+    float32 = dtype == "float32"
+    np.testing.assert_allclose(small_blocks, rows, atol=5e-5 if float32 else 2e-2, rtol=1e-5 if float32 else 0)
     if dtype == "bfloat16":
         print(f"transformers' own: {_relative_distances(references['bfloat16'], expected).max():.2e}")
 
