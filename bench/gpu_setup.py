@@ -18,7 +18,7 @@ from random_models import write_sentence_transformers_files
 
 from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig, default_model_path
-from bouquet.engine.cuda_graphs import CudaGraphRunner
+from bouquet.engine.cuda_graphs import Bucket, CudaGraphRunner
 from bouquet.engine.engine import Engine
 from bouquet.layers.attention_backends import AttentionBackend
 from bouquet.layers.attention_backends.cpu_varlen import CpuVarlenBackend
@@ -103,7 +103,10 @@ class CpuGraphs:
 
     computes = False  # as a CUDA capture: the capturing step replays, so the dry run exercises that path
 
-    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[_CpuReplay, torch.Tensor]:
+    def fits(self, bucket: Bucket) -> bool:
+        return True  # as CudaCapturer: one pool, bounded by the count of graphs
+
+    def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[_CpuReplay, torch.Tensor]:
         output = fn()
         return _CpuReplay(fn, output), output
 
