@@ -8,15 +8,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.kernels.recording import kernel_call
+from bouquet.layers.kernel_timing import alternated_seconds, onednn_linears
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +147,8 @@ def choose_bf16_rows(shapes: list[tuple[int, int]], threads: int) -> int:
     try:
         for rows in MEASURED_ROWS:
             inputs = [torch.randn(rows, k).to(torch.bfloat16) for k, _ in shapes]
-            mine, onednn = _median_seconds(
-                functools.partial(_run_ours, inputs, ours, shapes), functools.partial(_run_onednn, inputs, theirs)
+            mine, onednn = alternated_seconds(
+                functools.partial(_run_ours, inputs, ours, shapes), functools.partial(onednn_linears, inputs, theirs)
             )
             logger.debug("bfloat16 linears at %d rows: AMX %.3f ms, oneDNN %.3f ms", rows, mine * 1e3, onednn * 1e3)
             if mine >= onednn:
@@ -165,21 +163,3 @@ def _run_ours(
 ) -> None:
     for x, (packed, bias), (_, n) in zip(inputs, ours, shapes, strict=True):
         amx_bf16_linear(x, packed, n, bias)
-
-
-def _run_onednn(inputs: list[torch.Tensor], theirs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for x, (weight, bias) in zip(inputs, theirs, strict=True):
-        torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _median_seconds(*works: Callable[[], object], repeats: int = 7) -> list[float]:
-    """Each work's median time, the works alternated so that a busy spell weighs on all of them alike."""
-    for work in works:
-        work()
-    times: list[list[float]] = [[] for _ in works]
-    for _ in range(repeats):
-        for work, kept in zip(works, times, strict=True):
-            start = time.perf_counter()
-            work()
-            kept.append(time.perf_counter() - start)
-    return [statistics.median(kept) for kept in times]

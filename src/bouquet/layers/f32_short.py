@@ -11,8 +11,6 @@ import ctypes
 import functools
 import json
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,6 +19,7 @@ from bouquet.cpu_features import AVX2, AVX512, cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.kernels.openmp import on_passing_thread
 from bouquet.kernels.recording import kernel_call
+from bouquet.layers.kernel_timing import alternated_seconds, onednn_linears
 from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
@@ -159,8 +158,9 @@ def measure(shapes: list[tuple[int, int]], threads: int) -> dict[int, tuple[floa
     seconds = {}
     for rows in MEASURED_ROWS:
         inputs = [torch.randn(rows, k) for k, _ in shapes]
-        works = (functools.partial(_run_ours, inputs, ours, shapes), functools.partial(_run_onednn, inputs, theirs))
-        seconds[rows] = _best_seconds(*works)
+        works = (functools.partial(_run_ours, inputs, ours, shapes), functools.partial(onednn_linears, inputs, theirs))
+        mine, onednn = alternated_seconds(*works, turns=_TURNS, summary=min)
+        seconds[rows] = (mine, onednn)
     return seconds
 
 
@@ -169,23 +169,6 @@ def _run_ours(
 ) -> None:
     for x, (packed, bias), (_, n) in zip(inputs, ours, shapes, strict=True):
         f32_linear(x, packed, n, bias)
-
-
-def _run_onednn(inputs: list[torch.Tensor], theirs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for x, (weight, bias) in zip(inputs, theirs, strict=True):
-        torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _best_seconds(ours: Callable[[], None], theirs: Callable[[], None]) -> tuple[float, float]:
-    best = [float("inf"), float("inf")]
-    ours()
-    theirs()  # oneDNN builds its primitive for the shape on the first call
-    for _ in range(_TURNS):
-        for index, work in enumerate((ours, theirs)):
-            start = time.perf_counter()
-            work()
-            best[index] = min(best[index], time.perf_counter() - start)
-    return best[0], best[1]
 
 
 def _read_cache(path: Path) -> dict[int, tuple[float, float]] | None:
