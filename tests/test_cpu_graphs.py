@@ -272,6 +272,32 @@ def test_graphs_of_one_thread_share_one_arena_and_each_replays_its_own_step(back
     assert graphs.bytes_here() < 0.6 * own_buffers
 
 
+@pytest.mark.parametrize("roomy", [True, False])
+def test_a_wider_stack_gets_a_new_arena_within_the_budget(backend: CpuVarlenBackend, roomy: bool) -> None:
+    """A second stack whose graphs allocate more a token than the arena was sized for takes a new arena, the old one
+    kept for the first stack's graphs: each replays bit for bit, and the thread's bytes never pass its budget (one
+    that holds the first stack's graphs alone leaves the wider stack eager)."""
+    narrow: list[nn.Module] = [KernelAttention(backend)]
+    wide: list[nn.Module] = [int8_layer(32, 512, INT_MM_PRODUCT, 1), int8_layer(512, 32, INT_MM_PRODUCT, 2),
+                             KernelAttention(backend)]  # fmt: skip
+    sizing = CpuLayerGraphs(max_tokens=32)
+    for seed in range(2):
+        step(narrow, states(seed, 24), [24], backend, sizing)
+    budget = 64 * 2**20 if roomy else sizing.bytes_here() + 1024
+    graphs = CpuLayerGraphs(max_tokens=32, max_bytes=budget)
+    arenas = []
+    for layers in (narrow, wide):
+        for seed in range(4):
+            hidden = states(seed, 24)
+            expected = step(layers, hidden, [24], backend, None)
+            assert torch.equal(step(layers, hidden, [24], backend, graphs), expected)
+            assert graphs.bytes_here() <= budget
+        arenas.append(graphs.arena_bytes_here())
+    assert graphs.thread_graphs(narrow).stats.captures == 1
+    assert graphs.thread_graphs(wide).stats.captures == int(roomy)
+    assert (arenas[1] > arenas[0]) == roomy
+
+
 def test_a_float32_linear_on_onednns_packed_weight_replays_as_a_call(backend: CpuVarlenBackend) -> None:
     """oneDNN's float32 linear on its packed weight (what int8 keeps where the CPU has no VNNI: the QKV
     projections), with and without a fused activation, is recorded as a call, so those CPUs' int8 steps replay."""

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from bouquet.engine.cuda_graphs import Bucket, BucketState, LazyGraphs
-from bouquet.engine.graph_arena import GraphArena, allocated_by
+from bouquet.engine.graph_arena import GraphArena, allocated_by, arena_bytes
 from bouquet.kernels.recording import KernelProgram, inside_kernel_call, recording
 from bouquet.layers.context import ForwardContext, forward_context
 from bouquet.layers.layer_stack import run_eagerly
@@ -122,7 +122,8 @@ class CpuCapturer:
         self.allocated_per_token = 0.0
 
     def fits(self, bucket: Bucket) -> bool:
-        growth = max(0.0, self.allocated_per_token * bucket.num_tokens - self.arena.nbytes)
+        allocated = self.allocated_per_token * bucket.num_tokens
+        growth = allocated if allocated > self.arena.nbytes else 0.0  # a new arena: the old one stays
         return self.kept_per_token * bucket.num_tokens + growth <= self.bytes_left
 
     def capture(self, fn: Callable[[], torch.Tensor], bucket: Bucket) -> tuple[CpuGraph, torch.Tensor]:
@@ -135,15 +136,16 @@ class CpuCapturer:
         moved = {s.data_ptr() for s in allocated}
         kept = [t for t in guard.kept if t.untyped_storage().data_ptr() not in moved]
         kept_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}.values())
-        allocated_bytes = sum({s.data_ptr(): s.nbytes() for s in allocated}.values())
+        allocated_bytes = arena_bytes(allocated)
         tokens = max(bucket.num_tokens, 1)
         self.kept_per_token = max(self.kept_per_token, kept_bytes / tokens)
         self.allocated_per_token = max(self.allocated_per_token, allocated_bytes / tokens)
-        growth = max(0, allocated_bytes - self.arena.nbytes)
+        growth = allocated_bytes if allocated_bytes > self.arena.nbytes else 0  # a new arena: the old one stays
         if kept_bytes + growth > self.bytes_left:
             raise NotReplayable(f"its {(kept_bytes + growth) / 2**20:.1f} MB would pass the thread's graph budget")
-        expected = min(int(self.allocated_per_token * self.max_tokens * 1.05), self.bytes_left - kept_bytes)
-        output, grown = self.arena.relocate(program, allocated, output, expected)
+        # a new arena is sized for the longest step a graph is captured for, as far as the budget allows
+        size = min(int(self.allocated_per_token * self.max_tokens * 1.05), self.bytes_left - kept_bytes)
+        output, grown = self.arena.relocate(program, allocated, output, size)
         self.bytes_left -= kept_bytes + grown
         logger.debug(
             "a CPU graph of %d kernel calls keeps %.1f MB, %.1f MB moved into the thread's arena of %.1f MB",

@@ -34,8 +34,8 @@ class _Block:
 
 
 class GraphArena:
-    """A thread's shared buffer, grown (to twice its size or what a graph needs) when a graph does not fit: graphs
-    moved into a smaller one keep it alive, so growth is rare by sizing the first arena for the largest graph."""
+    """A thread's shared buffer, replaced by a larger one when a graph does not fit: graphs moved into the smaller
+    one keep it alive, so the caller sizes the first arena for the largest graph it expects."""
 
     def __init__(self) -> None:
         self.memory = torch.empty(0, dtype=torch.uint8)
@@ -45,16 +45,16 @@ class GraphArena:
         return self.memory.numel()
 
     def relocate(
-        self, program: KernelProgram, allocated: list[torch.UntypedStorage], output: torch.Tensor, expected: int = 0
+        self, program: KernelProgram, allocated: list[torch.UntypedStorage], output: torch.Tensor, size: int = 0
     ) -> tuple[torch.Tensor, int]:
         """Moves the buffers in `allocated` (the capture's own: `allocated_by`) into the arena: rewrites `program`'s
         calls to address them there, and returns the graph's output as the arena's tensor (holding the capture's answer)
-        and the bytes the arena grew by. `expected`: the largest graph the arena should hold."""
+        and the bytes of the new arena if one was needed (its size `size`, or what the graph needs if more)."""
         blocks, needed = _layout(allocated)
         grown = 0
         if needed > self.nbytes:
-            grown = max(needed, 2 * self.nbytes, expected) - self.nbytes
-            self.memory = torch.empty(self.nbytes + grown, dtype=torch.uint8)
+            self.memory = torch.empty(max(needed, size), dtype=torch.uint8)
+            grown = self.nbytes
         base = self.memory.data_ptr()
         program.calls[:] = [_moved_call(call, blocks, base, self.memory) for call in program.calls]
         moved = _moved(output, blocks, base, self.memory)
@@ -69,6 +69,11 @@ def allocated_by(program: KernelProgram, allocations: list[torch.UntypedStorage]
     answers = [f.answer for f, _ in program.calls if isinstance(f, CopiedAnswer)]
     strided = [a for a in answers if isinstance(a, torch.Tensor) and not a.is_mkldnn and a.layout is torch.strided]
     return [*allocations, *(answer.untyped_storage() for answer in strided)]
+
+
+def arena_bytes(allocated: list[torch.UntypedStorage]) -> int:
+    """The bytes `allocated` takes in an arena (each buffer on a cache line of its own)."""
+    return _layout(allocated)[1]
 
 
 def _layout(allocated: list[torch.UntypedStorage]) -> tuple[list[_Block], int]:
