@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,14 +27,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
-from st_image_checks import assert_close, image_files, response_rows
+from st_image_checks import (
+    assert_close,
+    assert_load_warnings,
+    assert_st_rows_where_padding_reaches_max_length,
+    image_files,
+    response_rows,
+)
 from test_siglip import save_siglip
 
-from bouquet.config import EngineConfig
-from bouquet.engine.engine import Engine
 from bouquet.st_layout import read_st_layout
 
 LAYOUTS = ("st", "clip-module", "max-length")
@@ -108,29 +110,21 @@ def test_texts_match_transformers_padded_and_images_sentence_transformers(server
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_texts_equal_sentence_transformers_where_its_padding_reaches_max_length(server, reference, layout: str) -> None:
-    """Beside a text of max_length tokens sentence-transformers pads every text to max_length, so each of its rows
-    is what bouquet serves; so are its rows of the short texts alone when it was saved padding to max_length, and
-    they are not when it pads to the batch's longest (what the load warning says)."""
     client, dtype = server
-    model = f"tiny-siglip-{layout}"
-    rows = response_rows(client.post("/v1/embeddings", json={"model": model, "input": [*SHORT, LONG]}))
-    assert_close(rows, reference[layout]["st batch"], dtype)
-    alone = row_cosines(rows[: len(SHORT)], reference[layout]["st texts"])
-    if layout == "max-length":
-        assert_close(rows[: len(SHORT)], reference[layout]["st texts"], dtype)
-    else:
-        assert alone.max() < 0.99, f"sentence-transformers' rows of the short texts alone: cosines {alone}"
+    assert_st_rows_where_padding_reaches_max_length(
+        client,
+        reference[layout],
+        f"tiny-siglip-{layout}",
+        SHORT,
+        LONG,
+        dtype,
+        pads_to_max_length=layout == "max-length",
+    )
 
 
 def test_the_load_says_once_when_sentence_transformers_pads_otherwise(layouts: dict[str, Path], caplog) -> None:
     expected = {"st": 1, "clip-module": 1, "max-length": 0, "hf": 0}
-    for name, count in expected.items():
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="bouquet"):
-            Engine(EngineConfig(layouts[name], "cpu", "float32", cpu_warmup_tokens=0)).close()
-        said = [record.getMessage() for record in caplog.records if WARNING in record.getMessage()]
-        assert len(said) == count, (name, said)
-        assert all(str(layouts[name]) in message and "max_length" in message for message in said)
+    assert_load_warnings(layouts, expected, WARNING, "max_length", caplog)
 
 
 def test_each_layout_is_read_as_a_model_that_pools_itself(layouts: dict[str, Path]) -> None:
