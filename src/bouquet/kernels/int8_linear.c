@@ -333,7 +333,8 @@ int bouquet_vnni_linear(const float* x, int64_t rows, int64_t k, int64_t x_strid
                         int32_t activation, const float* residual, int64_t residual_stride, const float* gamma,
                         const float* beta, float eps) {
     if (!BOUQUET_VNNI) return 1;
-    int32_t code_sums[rows > 0 ? rows : 1];
+    if (rows <= 0) return 0;
+    int32_t code_sums[rows];
     const VnniDequantize dequantize = {row_scales, col_scales, bias, row_zeros, col_sums,
                                        residual ? ACT_NONE : activation};
 #pragma omp parallel if (rows * n * k >= VNNI_PARALLEL_WORK)

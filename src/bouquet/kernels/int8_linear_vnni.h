@@ -222,7 +222,8 @@ static void vnni_columns(const int8_t* a, int64_t rows, int64_t k, int64_t lda, 
 int bouquet_vnni_product(const int8_t* a, int64_t m, int64_t k, int64_t lda, const uint8_t* packed, int64_t n,
                          int32_t* c, int64_t ldc) {
     if (!BOUQUET_VNNI) return 1;
-    int32_t code_sums[m > 0 ? m : 1];
+    if (m <= 0) return 0;
+    int32_t code_sums[m];
 #pragma omp parallel if (m * n * k >= VNNI_PARALLEL_WORK)
     {
 #pragma omp for schedule(static)
