@@ -32,6 +32,8 @@ from bouquet.model_dir import MultiVectorSpec
 from bouquet.processes import serve_lock
 from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
+from bouquet.replica.lane_frames import lane_path
+from bouquet.replica.lane_server import LaneServer
 from bouquet.replica.metrics import ReplicaMetrics, TlsFiles
 from bouquet.replica.request import DeadlineExpired, InvalidInput, Limits, QueueFull, Unavailable, decode_request
 from bouquet.replica.scheduler import Scheduler, StepEngine
@@ -127,8 +129,9 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
 
     def attach(
-        self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str, served_names: tuple[str, ...] = ()
-    ) -> None:
+        self, engine: StepEngine, scheduler: Scheduler, dtype: str, device: str, served_names: tuple[str, ...] = (),
+        lane: LaneServer | None = None,
+    ) -> None:  # fmt: skip
         spec = engine.spec
         self._info = embedding_pb2.InfoResponse(
             model_name=spec.name, architecture=spec.architecture, dimension=engine.dimension,
@@ -144,6 +147,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
             wire_version=WIRE_VERSION, bouquet_version=bouquet_version(),
+            lane_path=lane.path if lane else "", lane_nonce=lane.nonce if lane else "",
         )  # fmt: skip
         _set_zero_shot_logit(self._info, engine)
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
@@ -275,7 +279,8 @@ async def _refuse_unauthenticated(request: object, context: grpc.aio.ServicerCon
 
 
 class ReplicaServer:
-    """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached."""
+    """A gRPC server that listens at once (health NOT_SERVING) and serves once an engine is attached; on a Unix
+    socket, with the local lane beside it (replica/lane_server.py) unless `local_lane` is off."""
 
     def __init__(
         self,
@@ -283,6 +288,7 @@ class ReplicaServer:
         metrics: ReplicaMetrics | None = None,
         token: str | None = None,
         credentials: grpc.ServerCredentials | None = None,
+        local_lane: bool = True,
     ):
         self.metrics = metrics or ReplicaMetrics()
         interceptors = [TokenCheck(token)] if token else []
@@ -298,16 +304,27 @@ class ReplicaServer:
         if self.port == 0:
             raise ValueError(f"cannot listen on {listen}")
         self.scheduler: Scheduler | None = None
+        path = lane_path(listen) if local_lane and credentials is None else None
+        self.lane = None if path is None else LaneServer(path, self.servicer, token)
 
     async def start(self) -> None:
         await self.server.start()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.lane is not None:
+            await self._start_lane(self.lane)
+
+    async def _start_lane(self, lane: LaneServer) -> None:
+        try:
+            await lane.start()
+        except OSError as error:  # a path over the 107 bytes a Unix socket's name may take, say: gRPC still serves
+            logger.warning("the local lane could not listen at %s (%s); gateways will use gRPC alone", lane.path, error)
+            self.lane = None
 
     async def attach(
         self, engine: StepEngine, config: SchedulerConfig, dtype: str, device: str, served_names: tuple[str, ...] = ()
     ) -> Scheduler:
         self.scheduler = Scheduler(engine, config, self.metrics)
-        self.servicer.attach(engine, self.scheduler, dtype, device, served_names)
+        self.servicer.attach(engine, self.scheduler, dtype, device, served_names, self.lane)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         return self.scheduler
 
@@ -320,6 +337,8 @@ class ReplicaServer:
         deadline = asyncio.get_running_loop().time() + (grace or 0.0)
         while self.servicer.calls_in_flight and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
+        if self.lane is not None:
+            await self.lane.stop()
         await self.server.stop(0)
         if self.scheduler is not None:
             self.scheduler.close()
@@ -376,7 +395,7 @@ async def run_replica(engine_config: EngineConfig, scheduler_config: SchedulerCo
     credentials = None
     if config.tls_cert is not None and config.tls_key is not None:
         credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-    replica = ReplicaServer(config.listen, token=config.token, credentials=credentials)
+    replica = ReplicaServer(config.listen, token=config.token, credentials=credentials, local_lane=config.local_lane)
     drain = config.drain_seconds
     loop.add_signal_handler(ORPHANED_SIGNAL, lambda: loop.create_task(_after_the_gateways(replica, stop, drain)))
     if config.metrics_port is not None:

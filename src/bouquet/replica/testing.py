@@ -66,21 +66,26 @@ class RecordingEngine:
 
 
 class ReplicaThread:
-    """A ReplicaServer on 127.0.0.1 (any free port) with its own event loop on a daemon thread."""
+    """A ReplicaServer on 127.0.0.1 (any free port), or at `listen` (unix:PATH: with its local lane), with its own
+    event loop on a daemon thread."""
 
-    def __init__(self, engine: RecordingEngine | Engine, config: SchedulerConfig, attach: bool = True):
+    def __init__(
+        self, engine: RecordingEngine | Engine, config: SchedulerConfig, attach: bool = True,
+        listen: str = "127.0.0.1:0", token: str | None = None,
+    ):  # fmt: skip
         self.engine = engine
         self.config = config
+        self._listen, self._token = listen, token
         self.loop = event_loop.new_event_loop()  # the loop `bouquet replica` runs on
         self._thread = threading.Thread(target=self.loop.run_forever, name="replica-loop", daemon=True)
         self._thread.start()
         self.server: ReplicaServer = self.call(self._start())
-        self.address = f"127.0.0.1:{self.server.port}"
+        self.address = listen if listen.startswith("unix:") else f"127.0.0.1:{self.server.port}"
         if attach:
             self.attach()
 
     async def _start(self) -> ReplicaServer:
-        server = ReplicaServer("127.0.0.1:0")
+        server = ReplicaServer(self._listen, token=self._token)
         await server.start()
         return server
 

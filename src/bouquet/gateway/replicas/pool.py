@@ -34,10 +34,12 @@ from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
+from bouquet.gateway.replicas.lane import Lane, LaneRefused
 from bouquet.gateway.replicas.replica import Incompatible, Replica, check_wire, unusable_cause
 from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, back_within, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
+from bouquet.replica.lane_frames import FrameError
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class ReplicaPool:
         self._dns_looked_up: set[str] = set()  # the names looked up at least once, found or not
         # Sent with every Embed and Info call; a replica started with a token refuses calls without it.
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = token  # and shown on a replica's local lane (gateway/replicas/lane.py)
         self.catalog = catalog
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -95,6 +98,7 @@ class ReplicaPool:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(replica.close_lane() for replica in self.replicas))
         await asyncio.gather(*(replica.channel.close() for replica in self.replicas))
 
     async def first_round(self, seconds: float) -> None:
@@ -155,6 +159,7 @@ class ReplicaPool:
             await asyncio.sleep(0.1)
         if replica.watch is not None:
             replica.watch.cancel()
+        await replica.close_lane()
         await replica.channel.close()
 
     def any_healthy(self, model: str | None = None) -> bool:
@@ -242,9 +247,7 @@ class ReplicaPool:
         replica.rate.started(time.monotonic())
         answered = False
         try:
-            reply: embedding_pb2.EmbedResponse = await replica.stub.Embed(
-                request, timeout=timeout, metadata=self._metadata
-            )
+            reply = await replica.embed_call(request, timeout, self._metadata)
             answered = True
         finally:
             replica.outstanding_tokens -= tokens
@@ -334,6 +337,23 @@ class ReplicaPool:
             info = await replica.stub.Info(request, timeout=30, metadata=self._metadata)
         check_wire(info)  # a replica of another wire version is not used (Incompatible), and says so
         replica.model = self.catalog.register(info)
+        await self._open_lane(replica, info)
+
+    async def _open_lane(self, replica: Replica, info: embedding_pb2.InfoResponse) -> None:
+        """The local lane the replica's Info names, if any: kept while it is the same replica's (its nonce), opened
+        anew otherwise; where it cannot be opened, the replica's Embed calls stay on gRPC and the log says why once."""
+        lane = replica.lane
+        if lane is not None and lane.open_now and info.lane_path and lane.nonce == info.lane_nonce:
+            return
+        await replica.close_lane()
+        if not info.lane_path:
+            return
+        try:
+            replica.lane = await Lane.open(info.lane_path, info.lane_nonce, self._token)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, FrameError, LaneRefused) as error:
+            replica.unusable_lane(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        else:
+            logger.info("replica %s: Embed calls on its local lane %s", replica.address, info.lane_path)
 
     async def _watch(self, replica: Replica) -> None:
         """Follows the replica's health stream; when it breaks, marks the replica down and reconnects."""
@@ -349,6 +369,8 @@ class ReplicaPool:
                 replica.unusable(unusable_cause(error))
             finally:
                 replica.heard = True  # failed, or gone: the gateway knows what it can of it
+            # The connection broke (a crash, a hang that missed gRPC's pings): calls on the lane end as gRPC's did.
+            await replica.close_lane()
             self._set_healthy(replica, False)
             await asyncio.sleep(self._probe_interval)
 

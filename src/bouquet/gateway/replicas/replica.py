@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from bouquet.gateway.replicas.catalog import ServedModel
+from bouquet.gateway.replicas.lane import Lane
 from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,21 @@ class Replica:
         self.watch: asyncio.Task[None] | None = None  # its health watch, cancelled when it is closed
         self._ejected_until = 0.0
         self._eject_seconds = _EJECT_FIRST_S
+        self.lane: Lane | None = None  # its local lane, where its Info names one this gateway could open
+
+    def embed_call(
+        self, request: embedding_pb2.EmbedRequest, timeout: float, metadata: tuple[tuple[str, str], ...] | None
+    ) -> Awaitable[embedding_pb2.EmbedResponse]:
+        """One Embed call: on the local lane while it is open, else on gRPC; both fail alike (replicas/lane.py)."""
+        if self.lane is not None and self.lane.open_now:
+            return self.lane.embed(request, timeout)
+        reply: Awaitable[embedding_pb2.EmbedResponse] = self.stub.Embed(request, timeout=timeout, metadata=metadata)
+        return reply
+
+    async def close_lane(self) -> None:
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            await lane.close()
 
     def serves(self, model: str) -> bool:
         return (
@@ -129,6 +146,13 @@ class Replica:
             logger.warning("replica %s cannot be used: %s", self.address, cause)
             self.problems_said.add(cause)
         self.problem = cause
+
+    def unusable_lane(self, cause: str) -> None:
+        """Its local lane could not be opened: its Embed calls stay on gRPC; said once per cause."""
+        if cause not in self.problems_said:
+            logger.warning("replica %s: its local lane could not be opened (%s); Embed calls stay on gRPC",
+                           self.address, cause)  # fmt: skip
+            self.problems_said.add(cause)
 
     def serving_again(self) -> None:
         self.problem = None
