@@ -1,6 +1,6 @@
 """CPU graphs on and off (engine/cpu_graphs.py), in one run: lone short queries through `Engine.embed`, per dtype,
 the two engines alternated round by round; medians. Rows are checked equal (graphs replay the same kernels on the
-same values). A dtype whose layers run torch's own ops (float32 on a CPU without AVX-512, where its short-step
+same values). A dtype whose layers run torch's own ops (float32 on a CPU without AVX2 and FMA, where its short-step
 kernel does not run) shows no graph, and says so.
 
     .venv/bin/python bench/cpu_graphs.py [--dtypes int8,bfloat16] [--queries 200] [--rounds 3]

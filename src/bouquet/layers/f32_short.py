@@ -1,9 +1,10 @@
 """float32 linears of short steps (a query's few tokens) by a kernel of bouquet's own (kernels/int8_linear_f32.h):
-register-blocked AVX-512 FMAs on a weight packed once at load, with the bias, the activation and a post-norm block's
-residual add and LayerNorm fused, called through `kernel_call` so that a CPU graph can record them. Steps up to the
-row count measured faster than oneDNN's packed linear at the model's shapes (`choose_f32_rows`, cached per machine)
-run here, longer ones on oneDNN. The CPU probe's AVX-512 gates it, so `$ONEDNN_MAX_CPU_ISA` and
-`$BOUQUET_CPU_FEATURES` emulate a CPU without it."""
+register-blocked FMAs in AVX-512 or AVX2 on a weight packed once at load, with the bias, the activation and a post-norm
+block's residual add and LayerNorm fused, called through `kernel_call` so that a CPU graph can record them. Steps up to
+the row count measured faster than oneDNN's packed linear at the model's shapes (`choose_f32_rows`, cached per machine
+and ISA) run here, longer ones on oneDNN. The CPU probe picks the ISA (AVX-512 where it grants it, else AVX2 and FMA,
+else none), so `$ONEDNN_MAX_CPU_ISA` and `$BOUQUET_CPU_FEATURES` run the AVX2 code on an AVX-512 machine. The packed
+weight's last dimension, its block of output channels, names the ISA whose kernel runs it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from bouquet.machine_cache import measurement_path, write_measurement
 logger = logging.getLogger(__name__)
 
 ACTIVATION_CODES = {"none": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # int8_linear.c's ACT_*
+# Output channels a packed block holds (two vectors), by the ISA whose kernel runs it: the kernel's `block` argument.
+BLOCKS = {"avx512": 32, "avx2": 16}
 # Row counts the choice is measured at: a query's step and short steps; the kernel's tiles are sized for them.
 MEASURED_ROWS = (16, 32, 64, 128)
 # Above this many bytes of linear weights the second, packed copy costs more memory than a query's gain is worth.
@@ -36,15 +39,16 @@ _TURNS = 7
 def _library() -> ctypes.CDLL:
     library = load_kernel("int8_linear")
     library.bouquet_f32_available.restype = ctypes.c_int
-    library.bouquet_f32_available.argtypes = []
-    library.bouquet_f32_packed_size.restype = ctypes.c_int64
-    library.bouquet_f32_packed_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    library.bouquet_f32_available.argtypes = [ctypes.c_int32]  # the layout's block
     library.bouquet_f32_pack.restype = None
-    library.bouquet_f32_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    library.bouquet_f32_pack.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,  # weight, N, K, block, packed
+    ]  # fmt: skip
     library.bouquet_f32_linear.restype = ctypes.c_int
     library.bouquet_f32_linear.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, K, row stride
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,  # packed weight, N, bias or NULL, activation
+        ctypes.c_void_p, ctypes.c_int32,  # packed weight, its block (the ISA's layout)
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32,  # N, bias or NULL, activation
         ctypes.c_void_p, ctypes.c_int64,  # out, its row stride
         ctypes.c_void_p, ctypes.c_int64,  # residual or NULL, its row stride
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,  # the norm's weight and bias, eps
@@ -52,28 +56,39 @@ def _library() -> ctypes.CDLL:
     return library
 
 
+def kernel_isa() -> str | None:
+    """The ISA whose kernel runs here: "avx512" where the probe grants AVX-512, else "avx2" where it grants AVX2 and
+    FMA (the probe read at every call, so that an emulated CPU is honoured), the CPU has it and the kernel builds;
+    else None."""
+    features = cpu_features()
+    isa = "avx512" if features.has(*AVX2, *AVX512) else "avx2" if features.has(*AVX2) else None
+    return isa if isa is not None and cpu_runs(isa) else None
+
+
 def available() -> bool:
-    """Whether the probe grants AVX-512 (read at every call, so that an emulated CPU is honoured), the CPU has it and
-    the kernel builds here."""
-    return cpu_features().has(*AVX2, *AVX512) and _built_for_this_cpu()
+    return kernel_isa() is not None
 
 
 @functools.cache
-def _built_for_this_cpu() -> bool:
+def cpu_runs(isa: str) -> bool:
+    """Whether this CPU has `isa` ("avx512", "avx2") and the kernel built here for it, whatever the probe says."""
     try:
-        return bool(_library().bouquet_f32_available())
+        return bool(_library().bouquet_f32_available(BLOCKS[isa]))
     except KernelBuildError as error:
         logger.warning("float32: the short-step product is unavailable, its kernel did not build: %s", error)
         return False
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] float32 -> the kernel's column blocks of 32 output channels (N padded to a multiple of 32)."""
+    """[N, K] float32 -> [ceil(N / block), K, block]: the kernel's column blocks of `block` output channels (BLOCKS of
+    the ISA that runs here), zero-padded past N."""
     assert weight.dtype == torch.float32 and weight.dim() == 2, "a float32 [N, K] weight"
-    weight = weight.detach().contiguous()
+    isa = kernel_isa()
+    assert isa is not None, "the float32 short-step kernel does not run on this CPU"
+    weight, block = weight.detach().contiguous(), BLOCKS[isa]
     n, k = weight.shape
-    packed = torch.empty(_library().bouquet_f32_packed_size(n, k), dtype=torch.float32)
-    _library().bouquet_f32_pack(weight.data_ptr(), n, k, packed.data_ptr())
+    packed = torch.empty(-(-n // block), k, block, dtype=torch.float32)
+    _library().bouquet_f32_pack(weight.data_ptr(), n, k, block, packed.data_ptr())
     return packed
 
 
@@ -91,12 +106,12 @@ def f32_linear(
     out = torch.empty(rows.shape[0], out_features)
     failed = kernel_call(
         _library().bouquet_f32_linear,
-        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), out_features,
-        None if bias is None else bias.data_ptr(), ACTIVATION_CODES[activation], out.data_ptr(), out_features,
-        None, 0, None, None, 0.0,
+        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), packed.shape[-1],
+        out_features, None if bias is None else bias.data_ptr(), ACTIVATION_CODES[activation], out.data_ptr(),
+        out_features, None, 0, None, None, 0.0,
     )  # fmt: skip
     if failed:
-        raise RuntimeError("the float32 short-step product ran where this build or CPU has no AVX-512")
+        raise RuntimeError(f"the float32 short-step product has no kernel for blocks of {packed.shape[-1]} here")
     return out.view(*x.shape[:-1], out_features)
 
 
@@ -117,29 +132,34 @@ def f32_linear_add_norm(
     out = torch.empty(rows.shape[0], out_features)
     failed = kernel_call(
         _library().bouquet_f32_linear,
-        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), out_features,
-        None if bias is None else bias.data_ptr(), ACTIVATION_CODES["none"], out.data_ptr(), out_features,
-        residual_rows.data_ptr(), residual_rows.stride(0), norm_weight.data_ptr(), norm_bias.data_ptr(), eps,
+        rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), packed.data_ptr(), packed.shape[-1],
+        out_features, None if bias is None else bias.data_ptr(), ACTIVATION_CODES["none"], out.data_ptr(),
+        out_features, residual_rows.data_ptr(), residual_rows.stride(0), norm_weight.data_ptr(), norm_bias.data_ptr(),
+        eps,
     )  # fmt: skip
     if failed:
-        raise RuntimeError("the float32 short-step product ran where this build or CPU has no AVX-512")
+        raise RuntimeError(f"the float32 short-step product has no kernel for blocks of {packed.shape[-1]} here")
     return out.view(residual.shape)
 
 
 def choose_f32_rows(shapes: list[tuple[int, int]], threads: int) -> int:
     """Up to how many rows a step's float32 linears run on this kernel (0: never): timed against oneDNN's linear on
     packed weights at MEASURED_ROWS over the model's (in, out) shapes on `threads` threads, or read from this
-    machine's cache of that measurement: the largest measured count up to which the kernel is faster at every
-    count."""
-    if not available() or not shapes:
+    machine's cache of that measurement (per ISA the kernel runs in): the largest measured count up to which the
+    kernel is faster at every count."""
+    isa = kernel_isa()
+    if isa is None or not shapes:
         return 0
-    path = measurement_path("f32_short", {"shapes": sorted(shapes), "rows": MEASURED_ROWS, "threads": threads})
+    key = {"shapes": sorted(shapes), "rows": MEASURED_ROWS, "threads": threads, "isa": isa}
+    path = measurement_path("f32_short", key)
     seconds = _read_cache(path)
     if seconds is None:
         seconds = on_passing_thread(lambda: measure(shapes, threads))
         write_measurement(path, {"seconds": {str(rows): pair for rows, pair in seconds.items()}})
     table = ", ".join(f"{rows}: {ours * 1e3:.3f} / {theirs * 1e3:.3f}" for rows, (ours, theirs) in seconds.items())
-    logger.info("float32 short-step product against oneDNN, ms per set of the model's linears at rows: %s", table)
+    logger.info(
+        "float32 short-step product (%s) against oneDNN, ms per set of the model's linears at rows: %s", isa, table
+    )
     up_to = 0
     for rows, (ours, theirs) in sorted(seconds.items()):
         if ours >= theirs:
