@@ -254,6 +254,13 @@ INLINE void add_norm_row(float* out, int64_t cols, const float* residual, const 
     for (int64_t c = 0; c < cols; ++c) out[c] = (out[c] - mean) * inverse * gamma[c] + beta[c];
 }
 
+// add_norm_row as the dispatched clone, for kernels whose dequantizing pass ran earlier (the VNNI linear's column
+// groups): the same vector code as dequantize_add_norm_row's, so the same floats.
+CLONED static void add_norm_row_cloned(float* out, int64_t cols, const float* residual, const float* gamma,
+                                       const float* beta, float eps) {
+    add_norm_row(out, cols, residual, gamma, beta, eps);
+}
+
 // BERT's `attention.output` and `output`: the dequantized row (above, no activation), then add_norm_row.
 CLONED static void dequantize_add_norm_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
                                            const float* col_scales, const int32_t* col_sums, const float* bias,
@@ -284,6 +291,7 @@ void bouquet_dequantize_add_norm(void* data, int64_t rows, int64_t cols, const f
 #include "int8_linear_amx.h"
 #include "int8_linear_bf16.h"
 #include "int8_linear_f32.h"
+#include "int8_linear_vnni.h"
 
 // x: [rows, k] float32 (`x_stride` elements between rows) -> out: [rows, n] float32, contiguous: the rows quantized
 // (rotated first where `signs`; into codes [rows, k], row_scales, row_zeros: the caller's scratch), times the packed
@@ -311,6 +319,36 @@ int bouquet_amx_linear(const float* x, int64_t rows, int64_t k, int64_t x_stride
                                         residual + r * residual_stride, gamma, beta, eps);
             else
                 dequantize_row(row, n, row_scales[r], row_zeros[r], col_scales, col_sums, bias, activation, 0);
+        }
+    }
+    return 0;
+}
+
+// bouquet_amx_linear's arguments and contract, on the VNNI product (int8_linear_vnni.h, `packed` in its layout):
+// quantizing, the product with each column group dequantized while it is in cache, then the residual and LayerNorm
+// where given. Returns 1 where this build has no VNNI (out untouched).
+int bouquet_vnni_linear(const float* x, int64_t rows, int64_t k, int64_t x_stride, const float* signs, int64_t block,
+                        int8_t* codes, float* row_scales, int32_t* row_zeros, const uint8_t* packed, int64_t n,
+                        float* out, const float* col_scales, const int32_t* col_sums, const float* bias,
+                        int32_t activation, const float* residual, int64_t residual_stride, const float* gamma,
+                        const float* beta, float eps) {
+    if (!BOUQUET_VNNI) return 1;
+    if (rows <= 0) return 0;
+    int32_t code_sums[rows];
+    const VnniDequantize dequantize = {row_scales, col_scales, bias, row_zeros, col_sums,
+                                       residual ? ACT_NONE : activation};
+#pragma omp parallel if (rows * n * k >= VNNI_PARALLEL_WORK)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+            quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
+            code_sums[r] = code_sum(codes + r * k, k);
+        }
+        vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize);
+        if (residual) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; ++r)
+                add_norm_row_cloned(out + r * n, n, residual + r * residual_stride, gamma, beta, eps);
         }
     }
     return 0;

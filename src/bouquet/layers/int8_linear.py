@@ -2,10 +2,10 @@
 
 y = dequantize(int8(x) @ int8(W).T) + b: weights symmetric per output channel (scale = the channel's largest
 magnitude / limit), activations asymmetric per row (per token: a scale and an integer zero point), the product
-accumulated exactly in int32 (`torch._int_mm`, oneDNN's matmul on a prepacked weight, or, where the CPU has AMX,
-bouquet's own AMX kernel: layers/int8_products.py times them), then the zero point taken off with each channel's
-weight sum, scaled back to float32 by the row's and the channel's scales, with the bias and the layer's
-activation applied in the same pass (kernels/int8_linear.c). No calibration data: a row's scale comes from the
+accumulated exactly in int32 (`torch._int_mm`, oneDNN's matmul on a prepacked weight, or bouquet's own AMX or
+AVX-512 VNNI kernel where the CPU has them: layers/int8_products.py times them), then the zero point taken off
+with each channel's weight sum, scaled back to float32 by the row's and the channel's scales, with the bias and the
+layer's activation applied in the same pass (kernels/int8_linear.c). No calibration data: a row's scale comes from the
 row itself, so one outlier token costs no other token its precision. Asymmetric rows, rather than symmetric ones,
 took MiniLM's worst query from 0.986 to 0.995 cosine to float32 (docs/benchmarks.md).
 
@@ -42,6 +42,7 @@ from bouquet.kernels.openmp import on_passing_thread
 from bouquet.kernels.recording import kernel_call, op_call
 from bouquet.layers.amx_product import AMX_PRODUCT, amx_linear, amx_product, pack_for_amx
 from bouquet.layers.amx_product import fits as amx_fits
+from bouquet.layers.vnni_product import VNNI_PRODUCT, pack_for_vnni, vnni_linear, vnni_product
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ REDUCED_RANGE = WeightRange(63)  # 2 x 255 x 63 < 32,767 however the product pai
 # The kernel's activation codes, by the names LinearActivation fuses.
 ACTIVATIONS = {"none": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 3}
 # The int8 products: `torch._int_mm` (oneDNN's s8 x s8 -> s32 GEMM on the plain weight), oneDNN's matmul
-# primitive on its own prepacked layout (`onednn::qlinear_pointwise`) and AMX_PRODUCT (layers/amx_product.py).
+# primitive on its own prepacked layout (`onednn::qlinear_pointwise`), AMX_PRODUCT (layers/amx_product.py) and
+# VNNI_PRODUCT (layers/vnni_product.py).
 # layers/int8_products.py times them.
 INT_MM_PRODUCT, ONEDNN_PRODUCT = "int_mm", "onednn"
 
@@ -117,7 +119,8 @@ def _hadamard(size: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Int8Weight:
     """A linear's weight in int8, in the layout of each product its calls use: `transposed` [in, out] for
-    `torch._int_mm` (a view of the [out, in] rows), `packed` for oneDNN's matmul, `amx` for the AMX kernel; with one
+    `torch._int_mm` (a view of the [out, in] rows), `packed` for oneDNN's matmul, `amx` and `vnni` for bouquet's
+    kernels; with one
     float32 scale per output channel and each channel's int8 weights summed (what an activation row's zero point
     contributes to its products). Calls of fewer than `from_rows` rows run `small`, the others `large`."""
 
@@ -128,6 +131,7 @@ class Int8Weight:
     in_features: int
     packed: torch.Tensor | None = None  # oneDNN's prepacked weight (opaque)
     amx: torch.Tensor | None = None  # the AMX kernel's blocks
+    vnni: torch.Tensor | None = None  # the VNNI kernel's column blocks
     small: str = INT_MM_PRODUCT
     large: str = INT_MM_PRODUCT
     from_rows: int = 0
@@ -198,6 +202,7 @@ def with_products(weight: Int8Weight, small: str, large: str, from_rows: int = 0
         transposed=weight.transposed if INT_MM_PRODUCT in used else torch.empty(0, 0, dtype=torch.int8),
         packed=torch.ops.onednn.qlinear_prepack(rows.contiguous(), None) if ONEDNN_PRODUCT in used else None,
         amx=pack_for_amx(rows) if AMX_PRODUCT in used else None,
+        vnni=pack_for_vnni(rows) if VNNI_PRODUCT in used else None,
         small=small if small in used else large,
         large=large if large in used else small,
         from_rows=max(from_rows, 0),
@@ -205,12 +210,15 @@ def with_products(weight: Int8Weight, small: str, large: str, from_rows: int = 0
 
 
 def int8_product(values: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`, the AMX kernel), or float32 holding
+    """[T, K] int8 codes times the int8 weight: [T, N] int32 (`torch._int_mm`, bouquet's kernels), or float32 holding
     the same integers (oneDNN's matmul, asked for unit scales and a float32 output: it has no int32 output)."""
     product = weight.small if values.shape[0] < weight.from_rows else weight.large
     if product == AMX_PRODUCT:
         assert weight.amx is not None
         return amx_product(values, weight.amx, weight.scales.numel())
+    if product == VNNI_PRODUCT:
+        assert weight.vnni is not None
+        return vnni_product(values, weight.vnni, weight.scales.numel())
     # oneDNN's products are torch ops: called as kernel calls writing into an output allocated here, so that a CPU
     # graph (engine/cpu_graphs.py) replays them with the C kernels around them.
     if product == INT_MM_PRODUCT:
@@ -340,14 +348,22 @@ def dequantize(products: torch.Tensor, rows: Int8Rows, weight: Int8Weight, activ
     return products.view(torch.float32)
 
 
-def _runs_on_amx(weight: Int8Weight, rows: int) -> bool:
-    return (weight.small if rows < weight.from_rows else weight.large) == AMX_PRODUCT
+def _own_kernel(weight: Int8Weight, rows: int) -> str | None:
+    """The product of bouquet's own (the whole linear in one kernel call) a call of this many rows runs, if any."""
+    product = weight.small if rows < weight.from_rows else weight.large
+    return product if product in (AMX_PRODUCT, VNNI_PRODUCT) else None
 
 
-def _on_amx(
-    flat: torch.Tensor, weight: Int8Weight, activation: str, residual: torch.Tensor | None, norm: nn.LayerNorm | None
+def _one_call(
+    kernel: str,
+    flat: torch.Tensor,
+    weight: Int8Weight,
+    activation: str,
+    residual: torch.Tensor | None,
+    norm: nn.LayerNorm | None,
 ) -> torch.Tensor:
-    """The whole linear in one kernel call (quantizing, the AMX product, dequantizing): [T, K] -> [T, N]."""
+    """The whole linear in one kernel call (quantizing, bouquet's AMX or VNNI product, dequantizing): [T, K] ->
+    [T, N]."""
     num_rows, cols = flat.shape
     scratch = _scratch_rows(num_rows, cols)
     out = torch.empty(num_rows, weight.scales.numel())
@@ -355,10 +371,11 @@ def _on_amx(
     fused = (None, 0, None, None, 0.0) if residual is None or norm is None else (
         residual.data_ptr(), residual.stride(0), norm.weight.data_ptr(), norm.bias.data_ptr(), norm.eps
     )  # fmt: skip
-    amx_linear((
+    packed = weight.amx if kernel == AMX_PRODUCT else weight.vnni
+    (amx_linear if kernel == AMX_PRODUCT else vnni_linear)((
         flat.data_ptr(), num_rows, cols, flat.stride(0), signs, block,
         scratch.values.data_ptr(), scratch.scales.data_ptr(), scratch.zeros.data_ptr(),
-        weight.amx.data_ptr() if weight.amx is not None else None, out.shape[1], out.data_ptr(),
+        packed.data_ptr() if packed is not None else None, out.shape[1], out.data_ptr(),
         scales, sums, bias, ACTIVATIONS[activation], *fused,
     ))  # fmt: skip
     return out
@@ -366,8 +383,9 @@ def _on_amx(
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, activation: str = "none") -> torch.Tensor:
     """act(x @ W.T + b) with int8 products: x [..., K] float32 -> [..., N] float32."""
-    if _runs_on_amx(weight, x.numel() // x.shape[-1]):
-        return _on_amx(_float_rows(x), weight, activation, None, None).view(*x.shape[:-1], -1)
+    kernel = _own_kernel(weight, x.numel() // x.shape[-1])
+    if kernel is not None:
+        return _one_call(kernel, _float_rows(x), weight, activation, None, None).view(*x.shape[:-1], -1)
     rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
     return dequantize(products, rows, weight, activation).view(*x.shape[:-1], -1)
@@ -382,8 +400,9 @@ def int8_linear_add_norm(
     residual_rows = residual.reshape(-1, shape[-1])
     if residual_rows.dtype != torch.float32 or residual_rows.stride(-1) != 1:
         residual_rows = residual_rows.float().contiguous()
-    if _runs_on_amx(weight, residual_rows.shape[0]):
-        return _on_amx(_float_rows(x), weight, "none", residual_rows, norm).view(shape)
+    kernel = _own_kernel(weight, residual_rows.shape[0])
+    if kernel is not None:
+        return _one_call(kernel, _float_rows(x), weight, "none", residual_rows, norm).view(shape)
     rows = _quantized_input(x, weight)
     products = int8_product(rows.values, weight)
     assert products.is_contiguous() and products.shape == residual_rows.shape

@@ -1,8 +1,9 @@
 """Which int8 product a model's linears use on this CPU, at each call size, by measurement (`--dtype int8`).
 
-Three products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain int8
-weight; oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the CPU
-has them; and, on CPUs with AMX, bouquet's own AMX kernel (layers/amx_product.py). Which is fastest depends on the
+Up to four products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain
+int8 weight; oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the
+CPU has them; on CPUs with AMX, bouquet's own AMX kernel (layers/amx_product.py); and on CPUs with AVX512-VNNI,
+bouquet's own VNNI kernel for short steps (layers/vnni_product.py). Which is fastest depends on the
 CPU, the shapes and the number of rows: on an Intel Xeon with AMX the prepacked matmul was 1.4-2.9x `_int_mm` at a
 1,024-token step while a 16-token query ran 1.7x faster through `_int_mm`, and the AMX kernel beat both at every
 size; on CPUs without VNNI oneDNN has no fast s8 x s8 matmul at all (docs/benchmarks.md, "int8 on the CPU"). So,
@@ -34,6 +35,7 @@ from bouquet.layers.int8_linear import (
     quantize_weight,
     with_products,
 )
+from bouquet.layers.vnni_product import VNNI_PRODUCT, vnni_available
 from bouquet.machine_cache import measurement_path, write_measurement
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ def available_products() -> list[str]:
         products.append(ONEDNN_PRODUCT)
     if amx_available():
         products.append(AMX_PRODUCT)
+    if vnni_available():
+        products.append(VNNI_PRODUCT)
     return products
 
 
