@@ -344,8 +344,10 @@ int bouquet_vnni_linear(const float* x, int64_t rows, int64_t k, int64_t x_strid
             quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
             code_sums[r] = code_sum(codes + r * k, k);
         }
-        vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize);
+        vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize, omp_get_num_threads(),
+                     omp_get_thread_num());
         if (residual) {
+#pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; ++r)
                 add_norm_row_cloned(out + r * n, n, residual + r * residual_stride, gamma, beta, eps);
