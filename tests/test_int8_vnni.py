@@ -25,8 +25,9 @@ from bouquet.layers.vnni_product import VNNI_PRODUCT, vnni_available
 
 needs_vnni = pytest.mark.skipif(not vnni_available(), reason=f"no AVX512-VNNI here: {cpu_features().describe()}")
 
-# MiniLM's shapes, and shapes whose inputs end inside a group of four and outputs inside a block of 32.
-_SHAPES = [(384, 1152), (1536, 384), (37, 50), (5, 3), (130, 97), (1, 33)]
+# MiniLM's shapes, and shapes whose inputs end inside a group of four and outputs inside a block of 32 (602: several
+# input slices where there are several row blocks, then the partial group).
+_SHAPES = [(384, 1152), (1536, 384), (37, 50), (5, 3), (130, 97), (1, 33), (602, 40)]
 
 
 @pytest.fixture(params=[1, 2])
