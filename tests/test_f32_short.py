@@ -190,6 +190,18 @@ def test_the_choice_is_measured_once_per_machine_isa_and_shape(
 
 
 @pytest.mark.parametrize(
+    ("seconds", "rows"),
+    [
+        ({16: (1.0, 2.0), 32: (1.0, 2.0), 64: (2.0, 1.0), 128: (1.0, 2.0)}, 32),  # stops at the first loss
+        ({16: (1.0, 1.0), 32: (1.61, 1.60), 64: (3.0, 2.9)}, 64),  # ties (within 5%) go to the kernel
+        ({16: (1.2, 1.0), 32: (1.0, 2.0)}, 0),  # slower at a query's rows: never
+    ],
+)
+def test_rows_from_the_timings(seconds: dict[int, tuple[float, float]], rows: int) -> None:
+    assert f32_short.rows_from(seconds) == rows
+
+
+@pytest.mark.parametrize(
     ("flags", "expected"),
     [
         (ISA_FLAGS["avx512"], "avx512"),

@@ -33,6 +33,8 @@ MEASURED_ROWS = (16, 32, 64, 128)
 # Above this many bytes of linear weights the second, packed copy costs more memory than a query's gain is worth.
 MAX_WEIGHT_BYTES = 2**30
 _TURNS = 7
+# How much slower than oneDNN the kernel may measure at a row count and still take it (rows_from).
+TIE_MARGIN = 1.05
 
 
 @functools.cache
@@ -145,8 +147,7 @@ def f32_linear_add_norm(
 def choose_f32_rows(shapes: list[tuple[int, int]], threads: int) -> int:
     """Up to how many rows a step's float32 linears run on this kernel (0: never): timed against oneDNN's linear on
     packed weights at MEASURED_ROWS over the model's (in, out) shapes on `threads` threads, or read from this
-    machine's cache of that measurement (per ISA the kernel runs in): the largest measured count up to which the
-    kernel is faster at every count."""
+    machine's cache of that measurement (per ISA the kernel runs in), read by `rows_from`."""
     isa = kernel_isa()
     if isa is None or not shapes:
         return 0
@@ -160,9 +161,17 @@ def choose_f32_rows(shapes: list[tuple[int, int]], threads: int) -> int:
     logger.info(
         "float32 short-step product (%s) against oneDNN, ms per set of the model's linears at rows: %s", isa, table
     )
+    return rows_from(seconds)
+
+
+def rows_from(seconds: dict[int, tuple[float, float]]) -> int:
+    """The largest measured count up to which the kernel is never more than TIE_MARGIN slower than oneDNN at any
+    count (0: none). A tie goes to the kernel: its calls let a CPU graph replay the whole step, while one oneDNN
+    linear in a step leaves every layer eager, which costs a lone query far more than a tie's few percent (a
+    34-token query 8.2 ms eager against ~4.5 replayed: docs/benchmarks.md, "float32's p99")."""
     up_to = 0
     for rows, (ours, theirs) in sorted(seconds.items()):
-        if ours >= theirs:
+        if ours > TIE_MARGIN * theirs:
             break
         up_to = rows
     return up_to
