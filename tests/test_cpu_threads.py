@@ -183,6 +183,22 @@ def test_only_the_lead_borrows_and_only_for_a_short_lone_step() -> None:
     assert setter.calls == [4, 1] and threads.running == 0
 
 
+def test_a_trial_step_borrows_as_told_and_its_time_goes_to_the_choice() -> None:
+    setter = _Recorder()
+    threads = StepThreads(1, 4, max_tokens=64, set_threads=setter, get_threads=setter.get)
+
+    def lead_steps() -> None:
+        _lead(threads, setter)
+        with threads.step(20, trial=False):  # what the choice would try second: the lead's own thread
+            assert setter.calls == []
+        assert not threads.choice.measured(20)
+        with threads.step(20, trial=True):
+            assert setter.calls == [4]
+        assert setter.calls == [4, 1] and threads.choice.measured(20) and not threads.choice.measured(16)
+
+    _on_thread(lead_steps)
+
+
 def test_a_borrowing_step_gives_the_threads_back_when_another_starts() -> None:
     setter = _Recorder()
     threads = StepThreads(1, 2, max_tokens=256, set_threads=setter, get_threads=setter.get)
@@ -258,6 +274,8 @@ def test_a_lone_short_step_runs_on_every_thread_and_a_long_one_on_its_share(mini
     seen: list[int] = []
     engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
     try:
+        assert engine._step_threads is not None  # a lone query's classes timed both ways at start
+        assert all(engine._step_threads.choice.measured(tokens) for tokens in (1, 16, 17, 32, 33, 64))
         short = _batch(minilm_tokenizer, ["a short query"])
         long = _batch(minilm_tokenizer, ["a document about embeddings " * 20])
         assert long.num_tokens > 64

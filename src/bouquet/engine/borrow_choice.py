@@ -108,7 +108,8 @@ class BorrowChoice:
         if retry:
             if size.borrowed.seconds <= size.own.seconds:
                 size.borrowing, size.lone_steps, size.held = True, 0, 0
-                logger.info("lone steps of <= %d tokens borrow every thread again: %s", _bound(num_tokens), _vs(size))
+                bound = size_class(num_tokens)
+                logger.info("lone steps of <= %d tokens borrow every thread again: %s", bound, _vs(size))
             else:
                 self._back_off(size, now)
         elif size.borrowing and size.borrowed.seconds > _MARGIN * size.own.seconds:
@@ -116,7 +117,7 @@ class BorrowChoice:
             size.borrowing = False
             logger.info(
                 "lone steps of <= %d tokens stop borrowing threads (another process holds a core?): %s; retried in "
-                "%.0f s", _bound(num_tokens), _vs(size), size.backoff,
+                "%.0f s", size_class(num_tokens), _vs(size), size.backoff,
             )  # fmt: skip
         elif size.borrowing and borrowed:
             size.held += 1
@@ -128,19 +129,24 @@ class BorrowChoice:
         size.backoff = min(self.max_backoff, max(self.first_backoff, 2 * size.backoff, _RETRY_SPACING * loss))
         size.retry_at = now + size.backoff
 
+    def measured(self, num_tokens: int) -> bool:
+        """Whether lone steps of this size have been timed both ways."""
+        size = self._class(num_tokens)
+        return size.borrowed.known and size.own.known
+
     def borrowing(self, num_tokens: int) -> bool:
         """Whether lone steps of this size currently borrow (retries aside)."""
         return self._class(num_tokens).borrowing
 
     def _class(self, num_tokens: int) -> _SizeClass:
-        key = _bound(num_tokens)
+        key = size_class(num_tokens)
         size = self._classes.get(key)
         if size is None:
             size = self._classes[key] = _SizeClass(_Estimate(), _Estimate())
         return size
 
 
-def _bound(num_tokens: int) -> int:
+def size_class(num_tokens: int) -> int:
     """The size class: the power of two at or above the step's tokens (16 at least)."""
     return max(16, 1 << (max(num_tokens, 1) - 1).bit_length())
 

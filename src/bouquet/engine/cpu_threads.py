@@ -78,16 +78,19 @@ class StepThreads:
             logger.warning("omp_set_num_threads did not change torch's thread count: a lone step keeps its share")
 
     @contextmanager
-    def step(self, num_tokens: int, timed: bool = True) -> Iterator[None]:
+    def step(self, num_tokens: int, timed: bool = True, trial: bool | None = None) -> Iterator[None]:
         """Around one step, on the worker thread that computes it. A lone short step on the lead borrows as
-        `choice` says and its time goes back to `choice`; `timed=False` (start-up work) borrows without asking."""
+        `choice` says and its time goes back to `choice`; `timed=False` (start-up work) borrows without asking;
+        `trial` (start-up timing, engine.py) borrows or not as it says, its time recorded as a lone step's."""
         with self._lock:
             self._running += 1
             self._started += 1
             started, lone = self._started, self._running == 1
         short_on_lead = getattr(self._local, "is_lead", False) and num_tokens <= self.max_tokens
         timed = timed and short_on_lead and lone
-        if timed:
+        if timed and trial is not None:
+            self._local.may_borrow = trial
+        elif timed:
             self._local.may_borrow = self.choice.should_borrow(num_tokens)
         else:  # start-up work, or a step that met others: it may widen at a later layer, once they have finished
             self._local.may_borrow = short_on_lead and self.choice.borrowing(num_tokens)

@@ -13,6 +13,7 @@ from torch import nn
 from bouquet.batch import Batch
 from bouquet.config import CudaGraphConfig, EngineConfig, widest_linear
 from bouquet.cpu_features import AVX512, cpu_features
+from bouquet.engine.borrow_choice import size_class
 from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS, CpuLayerGraphs
 from bouquet.engine.cpu_threads import StepThreads
 from bouquet.engine.cuda_graphs import CudaCapturer, CudaGraphRunner
@@ -51,6 +52,7 @@ from bouquet.text_padding import processor_text_length, read_text_padding, text_
 logger = logging.getLogger(__name__)
 
 
+_TRIAL_TURNS = (True, False, True, False)  # a lone step's start-up timing: borrowed, own, alternated
 _IN_MODEL_PROJECTION = "linear."  # HF_ColBERT's projection's tensors in the model's own checkpoint
 
 
@@ -181,6 +183,7 @@ class Engine:
         try:
             self._build_cpu_primitives()
             self._capture_short_steps()
+            self._time_lone_steps()
         except BaseException:
             self._workers.shutdown()
             raise
@@ -292,7 +295,7 @@ class Engine:
         up_to_rows = use_f32_short_linears(model, self.threads_per_worker)
         if up_to_rows:
             logger.info(
-                "float32: steps of up to %d tokens on bouquet's short-step kernel (measured faster than oneDNN)",
+                "float32: steps of up to %d tokens on bouquet's short-step kernel (measured no slower than oneDNN)",
                 up_to_rows,
             )
 
@@ -383,6 +386,27 @@ class Engine:
             logger.info(
                 "CPU graphs: %d of a lone query's shapes captured at start, keeping %.0f MB", count, size / 2**20
             )
+
+    def _time_lone_steps(self) -> None:
+        """A lone query's step of each borrowing size class up to SHORT_QUERY_TOKENS timed both ways at start,
+        borrowing every thread and on the lead's own, alternated: the choice (borrow_choice.py) then starts with
+        both estimates, and no request's step is the first own-thread one it would otherwise try (served, a
+        43-token float32 query took 9.4 ms on that try against 6.0 borrowed: the second sighting of each class
+        was a slow query, the p99 of a few hundred)."""
+        threads = self._step_threads
+        if threads is None or not self.config.cpu_warmup_tokens:
+            return
+        most = min(SHORT_QUERY_TOKENS, threads.max_tokens, self.config.cpu_warmup_tokens)
+        bounds = sorted({size_class(tokens) for tokens in range(1, most + 1)})
+        self._workers.submit(self._time_lone_steps_here, threads, [min(bound, most) for bound in bounds]).result()
+
+    @torch.inference_mode()
+    def _time_lone_steps_here(self, threads: StepThreads, lengths: list[int]) -> None:
+        for tokens in lengths:
+            batch = Batch.pack([[0] * tokens])  # the shape matters, not the ids
+            for borrow in _TRIAL_TURNS:
+                with threads.step(tokens, trial=borrow):
+                    self.runner.execute(batch)
 
     def _capture_on_this_worker(self, batches: list[Batch]) -> tuple[int, int]:
         graphs = self.runner.layer_graphs

@@ -1,10 +1,11 @@
 """float32 linears of short steps (a query's few tokens) by a kernel of bouquet's own (kernels/int8_linear_f32.h):
 register-blocked FMAs in AVX-512 or AVX2 on a weight packed once at load, with the bias, the activation and a post-norm
 block's residual add and LayerNorm fused, called through `kernel_call` so that a CPU graph can record them. Steps up to
-the row count measured faster than oneDNN's packed linear at the model's shapes (`choose_f32_rows`, cached per machine
-and ISA) run here, longer ones on oneDNN. The CPU probe picks the ISA (AVX-512 where it grants it, else AVX2 and FMA,
-else none), so `$ONEDNN_MAX_CPU_ISA` and `$BOUQUET_CPU_FEATURES` run the AVX2 code on an AVX-512 machine. The packed
-weight's last dimension, its block of output channels, names the ISA whose kernel runs it."""
+the row count measured no slower (within TIE_MARGIN) than oneDNN's packed linear at the model's shapes
+(`choose_f32_rows`, cached per machine and ISA) run here, longer ones on oneDNN. The CPU probe picks the ISA (AVX-512
+where it grants it, else AVX2 and FMA, else none), so `$ONEDNN_MAX_CPU_ISA` and `$BOUQUET_CPU_FEATURES` run the AVX2
+code on an AVX-512 machine. The packed weight's last dimension, its block of output channels, names the ISA whose
+kernel runs it."""
 
 from __future__ import annotations
 
