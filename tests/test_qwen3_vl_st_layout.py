@@ -1,8 +1,9 @@
 """Qwen3-VL-Embedding in sentence-transformers' layout: a tiny random-weight Qwen3-VL saved by sentence-transformers'
-own saver (its Transformer module over Qwen3VLModel with Qwen3VLProcessor, last-token Pooling, Normalize; the
-generation prompt in its processing_kwargs and the embedder's instructions as its prompts, as Qwen3-VL-Embedding's
-sentence-transformers checkpoints are saved), served by bouquet and compared with sentence-transformers' own
-encode() on texts, images (PIL, of sizes other than the processor's) and a query prompt (float32, cosine >= 0.99999).
+own saver (its Transformer over Qwen3VLModel with Qwen3VLProcessor, last-token Pooling, Normalize), as
+Qwen3-VL-Embedding's checkpoints are saved (the generation prompt in its processing_kwargs, the embedder's
+instructions as its prompts) and as it saves one by default (neither), served by bouquet and compared with
+sentence-transformers' own encode() on texts (plain strings and objects), images (PIL, of sizes other than the
+processor's) and the query prompt (float32, cosine >= 0.99999); processing kwargs bouquet cannot follow refused.
 
 Without torchvision (as in `.venv`), transformers cannot build Qwen3VLProcessor at all: ProcessorMixin.__init__
 checks the video processor against `transformers.VideoProcessorMixin` (processing_utils.check_argument_for_proper_
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +31,11 @@ from in_process import engines, served
 from PIL import Image
 from qwen3_vl_models import MERGE, PATCH, TEMPORAL, images, save_qwen3_vl_with_tokenizer
 
+from bouquet.st_messages import StMessages
+
 BOUND = 0.99999
 MODEL = "tiny-qwen3-vl-st"
+PLAIN = "tiny-qwen3-vl-st-plain"  # no prompts, no processing_kwargs
 DOCUMENT = "Represent the user's input."
 QUERY = "Retrieve images or text relevant to the user's query."
 TEXTS = ["A photo of a cat on a red sofa.", "Find the chart of revenue.", "The quick brown fox jumps over the dog."]
@@ -48,35 +53,43 @@ def _processor_parts(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, o
     return {"video_processor": video, "tokenizer": AutoTokenizer.from_pretrained(path)}
 
 
-@pytest.fixture(scope="module")
-def st_model(tmp_path_factory) -> Iterator[tuple[Path, object]]:
+def _save(root: Path, name: str, settings: dict, prompts: dict[str, str], default: str | None) -> object:
+    """The tiny model saved by sentence-transformers in root/name; its SentenceTransformer, the reference."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.normalize import Normalize
     from sentence_transformers.base.modules.transformer import Transformer
     from sentence_transformers.sentence_transformer.modules.pooling import Pooling
 
-    root = tmp_path_factory.mktemp("qwen3-vl-st")
-    save_qwen3_vl_with_tokenizer(root / "transformers")
+    source = root / f"{name}-transformers"
+    save_qwen3_vl_with_tokenizer(source)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        transformer = Transformer(
-            str(root / "transformers"),
-            processor_kwargs=_processor_parts(root / "transformers", monkeypatch),
-            processing_kwargs={"chat_template": {"add_generation_prompt": True}},
-        )
-        pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="lasttoken")
-        model = SentenceTransformer(
-            modules=[transformer, pooling, Normalize()],
-            prompts={"query": QUERY, "document": DOCUMENT},
-            default_prompt_name="document",
-        )
-        model.save(str(root / MODEL))
-        shutil.rmtree(root / "transformers")
-        yield root / MODEL, model
+        parts = _processor_parts(source, monkeypatch)
+        transformer = Transformer(str(source), processor_kwargs=parts, processing_kwargs=settings)
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="lasttoken")
+    model = SentenceTransformer(
+        modules=[transformer, pooling, Normalize()], prompts=prompts, default_prompt_name=default
+    )
+    model.save(str(root / name))
+    shutil.rmtree(source)
+    return model
 
 
 @pytest.fixture(scope="module")
-def client(st_model) -> Iterator[httpx.Client]:
-    with engines(st_model[0]) as built, served(built) as running:
+def st_models(tmp_path_factory) -> tuple[Path, dict[str, object]]:
+    """As Qwen3-VL-Embedding's checkpoints are saved (the generation prompt, the embedder's instructions as
+    prompts, document the default), and as sentence-transformers saves one by default (neither)."""
+    root = tmp_path_factory.mktemp("qwen3-vl-st")
+    return root, {
+        MODEL: _save(root, MODEL, {"chat_template": {"add_generation_prompt": True}},
+                     {"query": QUERY, "document": DOCUMENT}, "document"),
+        PLAIN: _save(root, PLAIN, {}, {}, None),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(st_models) -> Iterator[httpx.Client]:
+    root, _ = st_models
+    with engines(root / MODEL, root / PLAIN) as built, served(built) as running:
         yield running.client
 
 
@@ -91,10 +104,10 @@ def _rows(response: httpx.Response) -> np.ndarray:
     return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
 
 
-def test_the_directory_is_sentence_transformers_own(st_model) -> None:
+def test_the_directory_is_sentence_transformers_own(st_models) -> None:
     """What the saver wrote, read back: the layout under test, not transformers' (no preprocessor_config.json; the
     image processor nested in processor_config.json; the base model's weights; three modules)."""
-    path, _ = st_model
+    path = st_models[0] / MODEL
     names = {entry.name for entry in path.iterdir()}
     assert {"modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "processor_config.json",
             "1_Pooling", "2_Normalize"} <= names, names  # fmt: skip
@@ -102,45 +115,36 @@ def test_the_directory_is_sentence_transformers_own(st_model) -> None:
     assert '"Qwen3VLModel"' in (path / "config.json").read_text()
 
 
-def test_texts_match_sentence_transformers(client: httpx.Client, st_model) -> None:
-    """Texts as Jina's `{"text"}` objects: each a conversation in the model's template with its default instruction,
-    as sentence-transformers' encode() writes a text under its default prompt."""
-    _, model = st_model
-    expected = model.encode(TEXTS, convert_to_numpy=True)
-    body = {"model": MODEL, "input": [{"text": text} for text in TEXTS]}
-    cosines = row_cosines(_rows(client.post("/v1/embeddings", json=body)), expected)
-    assert cosines.min() >= BOUND, cosines
+@pytest.mark.parametrize("name", [MODEL, PLAIN])
+def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
+    """Plain strings and Jina's `{"text"}` objects alike: each a conversation, as encode() writes a text (with the
+    default prompt a system message, or none; the generation prompt as the config says)."""
+    expected = st_models[1][name].encode(TEXTS, convert_to_numpy=True)
+    for inputs in (TEXTS, [{"text": text} for text in TEXTS]):
+        rows = _rows(client.post("/v1/embeddings", json={"model": name, "input": inputs}))
+        cosines = row_cosines(rows, expected)
+        assert cosines.min() >= BOUND, (inputs, cosines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plain strings in `input` are embedded as texts (the default prompt put before each, no chat template), "
-    "where sentence-transformers writes each as a conversation with the prompt as its system message",
-)
-def test_plain_text_inputs_match_sentence_transformers(client: httpx.Client, st_model) -> None:
-    _, model = st_model
-    expected = model.encode(TEXTS, convert_to_numpy=True)
-    rows = _rows(client.post("/v1/embeddings", json={"model": MODEL, "input": TEXTS}))
-    assert row_cosines(rows, expected).min() >= BOUND
-
-
-def test_images_match_sentence_transformers(client: httpx.Client, st_model) -> None:
-    _, model = st_model
+@pytest.mark.parametrize("name", [MODEL, PLAIN])
+def test_images_match_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
+    model = st_models[1][name]
     pictures = images(SIZES, seed=3)
     expected = model.encode(pictures, convert_to_numpy=True)
-    rows = _rows(client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(p) for p in pictures]}))
+    rows = _rows(client.post("/embeddings_image", json={"model": name, "input": [_uri(p) for p in pictures]}))
     cosines = row_cosines(rows, expected)
     assert cosines.min() >= BOUND, cosines
     # One space: a text's row against an image's is sentence-transformers' text row against its image row.
-    text = _rows(client.post("/v1/embeddings", json={"model": MODEL, "input": [{"text": TEXTS[0]}]}))
+    text = _rows(client.post("/v1/embeddings", json={"model": name, "input": TEXTS[0]}))
     reference = model.encode(TEXTS[:1], convert_to_numpy=True)
     assert abs(float(text[0] @ rows[0]) - float(reference[0] @ expected[0])) < 1e-4
 
 
-def test_a_query_prompt_is_the_system_message(client: httpx.Client, st_model) -> None:
-    """sentence-transformers' prompt_name "query" puts its prompt in a system message; vLLM's messages form
-    with that system message gives the same rows, for a text and for an image with a text."""
-    _, model = st_model
+def test_a_query_prompt_is_the_system_message(client: httpx.Client, st_models) -> None:
+    """sentence-transformers' prompt_name "query" puts its prompt in a system message: vLLM's messages form with that
+    system message (a text; an image with a text), TEI's prompt_name on a text and Cohere's search_query give its
+    rows."""
+    model = st_models[1][MODEL]
     chart = images([(72, 40)], seed=8)[0]
     expected = model.encode([TEXTS[1], {"image": chart, "text": "Q3"}], prompt_name="query", convert_to_numpy=True)
     parts = [
@@ -154,3 +158,27 @@ def test_a_query_prompt_is_the_system_message(client: httpx.Client, st_model) ->
     ])  # fmt: skip
     cosines = row_cosines(rows, expected)
     assert cosines.min() >= BOUND, cosines
+    tei = client.post("/embed", json={"model": MODEL, "inputs": [TEXTS[1]], "prompt_name": "query"})
+    assert tei.status_code == 200, tei.text
+    assert row_cosines(np.array(tei.json(), np.float32), expected[:1]).min() >= BOUND
+    content = [{"type": "image_url", "image_url": {"url": _uri(chart)}}, {"type": "text", "text": "Q3"}]
+    body = {"model": MODEL, "input_type": "search_query", "embedding_types": ["float"], "inputs": [
+        {"content": [{"type": "text", "text": TEXTS[1]}]}, {"content": content}]}  # fmt: skip
+    cohere = client.post("/v2/embed", json=body)  # Cohere's search_query: the model's "query" prompt
+    assert cohere.status_code == 200, cohere.text
+    assert row_cosines(np.array(cohere.json()["embeddings"]["float"], np.float32), expected).min() >= BOUND
+
+
+def test_processing_kwargs_bouquet_does_not_follow_are_refused(st_models, tmp_path: Path) -> None:
+    """An image's pixel bounds or another chat template argument would make other inputs: refused, naming them."""
+    from bouquet.model_dir import read_model_dir
+
+    assert read_model_dir(st_models[0] / PLAIN).st_messages == StMessages(generation_prompt=False)
+    path = tmp_path / "copy"
+    shutil.copytree(st_models[0] / MODEL, path)
+    config = json.loads((path / "sentence_bert_config.json").read_text())
+    assert config["processing_kwargs"] == {"chat_template": {"add_generation_prompt": True}}  # as saved
+    config["processing_kwargs"] = {"image": {"max_pixels": 4096}, "chat_template": {"enable_thinking": False}}
+    (path / "sentence_bert_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"processing_kwargs image, chat_template.enable_thinking not supported"):
+        read_model_dir(path)

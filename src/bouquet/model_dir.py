@@ -43,6 +43,7 @@ from bouquet.st_layout import (
     read_st_layout,
     require,
 )
+from bouquet.st_messages import StMessages, read_st_messages
 from bouquet.tokenizer_class import class_rules, tokenizer_file
 
 __all__ = [
@@ -127,6 +128,7 @@ class ModelSpec:
     sparse: SpladeSpec | TokenWeightSpec | None = None  # how it gives sparse rows (vocab_size wide); None: it does not
     multi_vector: MultiVectorSpec | None = None  # how it gives per-token (ColBERT) vectors; None: it does not
     st_text_padding: str | None = None  # a model that pools itself: how sentence-transformers pads its texts
+    st_messages: StMessages | None = None  # images among chat messages: how sentence-transformers formats inputs
 
     @property
     def architecture(self) -> str:
@@ -203,6 +205,7 @@ def read_model_dir(path: str | Path, name: str | None = None) -> ModelSpec:
         sparse=layout.splade or _token_weights(root, transformer, layout.task),
         multi_vector=multi_vector,
         st_text_padding=layout.text_padding,
+        st_messages=read_st_messages(transformer),
     )
 
 

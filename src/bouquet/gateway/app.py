@@ -18,6 +18,7 @@ from bouquet.gateway.api.kserve_grpc import OpenInferenceServer
 from bouquet.gateway.http.endpoint import not_found
 from bouquet.gateway.http.request_ids import RequestIds
 from bouquet.gateway.metrics import GatewayMetrics
+from bouquet.gateway.patch_embed import embed_texts
 from bouquet.gateway.service import Service
 
 # The most a gateway's start waits to hear from its replicas (each answers or fails in milliseconds; this bounds
@@ -27,6 +28,7 @@ _FIRST_ROUND_SECONDS = 10.0
 
 def create_app(config: GatewayConfig, metrics: GatewayMetrics | None = None) -> Starlette:
     service = Service(config, metrics)
+    service.text_conversations = embed_texts
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -23,6 +23,7 @@ from bouquet.chat_templates import ChatTemplate
 from bouquet.gateway.naflex_images import NaflexProcessing, parse_naflex_config
 from bouquet.gateway.patch_images import PatchProcessing, parse_patch_config
 from bouquet.gateway.pixel_steps import RESAMPLE_FILTERS, rescale_normalize, to_rgb
+from bouquet.st_messages import StMessages
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class ModelImages:
     patch_dim: int = 0  # the values of one patch; 0: fixed-size images (tokens and shape)
     patches: PatchProcessing | None = None  # set with patch_dim when the gateway can preprocess them
     chat_template: ChatTemplate | None = None  # a conversation model's own; None: patch_embed.py's format
+    st_messages: StMessages | None = None  # a conversation model saved by sentence-transformers: its formatting
     max_patches: int = 0  # SigLIP 2's: the most patches an image may make, its replicas' bound (Info); 0: none
 
     @property
@@ -161,7 +163,7 @@ class ModelImages:
 
 def model_images(
     shape: tuple[int, ...], tokens: int, processor_json: str, patch_dim: int = 0, chat_template: str = "",
-    image_sequences: bool = False, max_patches: int = 0,
+    image_sequences: bool = False, max_patches: int = 0, st_messages: StMessages | None = None,
 ) -> ModelImages | None:  # fmt: skip
     """A model's images (None: it takes none), preprocessed as its preprocessor_config.json says; a config the
     gateway cannot follow, or one whose images are not the shape the model takes, leaves images unusable."""
@@ -174,7 +176,7 @@ def model_images(
     if image_sequences:
         return _image_sequences(processor_json, patch_dim, max_patches)
     if patch_dim:
-        return _patch_images(processor_json, patch_dim, chat_template)
+        return _patch_images(processor_json, patch_dim, chat_template, st_messages)
     try:
         processing = parse_processor_config(processor_json)
     except (ValueError, TypeError, KeyError) as error:  # json's errors are ValueErrors
@@ -199,7 +201,9 @@ def _image_sequences(processor_json: str, patch_dim: int, max_patches: int) -> M
     return ModelImages(most, (), processing, max_patches=max_patches)
 
 
-def _patch_images(processor_json: str, patch_dim: int, chat_template: str) -> ModelImages:
+def _patch_images(
+    processor_json: str, patch_dim: int, chat_template: str, st_messages: StMessages | None
+) -> ModelImages:
     try:
         patches = parse_patch_config(processor_json)
         template = ChatTemplate(chat_template) if chat_template else None
@@ -208,4 +212,4 @@ def _patch_images(processor_json: str, patch_dim: int, chat_template: str) -> Mo
     if patches.patch_dim != patch_dim:
         why = f"its preprocessor_config.json makes patches of {patches.patch_dim} values, not {patch_dim}"
         return ModelImages(0, (), None, why, patch_dim)
-    return ModelImages(0, (), None, "", patch_dim, patches, template)
+    return ModelImages(0, (), None, "", patch_dim, patches, template, st_messages)

@@ -55,7 +55,8 @@ async def embed_mixed(service: Service, job: MixedJob) -> tuple[ServedModel, Any
     the images among them, in order."""
     model = embedding_model(service, job.model)
     if model.images is not None and model.images.patch_dim:
-        rows, tokens, facts = await embed_conversations(service, model, job.inputs, job.text_job.options)
+        options, prompt_name = job.text_job.options, job.text_job.prompt_name
+        rows, tokens, facts = await embed_conversations(service, model, job.inputs, options, prompt_name)
         return model, rows, tokens, facts
     parts = [_one_part(conversation) for conversation in job.inputs]
     images = [(index, part) for index, part in enumerate(parts) if isinstance(part, ImageInput)]

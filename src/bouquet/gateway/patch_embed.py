@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,8 +36,9 @@ from bouquet.gateway.images import (
     image_file,
     open_image,
 )
-from bouquet.gateway.jobs import AS_THE_MODEL
+from bouquet.gateway.jobs import AS_THE_MODEL, EmbedJob
 from bouquet.gateway.service import complete_options, embedding_model
+from bouquet.st_messages import StMessages
 
 if TYPE_CHECKING:
     from bouquet.gateway.patch_images import PatchProcessing
@@ -84,18 +85,23 @@ class ConversationJob:
     response_format: ResponseFormat = FORMATS["float"]
 
 
-def prompt(conversation: Conversation, image_tokens: list[int], template: ChatTemplate | None = None) -> str:
-    """The conversation as the model's chat template writes it (else as Qwen3-VL's does, below), with the generation
-    prompt, each image's one placeholder then repeated for its tokens as Qwen3VLProcessor repeats it."""
+def prompt(
+    conversation: Conversation, image_tokens: list[int], template: ChatTemplate | None = None,
+    st: StMessages | None = None,
+) -> str:  # fmt: skip
+    """The conversation as the model's chat template writes it (else as Qwen3-VL's does, below), each image's one
+    placeholder then repeated for its tokens as Qwen3VLProcessor repeats it. By the embedder's rule (`st` None) a
+    system message always and the generation prompt; by sentence-transformers' (`st`), the instruction word for word
+    and no system message without one, the generation prompt as its config says."""
+    system = _instruction(conversation.instruction) if st is None else conversation.instruction or ""
+    generation = st is None or st.generation_prompt
     if template is None:
-        return _builtin_prompt(conversation, image_tokens)
+        return _builtin_prompt(conversation, image_tokens, system, generation)
     user = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in _user_parts(conversation)]
-    messages = [
-        {"role": "system", "content": [{"type": "text", "text": _instruction(conversation.instruction)}]},
-        {"role": "user", "content": user},
-    ]
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    messages.append({"role": "user", "content": user})
     try:
-        text = template.render(messages)
+        text = template.render(messages, generation)
     except TemplateError as error:
         raise InvalidRequest(f"{conversation.name}: {error}", "invalid_value", conversation.name) from None
     pieces = text.split(IMAGE_PAD)
@@ -108,17 +114,17 @@ def prompt(conversation: Conversation, image_tokens: list[int], template: ChatTe
     return pieces[0] + "".join(IMAGE_PAD * n + rest for n, rest in zip(image_tokens, pieces[1:], strict=True))
 
 
-def _builtin_prompt(conversation: Conversation, image_tokens: list[int]) -> str:
-    """Qwen3-VL's chat template's output for a system and a user message, for a model directory without one."""
+def _builtin_prompt(conversation: Conversation, image_tokens: list[int], system: str, generation: bool) -> str:
+    """Qwen3-VL's chat template's output for a system (if any) and a user message, for a model directory without
+    one."""
     counts = iter(image_tokens)
     content = "".join(
         part if isinstance(part, str) else VISION_START + IMAGE_PAD * next(counts) + VISION_END
         for part in _user_parts(conversation)
     )
-    return (
-        f"<|im_start|>system\n{_instruction(conversation.instruction)}<|im_end|>\n"
-        f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    tail = "<|im_start|>assistant\n" if generation else ""
+    return f"{head}<|im_start|>user\n{content}<|im_end|>\n{tail}"
 
 
 def _user_parts(conversation: Conversation) -> list[str | ImageInput]:
@@ -167,11 +173,17 @@ def load_patches(
 
 
 async def embed_conversations(
-    service: Service, model: ServedModel, conversations: list[Conversation], options: RowOptions
-) -> tuple[Any, int, list[ImageFacts]]:
+    service: Service, model: ServedModel, conversations: list[Conversation], options: RowOptions,
+    prompt_name: str | None = None,
+) -> tuple[Any, int, list[ImageFacts]]:  # fmt: skip
     """Rows [N, elements] of the conversations in the options' encoding, the tokens they took, and the facts of
-    their images in order."""
+    their images in order. A model saved by sentence-transformers takes `prompt_name`'s prompt (else its default)
+    as the instruction of a conversation without one."""
     processing = require_patches(model)
+    st = model.images.st_messages if model.images is not None else None
+    if st is not None:
+        default = model.prompt(prompt_name)
+        conversations = [c if c.instruction is not None else replace(c, instruction=default) for c in conversations]
     images = [part for conversation in conversations for part in conversation.images]
     service.check_inputs(len(conversations))
     _check_patch_bytes(len(images), processing)
@@ -189,7 +201,7 @@ async def embed_conversations(
         loaded = [patches for patches, _ in opened]
         counts = iter(math.prod(grid) // processing.merge_size**2 for _, grid in loaded)
         template = model.images.chat_template if model.images is not None else None
-        prompts = [prompt(c, [next(counts) for _ in c.images], template) for c in conversations]
+        prompts = [prompt(c, [next(counts) for _ in c.images], template, st) for c in conversations]
         *sequences, pad = await tokenizer.encode_text_only([*prompts, IMAGE_PAD])
         _check_sequences(sequences, conversations, pad, model.max_seq_length)
         packed = Batch.pack(sequences, options)
@@ -209,6 +221,16 @@ async def embed_conversations(
     work = estimate + len(images) * (processing.max_pixels // processing.patch_size**2)  # the vision tower's patches
     rows, tokens = await service.compute(model, work, batch)
     return rows, tokens, facts
+
+
+async def embed_texts(service: Service, job: EmbedJob, model: ServedModel) -> tuple[Any, int]:
+    """A text job for a model saved by sentence-transformers whose inputs are conversations: each text one, its
+    prompt (`prompt_name`'s, else the default) the system message, as sentence-transformers' encode() writes a
+    text; rows in the job's encoding and the tokens they took. A text over the model's limit is refused, not cut."""
+    assert job.texts is not None, "texts are formatted, token ids are not"
+    conversations = [Conversation([text], f"input[{index}]") for index, text in enumerate(job.texts)]
+    rows, tokens, _ = await embed_conversations(service, model, conversations, job.options, job.prompt_name)
+    return rows, tokens
 
 
 def _check_sequences(sequences: list[list[int]], conversations: list[Conversation], pad: list[int], limit: int) -> None:

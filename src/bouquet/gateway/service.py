@@ -31,6 +31,9 @@ from bouquet.sparse_rows import max_sparse_rows
 from bouquet.tls import channel_credentials
 
 SPECIAL_TOKENS = 4  # the most any tokenizer here adds around one text or pair (e.g. <s> </s></s> </s>)
+# A text job's rows and tokens where each text is a conversation (patch_embed.embed_texts, which builds on this module,
+# so app.py hands it in).
+TextConversations = Callable[["Service", EmbedJob, ServedModel], Awaitable[tuple[Any, int]]]
 
 
 class Service:
@@ -59,6 +62,7 @@ class Service:
         self.draining = False
         self.drain_ended = False
         self.work: set[asyncio.Future[Any]] = set()  # the requests' work in hand (http/endpoint.py)
+        self.text_conversations: TextConversations | None = None  # set by app.py
 
     def start(self) -> None:
         """On the serving event loop: the replicas' probes and discovery, and the idle memory trim."""
@@ -97,6 +101,9 @@ class Service:
             raise model.wrong_task("sparse rows")
         if not sparse and model.task != "embed":
             raise model.wrong_task("embeddings")
+        if job.texts is not None and model.images is not None and model.images.st_messages is not None:
+            assert self.text_conversations is not None, "app.py sets it"
+            return model, *await self.text_conversations(self, job, model)  # sentence-transformers' formatting
         if (cap := token_cap(job, model)) != job.truncate_tokens:  # -1 or the limit itself: the model's limit
             job = replace(job, truncate_tokens=cap)
         options = self._row_options(job, model)

@@ -28,7 +28,7 @@ from bouquet.chat_templates import read_chat_template
 from bouquet.config import ORPHANED_SIGNAL, EngineConfig, ReplicaConfig, SchedulerConfig
 from bouquet.encodings import encode_rows
 from bouquet.image_processor_file import read_image_processor_json
-from bouquet.model_dir import MultiVectorSpec
+from bouquet.model_dir import ModelSpec, MultiVectorSpec
 from bouquet.processes import serve_lock
 from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
 from bouquet.replica.client import wire_encoding
@@ -104,6 +104,13 @@ def _chat_template(model_dir: Path, limits: Limits) -> str:
     return read_chat_template(model_dir) if conversations else ""
 
 
+def _set_st_messages(info: embedding_pb2.InfoResponse, spec: ModelSpec, limits: Limits) -> None:
+    """Info's st_messages, for a conversation model saved by sentence-transformers (st_messages.py)."""
+    conversations = limits.patch_images.patch_dim and not limits.patch_images.image_sequences
+    if conversations and spec.st_messages is not None:
+        info.st_messages.generation_prompt = spec.st_messages.generation_prompt
+
+
 def _set_zero_shot_logit(info: embedding_pb2.InfoResponse, engine: StepEngine) -> None:
     """Info's logit_scale and logit_bias, those the model has (a stand-in engine of the tests may say nothing)."""
     scale, bias = getattr(engine, "zero_shot_logit", (None, None))
@@ -150,6 +157,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             lane_path=lane.path if lane else "", lane_nonce=lane.nonce if lane else "",
         )  # fmt: skip
         _set_zero_shot_logit(self._info, engine)
+        _set_st_messages(self._info, spec, scheduler.limits)
         # Read once: a gateway without a copy of the model asks for it to tokenize text for this replica.
         self._info_with_tokenizer = embedding_pb2.InfoResponse()
         self._info_with_tokenizer.CopyFrom(self._info)

@@ -18,6 +18,7 @@ from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
 from bouquet.proto import embedding_pb2
+from bouquet.st_messages import StMessages
 from bouquet.tokenizer import tokenizer_json
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,7 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
         chat_template,
         info.image_sequences,
         info.image_max_patches,
+        StMessages(info.st_messages.generation_prompt) if info.HasField("st_messages") else None,
     )
     if images is not None and not images.usable:
         logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)
