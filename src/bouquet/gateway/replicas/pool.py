@@ -34,12 +34,10 @@ from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
-from bouquet.gateway.replicas.lane import Lane, LaneRefused
 from bouquet.gateway.replicas.replica import Incompatible, Replica, check_wire, unusable_cause
 from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, back_within, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
-from bouquet.replica.lane_frames import FrameError
 
 logger = logging.getLogger(__name__)
 
@@ -337,23 +335,7 @@ class ReplicaPool:
             info = await replica.stub.Info(request, timeout=30, metadata=self._metadata)
         check_wire(info)  # a replica of another wire version is not used (Incompatible), and says so
         replica.model = self.catalog.register(info)
-        await self._open_lane(replica, info)
-
-    async def _open_lane(self, replica: Replica, info: embedding_pb2.InfoResponse) -> None:
-        """The local lane the replica's Info names, if any: kept while it is the same replica's (its nonce), opened
-        anew otherwise; where it cannot be opened, the replica's Embed calls stay on gRPC and the log says why once."""
-        lane = replica.lane
-        if lane is not None and lane.open_now and info.lane_path and lane.nonce == info.lane_nonce:
-            return
-        await replica.close_lane()
-        if not info.lane_path:
-            return
-        try:
-            replica.lane = await Lane.open(info.lane_path, info.lane_nonce, self._token)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, FrameError, LaneRefused) as error:
-            replica.unusable_lane(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
-        else:
-            logger.info("replica %s: Embed calls on its local lane %s", replica.address, info.lane_path)
+        await replica.open_lane(info, self._token)
 
     async def _watch(self, replica: Replica) -> None:
         """Follows the replica's health stream; when it breaks, marks the replica down and reconnects."""

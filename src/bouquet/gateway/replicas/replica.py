@@ -12,8 +12,9 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from bouquet.gateway.replicas.catalog import ServedModel
-from bouquet.gateway.replicas.lane import Lane
+from bouquet.gateway.replicas.lane import Lane, LaneRefused
 from bouquet.proto import WIRE_VERSION, bouquet_version, embedding_pb2, embedding_pb2_grpc
+from bouquet.replica.lane_frames import FrameError
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,22 @@ class Replica:
             return self.lane.embed(request, timeout)
         reply: Awaitable[embedding_pb2.EmbedResponse] = self.stub.Embed(request, timeout=timeout, metadata=metadata)
         return reply
+
+    async def open_lane(self, info: embedding_pb2.InfoResponse, token: str | None) -> None:
+        """The local lane its Info names, if any: kept while it is the same replica's (its nonce), opened anew
+        otherwise; where it cannot be opened, its Embed calls stay on gRPC and the log says why once."""
+        lane = self.lane
+        if lane is not None and lane.open_now and info.lane_path and lane.nonce == info.lane_nonce:
+            return
+        await self.close_lane()
+        if not info.lane_path:
+            return
+        try:
+            self.lane = await Lane.open(info.lane_path, info.lane_nonce, token)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, FrameError, LaneRefused) as error:
+            self.unusable_lane(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        else:
+            logger.info("replica %s: Embed calls on its local lane %s", self.address, info.lane_path)
 
     async def close_lane(self) -> None:
         lane, self.lane = self.lane, None
