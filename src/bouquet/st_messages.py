@@ -1,7 +1,10 @@
-"""sentence-transformers' formatting of a Transformer that takes images among chat messages (its
-sentence_bert_config.json's `modality_config` has "image" and "message": Qwen3-VL-Embedding saved by
-sentence-transformers), read without torch so the gateway may use it too. (A text model whose tokenizer has a chat
-template gets "message" too; bouquet embeds its texts as they are, and this reads nothing for it.)
+"""sentence-transformers' formatting of a Transformer whose inputs are chat messages (its sentence_bert_config.json's
+`modality_config` has "message"), read without torch so the gateway may use it too. sentence-transformers 6 infers
+"message" for any Transformer whose processor or tokenizer has a chat template when it builds the module from a
+transformers directory (transformer.py's `infer_modalities`), and saves it: Qwen3-VL-Embedding, and a text model
+such as a Qwen3, Qwen2, Gemma 3 or Mistral embedder so built. A directory saved before modality_config existed, or
+re-saved after loading one, keeps "text" alone (its `load_config` fills in the text-only default), and is not read
+here: its texts are embedded as they are.
 
 Such a Transformer turns every input into one conversation before its processor sees it (transformer.py's
 `preprocess`, sentence-transformers 5.4+): a text or an image alone becomes a user message of that one part; the
@@ -28,14 +31,16 @@ class StMessages:
     """How sentence-transformers formats this model's inputs as conversations (the module docstring)."""
 
     generation_prompt: bool  # processing_kwargs' chat_template add_generation_prompt; sentence-transformers: False
+    flat: bool = False  # a message's content is the text itself ("flat"), not a list of typed parts ("structured")
 
 
 def read_st_messages(transformer_dir: Path) -> StMessages | None:
-    """The Transformer's message formatting; None where it takes no images as messages (or has no such config)."""
+    """The Transformer's message formatting; None where its inputs are not messages (or it has no such config)."""
     config_file = transformer_dir / "sentence_bert_config.json"
     config = read_optional_json(config_file) or {}
-    if not {"image", "message"} <= set(config.get("modality_config") or {}):
+    if "message" not in (config.get("modality_config") or {}):
         return None
+    flat = _flat(config["modality_config"]["message"], config_file)
     kwargs: dict[str, Any] = dict(config.get("processing_kwargs") or {})
     template: dict[str, Any] = dict(kwargs.pop("chat_template", None) or {})
     unknown = sorted(kwargs) + [f"chat_template.{key}" for key in sorted(set(template) - _TEMPLATE_ARGUMENTS)]
@@ -45,4 +50,16 @@ def read_st_messages(transformer_dir: Path) -> StMessages | None:
             "texts and images as the model's processor does by default, and follows chat_template's "
             "add_generation_prompt alone"
         )
-    return StMessages(generation_prompt=bool(template.get("add_generation_prompt", False)))
+    return StMessages(generation_prompt=bool(template.get("add_generation_prompt", False)), flat=flat)
+
+
+def _flat(message: dict[str, Any], config_file: Path) -> bool:
+    """The message format sentence-transformers saved (InputFormatter's, resolved from the chat template when the
+    module was built); "auto" would be resolved again at load, from patterns bouquet does not repeat."""
+    format_ = message.get("format")
+    if format_ not in ("flat", "structured"):
+        raise ValueError(
+            f"{config_file}: modality_config message format {format_!r} not supported: bouquet follows a saved "
+            "'flat' or 'structured'"
+        )
+    return bool(format_ == "flat")

@@ -180,10 +180,12 @@ class InfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ..., image_shape: _Optional[_Iterable[int]] = ..., image_tokens: _Optional[int] = ..., image_processor_json: _Optional[str] = ..., image_patch_dim: _Optional[int] = ..., chat_template: _Optional[str] = ..., image_sequences: _Optional[bool] = ..., image_max_patches: _Optional[int] = ..., logit_scale: _Optional[float] = ..., logit_bias: _Optional[float] = ..., wire_version: _Optional[int] = ..., bouquet_version: _Optional[str] = ..., lane_path: _Optional[str] = ..., lane_nonce: _Optional[str] = ..., st_messages: _Optional[_Union[StMessages, _Mapping]] = ...) -> None: ...
 
 class StMessages(_message.Message):
-    __slots__ = ("generation_prompt",)
+    __slots__ = ("generation_prompt", "flat")
     GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    FLAT_FIELD_NUMBER: _ClassVar[int]
     generation_prompt: bool
-    def __init__(self, generation_prompt: _Optional[bool] = ...) -> None: ...
+    flat: bool
+    def __init__(self, generation_prompt: _Optional[bool] = ..., flat: _Optional[bool] = ...) -> None: ...
 
 class MultiVector(_message.Message):
     __slots__ = ("dimension", "query_prefix", "document_prefix", "query_length", "document_length", "expand_queries", "expansion_id", "attend_to_expansion", "skiplist", "skip_leading")

@@ -98,17 +98,32 @@ def _image_processor_json(model_dir: Path, takes_images: bool) -> str:
     return read_image_processor_json(model_dir) if takes_images else ""
 
 
-def _chat_template(model_dir: Path, limits: Limits) -> str:
-    """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py)."""
-    conversations = limits.patch_images.patch_dim and not limits.patch_images.image_sequences
-    return read_chat_template(model_dir) if conversations else ""
+def _conversations(spec: ModelSpec, limits: Limits) -> bool:
+    """Whether the model's inputs are conversations: its images enter its decoder (Qwen3-VL-Embedding), or it is a
+    text model whose sentence-transformers Transformer takes messages (st_messages.py)."""
+    patches = limits.patch_images
+    return bool(patches.patch_dim and not patches.image_sequences) or (
+        spec.st_messages is not None and not _takes_images(limits)
+    )
+
+
+def _chat_template(spec: ModelSpec, limits: Limits) -> str:
+    """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py,
+    gateway/replicas/text_messages.py)."""
+    template = read_chat_template(spec.tokenizer_file.parent) if _conversations(spec, limits) else ""
+    if not template and spec.st_messages is not None and not _takes_images(limits):
+        raise ValueError(
+            f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
+            "message), but the directory has no chat template to write them with"
+        )
+    return template
 
 
 def _set_st_messages(info: embedding_pb2.InfoResponse, spec: ModelSpec, limits: Limits) -> None:
     """Info's st_messages, for a conversation model saved by sentence-transformers (st_messages.py)."""
-    conversations = limits.patch_images.patch_dim and not limits.patch_images.image_sequences
-    if conversations and spec.st_messages is not None:
+    if _conversations(spec, limits) and spec.st_messages is not None:
         info.st_messages.generation_prompt = spec.st_messages.generation_prompt
+        info.st_messages.flat = spec.st_messages.flat
 
 
 def _set_zero_shot_logit(info: embedding_pb2.InfoResponse, engine: StepEngine) -> None:
@@ -151,7 +166,7 @@ class EmbeddingServicer(embedding_pb2_grpc.EmbeddingServicer):
             image_patch_dim=scheduler.limits.patch_images.patch_dim,
             image_sequences=scheduler.limits.patch_images.image_sequences,
             image_max_patches=scheduler.limits.patch_images.max_patches,
-            chat_template=_chat_template(spec.tokenizer_file.parent, scheduler.limits),
+            chat_template=_chat_template(spec, scheduler.limits),
             image_processor_json=_image_processor_json(spec.tokenizer_file.parent, _takes_images(scheduler.limits)),
             wire_version=WIRE_VERSION, bouquet_version=bouquet_version(),
             lane_path=lane.path if lane else "", lane_nonce=lane.nonce if lane else "",

@@ -8,11 +8,12 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bouquet.chat_templates import read_chat_template
+from bouquet.chat_templates import ChatTemplate, read_chat_template
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
 from bouquet.gateway.naflex_images import NaflexProcessing
+from bouquet.gateway.replicas.text_messages import TextMessages
 from bouquet.gateway.replicas.tokenization import ModelTokenizer
 from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import ModelSpec, read_model_dir
@@ -189,7 +190,8 @@ class ModelCatalog:
         if spec is not None:
             source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
         template = pair_template(info.architecture, info.task or "embed")
-        tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template) if source else None
+        messages = _text_messages(spec, info)
+        tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template, messages) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
         served_names = tuple(info.served_names)
         aliases = tuple(dict.fromkeys([*served_names, *(_BUNDLED_NAMES if bundled else ())]))  # served first: the id
@@ -206,6 +208,27 @@ class ModelCatalog:
             logit_scale=info.logit_scale if info.HasField("logit_scale") else None,
             logit_bias=info.logit_bias if info.HasField("logit_bias") else None,
         )  # fmt: skip
+
+
+def _st_messages(info: embedding_pb2.InfoResponse) -> StMessages | None:
+    if not info.HasField("st_messages"):
+        return None
+    return StMessages(info.st_messages.generation_prompt, info.st_messages.flat)
+
+
+def _text_messages(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> TextMessages | None:
+    """A text model's conversation formatting, where sentence-transformers makes its texts conversations (Info's
+    st_messages on a model that takes no images) and its chat template (Info's, else the local directory's)."""
+    st = _st_messages(info)
+    if st is None or info.image_patch_dim or info.image_tokens:
+        return None
+    source = info.chat_template
+    if not source and spec is not None:
+        source = read_chat_template(spec.tokenizer_file.parent)
+    if not source:  # the replica refuses such a directory (replica/server.py); one of another release may not
+        logger.error("%r takes its texts as chat messages, but sent no chat template: texts as sent", info.model_name)
+        return None
+    return TextMessages(ChatTemplate(source), st)
 
 
 def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelImages | None:
@@ -226,7 +249,7 @@ def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelIm
         chat_template,
         info.image_sequences,
         info.image_max_patches,
-        StMessages(info.st_messages.generation_prompt) if info.HasField("st_messages") else None,
+        _st_messages(info),
     )
     if images is not None and not images.usable:
         logger.warning("%r takes images, but the gateway cannot preprocess them: %s", info.model_name, images.unusable)

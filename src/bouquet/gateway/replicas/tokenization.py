@@ -7,7 +7,9 @@ import asyncio
 from concurrent.futures import Executor
 from typing import Any, TypedDict
 
-from bouquet.gateway.errors import TooLarge
+from bouquet.chat_templates import TemplateError
+from bouquet.gateway.errors import InvalidRequest, TooLarge
+from bouquet.gateway.replicas.text_messages import TextMessages
 from bouquet.pair_templates import PairTemplate
 from bouquet.tokenizer import (
     TRUNCATION_DIRECTIONS,
@@ -45,9 +47,11 @@ class ModelTokenizer:
     """Truncates to the model's limit from either side, or rejects an over-long input when told not to."""
 
     def __init__(
-        self, tokenizer: TokenizerSource, max_length: int, executor: Executor, pair_template: PairTemplate | None = None
-    ):
+        self, tokenizer: TokenizerSource, max_length: int, executor: Executor,
+        pair_template: PairTemplate | None = None, messages: TextMessages | None = None,
+    ):  # fmt: skip
         self.max_length = max_length
+        self.messages = messages  # a text model whose texts are conversations (text_messages.py); None: texts as sent
         self.max_chars = CHARS_PER_TOKEN * max_length
         self._executor = executor
         self._plain = load_tokenizer(tokenizer)  # for /tokenize: offsets, no truncation
@@ -63,7 +67,10 @@ class ModelTokenizer:
         self._frames: dict[str, tuple[list[int], list[int]]] = {}
 
     def prompt_tokens(self, prompt: str) -> int:
-        """The leading tokens of `prompt + text` that are the prompt's (sentence-transformers' count)."""
+        """The leading tokens of `prompt + text` that are the prompt's (sentence-transformers' count); none where the
+        prompt is a system message, which sentence-transformers never leaves out of the pooling."""
+        if self.messages is not None:
+            return 0
         if prompt not in self._prompt_tokens:
             self._prompt_tokens[prompt] = prompt_token_count(self._plain, prompt)
         return self._prompt_tokens[prompt]
@@ -74,6 +81,8 @@ class ModelTokenizer:
         """Token ids per text; `max_length` (under the model's limit) truncates shorter, as vLLM's
         truncate_prompt_tokens does (special tokens kept)."""
         texts = self._capped(texts, truncate, direction == "left")
+        if self.messages is not None:
+            return await self._encode_messages(self.messages, texts, prompt, truncate, direction, max_length)
         if prompt:
             texts = [prompt + text for text in texts]
         tokenizer = self._by_direction[direction]
@@ -83,6 +92,25 @@ class ModelTokenizer:
             return self._encode(tokenizer, texts, truncate)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._encode, tokenizer, texts, truncate)
+
+    async def _encode_messages(
+        self, messages: TextMessages, texts: list[str], prompt: str, truncate: bool, direction: str,
+        max_length: int | None,
+    ) -> list[list[int]]:  # fmt: skip
+        """Each text rendered as a conversation, then tokenized and cut as sentence-transformers does."""
+        try:
+            rendered = [messages.render(text, prompt) for text in texts]
+        except TemplateError as error:
+            raise InvalidRequest(str(error), "invalid_value", "input") from None
+        sequences = await self.encode_text_only(rendered)
+        if not truncate:
+            self._check_lengths(sequences)
+            return sequences
+        limit = min(max_length or self.max_length, self.max_length)
+        return [messages.cut(ids, limit, prompt, direction == "left", self._ids) for ids in sequences]
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._plain.encode_batch(texts, add_special_tokens=False)]
 
     def _shorter(self, max_length: int, direction: str) -> TextTokenizer:
         key = (max_length, direction)

@@ -1,0 +1,59 @@
+"""A text model's texts as sentence-transformers 6 writes them when its Transformer takes chat messages
+(st_messages.py): each text the one user message of a conversation, the prompt (`prompt_name`'s, else the default)
+a system message before it word for word and none without one, rendered by the model's chat template (the generation
+prompt as saved) and tokenized without the tokenizer's own special tokens (transformers' apply_chat_template).
+
+A conversation over the limit is cut as sentence-transformers cuts it (transformer.py's
+`_restore_chat_template_suffix`): to the limit, then the template's tail written back over its last tokens, since a
+last-token pooling reads the final position. The tail is the longest token suffix two renders of the conversation
+with different texts share (its `_chat_template_suffix_ids`). No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bouquet.chat_templates import ChatTemplate
+from bouquet.st_messages import StMessages
+
+Tokenize = Callable[[list[str]], list[list[int]]]  # texts to ids, without special tokens
+# The two texts whose renders' common tail is the template's (sentence-transformers' fillers): they tokenize apart.
+_FILLERS = ("0", "1 2 3 4")
+
+
+class TextMessages:
+    """Renders and cuts a text model's conversations (the module docstring)."""
+
+    def __init__(self, template: ChatTemplate, st: StMessages):
+        self._template = template
+        self._st = st
+        self._tails: dict[str, list[int]] = {}  # by prompt
+
+    def render(self, text: str, prompt: str) -> str:
+        messages = [self._message("system", prompt)] if prompt else []
+        messages.append(self._message("user", text))
+        return self._template.render(messages, self._st.generation_prompt)
+
+    def cut(self, ids: list[int], limit: int, prompt: str, from_left: bool, tokenize: Tokenize) -> list[int]:
+        """`ids` within `limit`: its first (last, `from_left`) tokens, ending in the template's tail."""
+        if len(ids) <= limit:
+            return ids
+        kept = ids[-limit:] if from_left else ids[:limit]
+        tail = self._tail(prompt, tokenize)[-limit:]
+        return kept[: limit - len(tail)] + tail
+
+    def _tail(self, prompt: str, tokenize: Tokenize) -> list[int]:
+        if prompt not in self._tails:
+            first, second = tokenize([self.render(filler, prompt) for filler in _FILLERS])
+            count = 0
+            for left, right in zip(reversed(first), reversed(second), strict=False):
+                if left != right:
+                    break
+                count += 1
+            # Renders that never differ hold no text at all: sentence-transformers then restores nothing.
+            self._tails[prompt] = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
+        return self._tails[prompt]
+
+    def _message(self, role: str, text: str) -> dict[str, Any]:
+        """A message as sentence-transformers' InputFormatter writes it in the saved format."""
+        return {"role": role, "content": text if self._st.flat else [{"type": "text", "text": text}]}
