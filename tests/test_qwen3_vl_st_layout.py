@@ -31,8 +31,6 @@ from in_process import engines, served
 from PIL import Image
 from qwen3_vl_models import MERGE, PATCH, TEMPORAL, images, save_qwen3_vl_with_tokenizer
 
-from bouquet.st_messages import StMessages
-
 BOUND = 0.99999
 MODEL = "tiny-qwen3-vl-st"
 PLAIN = "tiny-qwen3-vl-st-plain"  # no prompts, no processing_kwargs
@@ -173,7 +171,8 @@ def test_processing_kwargs_bouquet_does_not_follow_are_refused(st_models, tmp_pa
     """An image's pixel bounds or another chat template argument would make other inputs: refused, naming them."""
     from bouquet.model_dir import read_model_dir
 
-    assert read_model_dir(st_models[0] / PLAIN).st_messages == StMessages(generation_prompt=False)
+    read = read_model_dir(st_models[0] / PLAIN).st_messages
+    assert read is not None and (read.generation_prompt, read.flat) == (False, False), read
     path = tmp_path / "copy"
     shutil.copytree(st_models[0] / MODEL, path)
     config = json.loads((path / "sentence_bert_config.json").read_text())

@@ -36,11 +36,18 @@ TEMPLATE = (
     "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+BOS = "tiny-qwen3-st-bos"  # a template that reads a message's parts and begins with the tokenizer's bos_token
+# As Gemma's and Mistral's begin: {{ bos_token }}, which transformers hands the template; "structured" (its 'type').
+BOS_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+    "<|im_end|>\n{% endfor %}"
+)
 
 
-def _save(root: Path) -> object:
-    """The tiny Qwen3 as sentence-transformers 6 builds and saves it (root/MESSAGES), and that directory without
-    modality_config (root/LEGACY); the first's SentenceTransformer."""
+def _save(root: Path, name: str, template: str) -> object:
+    """The tiny Qwen3, its tokenizer given `template`, as sentence-transformers 6 builds and saves it (root/name); its
+    SentenceTransformer."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.normalize import Normalize
     from sentence_transformers.base.modules.transformer import Transformer
@@ -48,7 +55,8 @@ def _save(root: Path) -> object:
     from transformers import Qwen3Config, Qwen3Model
 
     tokenizer = qwen_tokenizer()
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
+    tokenizer.bos_token = "<|endoftext|>"
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -56,20 +64,25 @@ def _save(root: Path) -> object:
     )  # fmt: skip
     model = Qwen3Model(config)
     spread_weights(model, seed=0, scale=0.15)
-    source = root / "transformers"
+    source = root / f"{name}-transformers"
     model.save_pretrained(source)
     tokenizer.save_pretrained(source)
     transformer = Transformer(str(source), max_seq_length=LIMIT)
     pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="lasttoken")
     st = SentenceTransformer(modules=[transformer, pooling, Normalize()], prompts={"query": QUERY})
-    st.save(str(root / MESSAGES))
+    st.save(str(root / name))
     shutil.rmtree(source)
-    shutil.copytree(root / MESSAGES, root / LEGACY)
-    config_file = root / LEGACY / "sentence_bert_config.json"
+    return st
+
+
+def _without_modalities(root: Path, name: str, copy: str) -> Path:
+    """root/name copied to root/copy without modality_config, as saved before sentence-transformers had it."""
+    shutil.copytree(root / name, root / copy)
+    config_file = root / copy / "sentence_bert_config.json"
     saved = json.loads(config_file.read_text())
     del saved["modality_config"], saved["module_output_name"]
     config_file.write_text(json.dumps(saved))
-    return st
+    return root / copy
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +90,14 @@ def st_models(tmp_path_factory) -> tuple[Path, dict[str, object]]:
     from sentence_transformers import SentenceTransformer
 
     root = tmp_path_factory.mktemp("qwen3-st-messages")
-    built = _save(root)
-    return root, {MESSAGES: built, LEGACY: SentenceTransformer(str(root / LEGACY))}
+    built = {MESSAGES: _save(root, MESSAGES, TEMPLATE), BOS: _save(root, BOS, BOS_TEMPLATE)}
+    return root, {**built, LEGACY: SentenceTransformer(str(_without_modalities(root, MESSAGES, LEGACY)))}
 
 
 @pytest.fixture(scope="module")
 def client(st_models) -> Iterator[httpx.Client]:
     root, _ = st_models
-    with engines(root / MESSAGES, root / LEGACY) as built, served(built) as running:
+    with engines(root / MESSAGES, root / LEGACY, root / BOS) as built, served(built) as running:
         yield running.client
 
 
@@ -94,18 +107,21 @@ def _rows(response: httpx.Response) -> np.ndarray:
 
 
 def test_sentence_transformers_templates_only_the_layout_with_messages(st_models) -> None:
-    """The premise: the saver writes "message" (format "flat") for a text model whose tokenizer has a chat template,
-    its encode() of plain strings is a conversation's row, and without modality_config it is the raw text's."""
+    """The premise: the saver writes "message" (format "flat", or "structured" for a template that reads parts) for a
+    text model whose tokenizer has a chat template, its encode() of plain strings is a conversation's row, and
+    without modality_config it is the raw text's."""
     root, models = st_models
     modalities = json.loads((root / MESSAGES / "sentence_bert_config.json").read_text())["modality_config"]
     assert set(modalities) == {"text", "message"} and modalities["message"]["format"] == "flat", modalities
+    bos = json.loads((root / BOS / "sentence_bert_config.json").read_text())["modality_config"]["message"]
+    assert bos["format"] == "structured", bos
     assert set(models[LEGACY][0].modality_config) == {"text"}  # type: ignore[index]
     templated = models[MESSAGES].encode(TEXTS[:2], convert_to_numpy=True)  # type: ignore[attr-defined]
     raw = models[LEGACY].encode(TEXTS[:2], convert_to_numpy=True)  # type: ignore[attr-defined]
     assert row_cosines(templated, raw).max() < 0.99
 
 
-@pytest.mark.parametrize("name", [MESSAGES, LEGACY])
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
 def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
     """Plain strings, one over the limit: the conversation's row (cut with its tail) or the raw text's."""
     expected = st_models[1][name].encode(TEXTS, convert_to_numpy=True)
@@ -113,7 +129,7 @@ def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name
     assert cosines.min() >= BOUND, cosines
 
 
-@pytest.mark.parametrize("name", [MESSAGES, LEGACY])
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
 def test_a_query_prompt_matches_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
     """TEI's prompt_name: a system message where the texts are conversations, else the prompt before the text."""
     expected = st_models[1][name].encode(TEXTS, prompt_name="query", convert_to_numpy=True)

@@ -6,6 +6,7 @@ template is code from the model's directory: the sandbox keeps it from reaching 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,14 @@ class ChatTemplate:
         environment.globals["namespace"] = jinja2.utils.Namespace
         self._template = environment.from_string(source)
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        variables: Mapping[str, str] | None = None,
+    ) -> str:  # fmt: skip
+        """`variables`: more the template may read, as transformers hands it the tokenizer's special tokens."""
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+            given: dict[str, Any] = {**(variables or {}), "add_generation_prompt": add_generation_prompt}
+            return self._template.render(messages=messages, **given)
         except TemplateError:
             raise
         except jinja2.TemplateError as error:

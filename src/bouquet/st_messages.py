@@ -24,6 +24,9 @@ from bouquet.st_layout import read_optional_json
 
 # The chat template arguments bouquet follows; any other would render the conversation otherwise.
 _TEMPLATE_ARGUMENTS = {"add_generation_prompt"}
+# The tokenizer's named special tokens, which transformers hands the chat template as variables (its
+# special_tokens_map): Gemma's and Mistral's templates begin with {{ bos_token }}.
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class StMessages:
 
     generation_prompt: bool  # processing_kwargs' chat_template add_generation_prompt; sentence-transformers: False
     flat: bool = False  # a message's content is the text itself ("flat"), not a list of typed parts ("structured")
+    special_tokens: tuple[tuple[str, str], ...] = ()  # (name, token) the tokenizer's files name (SPECIAL_TOKEN_NAMES)
 
 
 def read_st_messages(transformer_dir: Path) -> StMessages | None:
@@ -50,7 +54,19 @@ def read_st_messages(transformer_dir: Path) -> StMessages | None:
             "texts and images as the model's processor does by default, and follows chat_template's "
             "add_generation_prompt alone"
         )
-    return StMessages(generation_prompt=bool(template.get("add_generation_prompt", False)), flat=flat)
+    generation = bool(template.get("add_generation_prompt", False))
+    return StMessages(generation, flat, _special_tokens(transformer_dir))
+
+
+def _special_tokens(folder: Path) -> tuple[tuple[str, str], ...]:
+    """The named special tokens tokenizer_config.json (else special_tokens_map.json) gives, as transformers reads them
+    (a token saved as an object by its "content")."""
+    named = {**(read_optional_json(folder / "special_tokens_map.json") or {}),
+             **(read_optional_json(folder / "tokenizer_config.json") or {})}  # fmt: skip
+    tokens = {name: named[name] for name in SPECIAL_TOKEN_NAMES if named.get(name) is not None}
+    return tuple(
+        (name, str(token.get("content") if isinstance(token, dict) else token)) for name, token in tokens.items()
+    )
 
 
 def _flat(message: dict[str, Any], config_file: Path) -> bool:

@@ -180,12 +180,21 @@ class InfoResponse(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., dimension: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., pooling: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., tokenizer_json: _Optional[str] = ..., normalize: _Optional[bool] = ..., family: _Optional[str] = ..., task: _Optional[str] = ..., score_activation: _Optional[str] = ..., sparse_dimension: _Optional[int] = ..., served_names: _Optional[_Iterable[str]] = ..., multi_vector: _Optional[_Union[MultiVector, _Mapping]] = ..., image_shape: _Optional[_Iterable[int]] = ..., image_tokens: _Optional[int] = ..., image_processor_json: _Optional[str] = ..., image_patch_dim: _Optional[int] = ..., chat_template: _Optional[str] = ..., image_sequences: _Optional[bool] = ..., image_max_patches: _Optional[int] = ..., logit_scale: _Optional[float] = ..., logit_bias: _Optional[float] = ..., wire_version: _Optional[int] = ..., bouquet_version: _Optional[str] = ..., lane_path: _Optional[str] = ..., lane_nonce: _Optional[str] = ..., st_messages: _Optional[_Union[StMessages, _Mapping]] = ...) -> None: ...
 
 class StMessages(_message.Message):
-    __slots__ = ("generation_prompt", "flat")
+    __slots__ = ("generation_prompt", "flat", "special_tokens")
+    class SpecialTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     FLAT_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     generation_prompt: bool
     flat: bool
-    def __init__(self, generation_prompt: _Optional[bool] = ..., flat: _Optional[bool] = ...) -> None: ...
+    special_tokens: _containers.ScalarMap[str, str]
+    def __init__(self, generation_prompt: _Optional[bool] = ..., flat: _Optional[bool] = ..., special_tokens: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MultiVector(_message.Message):
     __slots__ = ("dimension", "query_prefix", "document_prefix", "query_length", "document_length", "expand_queries", "expansion_id", "attend_to_expansion", "skiplist", "skip_leading")

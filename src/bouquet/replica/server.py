@@ -124,6 +124,7 @@ def _set_st_messages(info: embedding_pb2.InfoResponse, spec: ModelSpec, limits: 
     if _conversations(spec, limits) and spec.st_messages is not None:
         info.st_messages.generation_prompt = spec.st_messages.generation_prompt
         info.st_messages.flat = spec.st_messages.flat
+        info.st_messages.special_tokens.update(dict(spec.st_messages.special_tokens))
 
 
 def _set_zero_shot_logit(info: embedding_pb2.InfoResponse, engine: StepEngine) -> None:

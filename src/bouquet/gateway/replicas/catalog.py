@@ -213,7 +213,8 @@ class ModelCatalog:
 def _st_messages(info: embedding_pb2.InfoResponse) -> StMessages | None:
     if not info.HasField("st_messages"):
         return None
-    return StMessages(info.st_messages.generation_prompt, info.st_messages.flat)
+    sent = info.st_messages
+    return StMessages(sent.generation_prompt, sent.flat, tuple(sorted(sent.special_tokens.items())))
 
 
 def _text_messages(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> TextMessages | None:

@@ -1,7 +1,8 @@
 """A text model's texts as sentence-transformers 6 writes them when its Transformer takes chat messages
 (st_messages.py): each text the one user message of a conversation, the prompt (`prompt_name`'s, else the default)
 a system message before it word for word and none without one, rendered by the model's chat template (the generation
-prompt as saved) and tokenized without the tokenizer's own special tokens (transformers' apply_chat_template).
+prompt as saved, the tokenizer's special tokens its variables) and tokenized without the tokenizer's own special
+tokens (transformers' apply_chat_template).
 
 A conversation over the limit is cut as sentence-transformers cuts it (transformer.py's
 `_restore_chat_template_suffix`): to the limit, then the template's tail written back over its last tokens, since a
@@ -27,12 +28,13 @@ class TextMessages:
     def __init__(self, template: ChatTemplate, st: StMessages):
         self._template = template
         self._st = st
+        self._variables = dict(st.special_tokens)
         self._tails: dict[str, list[int]] = {}  # by prompt
 
     def render(self, text: str, prompt: str) -> str:
         messages = [self._message("system", prompt)] if prompt else []
         messages.append(self._message("user", text))
-        return self._template.render(messages, self._st.generation_prompt)
+        return self._template.render(messages, self._st.generation_prompt, self._variables)
 
     def cut(self, ids: list[int], limit: int, prompt: str, from_left: bool, tokenize: Tokenize) -> list[int]:
         """`ids` within `limit`: its first (last, `from_left`) tokens, ending in the template's tail."""
