@@ -129,6 +129,14 @@ def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name
     assert cosines.min() >= BOUND, cosines
 
 
+def test_conversations_are_cut_not_windowed(client: httpx.Client, st_models) -> None:
+    """long_input "chunk" averages windows of a text; a window of a conversation is none, so its texts are cut as
+    sentence-transformers cuts them."""
+    expected = st_models[1][MESSAGES].encode([LONG], convert_to_numpy=True)
+    body = {"model": MESSAGES, "input": [LONG], "long_input": "chunk"}
+    assert row_cosines(_rows(client.post("/v1/embeddings", json=body)), expected).min() >= BOUND
+
+
 @pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
 def test_a_query_prompt_matches_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
     """TEI's prompt_name: a system message where the texts are conversations, else the prompt before the text."""

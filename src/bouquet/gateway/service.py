@@ -108,8 +108,8 @@ class Service:
             job = replace(job, truncate_tokens=cap)
         options = self._row_options(job, model)
         self.check_inputs(job.num_inputs)
-        if not sparse and (job.long_input or self.config.long_input) == "chunk":  # sparse rows are not averaged
-            return model, *await self._embed_windows(job, model, options)
+        if not sparse and (job.long_input or self.config.long_input) == "chunk" and not _conversations(job, model):
+            return model, *await self._embed_windows(job, model, options)  # sparse rows are not averaged
 
         async def batch() -> Batch:
             return Batch.pack(await self.sequences(job, model), options)
@@ -309,6 +309,12 @@ def token_cap(job: EmbedJob, model: ServedModel) -> int | None:
             job.truncate_field,
         )
     return cap
+
+
+def _conversations(job: EmbedJob, model: ServedModel) -> bool:
+    """Texts a text model takes as conversations (replicas/text_messages.py): never windowed, since a window of a
+    conversation is no conversation; cut as sentence-transformers cuts them."""
+    return job.texts is not None and model.tokenizer is not None and model.tokenizer.messages is not None
 
 
 def _utf8_size(text: str) -> int:
