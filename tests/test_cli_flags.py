@@ -249,7 +249,7 @@ def replica_samples(model: Path, tmp_path: Path) -> dict[str, str]:
         "--cpu-workers": "1", "--cpu-lone-step-tokens": "64", "--cpu-token-buckets": "8", "--cpu-warmup-tokens": "256",
         "--max-batch-tokens": "512",
         "--max-batch-seqs": "32", "--max-queue-tokens": "100000", "--drain-seconds": "20.0",
-        "--served-model-name": "text-embedding-3-small",
+        "--served-model-name": "text-embedding-3-small", "--local-lane": "",
     }  # fmt: skip
 
 
@@ -270,7 +270,7 @@ GATEWAY_SAMPLES = {
 def as_given(samples: dict[str, str]) -> list[str]:
     """Flags with an empty sample are switches, given in their non-default form."""
     switched = {"--cuda-graphs": "--no-cuda-graphs", "--cpu-graphs": "--no-cpu-graphs",
-                "--token-id-input": "--no-token-id-input",
+                "--token-id-input": "--no-token-id-input", "--local-lane": "--no-local-lane",
                 "--allow-unknown-fields": "--allow-unknown-fields"}  # fmt: skip
     return [switched[flag] if value == "" else f"{flag}={value}" for flag, value in samples.items()]
 
