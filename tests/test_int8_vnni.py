@@ -39,7 +39,8 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
 
 @needs_vnni
 def test_the_vnni_kernel_gives_the_same_integers(threads: int) -> None:
-    """Rows 1-64 (every tile, wide and narrow; one row block and several, sliced), codes at their extremes against
+    """Rows 1-64 (every tile, wide and narrow; one row block and several, sliced) and document-sized calls (rows
+    split between threads, in chunks of 72 and remainders of 1, 2 and 4 rows), codes at their extremes against
     weights at theirs, checked against int64 sums and against `torch._int_mm`."""
     generator = torch.Generator().manual_seed(5)
     for in_features, out_features in _SHAPES:
@@ -49,7 +50,7 @@ def test_the_vnni_kernel_gives_the_same_integers(threads: int) -> None:
         ours = with_products(weight, VNNI_PRODUCT, VNNI_PRODUCT)
         assert ours.vnni is not None and ours.transposed.numel() == 0 and ours.packed is None
         exact = weight.transposed.long()
-        for rows in [*range(1, 30), 31, 32, 33, 47, 64]:
+        for rows in [*range(1, 30), 31, 32, 33, 47, 63, 64, 65, 145, 148, 289]:
             codes = torch.randint(-128, 128, (rows, in_features), dtype=torch.int8, generator=generator)
             codes[0] = -128
             codes[-1, ::2] = 127
@@ -63,7 +64,8 @@ def test_the_vnni_kernel_gives_the_same_integers(threads: int) -> None:
 @needs_vnni
 def test_a_linear_on_vnni_is_the_plain_linear_in_one_call(threads: int) -> None:
     """Quantizing, the product and each column group's dequantizing in one kernel call give the three passes'
-    floats bit for bit: every activation, the fused add and LayerNorm, strided rows, odd shapes, rows 1-64."""
+    floats bit for bit: every activation, the fused add and LayerNorm, strided rows, odd shapes, rows 1-64 and
+    document-sized calls (rows split between threads, in chunks)."""
     generator = torch.Generator().manual_seed(6)
     for in_features, out_features in [(384, 1536), (1536, 384), (130, 97)]:
         dense = torch.randn(out_features, in_features, generator=generator)
@@ -72,7 +74,7 @@ def test_a_linear_on_vnni_is_the_plain_linear_in_one_call(threads: int) -> None:
         norm = torch.nn.LayerNorm(out_features)
         torch.nn.init.normal_(norm.weight, generator=generator)
         torch.nn.init.normal_(norm.bias, generator=generator)
-        for rows in (1, 2, 5, 14, 16, 29, 64):
+        for rows in (1, 2, 5, 14, 16, 29, 64, 145, 148):
             wide = torch.randn(rows, in_features + 8, generator=generator)
             x = wide[:, 4 : 4 + in_features]  # rows a stride apart
             for activation in ("none", "gelu", "gelu_new", "relu"):

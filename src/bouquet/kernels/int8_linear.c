@@ -324,6 +324,27 @@ int bouquet_amx_linear(const float* x, int64_t rows, int64_t k, int64_t x_stride
     return 0;
 }
 
+// Rows [start, stop) of a VNNI linear of many rows, on the calling thread: quantized (codes, row_scales, row_zeros,
+// code_sums: the call's, indexed by row), every column group's product then its dequantizing (vnni_columns, with
+// `columns`' channel arguments), then the residual and LayerNorm where given, while the chunk is in cache.
+static void vnni_linear_chunk(const float* x, int64_t start, int64_t stop, int64_t k, int64_t x_stride,
+                              const float* signs, int64_t block, int8_t* codes, float* row_scales, int32_t* row_zeros,
+                              int32_t* code_sums, const uint8_t* packed, int64_t n, float* out,
+                              const VnniDequantize* columns, const float* residual, int64_t residual_stride,
+                              const float* gamma, const float* beta, float eps) {
+    for (int64_t r = start; r < stop; ++r) {
+        quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
+        code_sums[r] = code_sum(codes + r * k, k);
+    }
+    VnniDequantize dequantize = *columns;
+    dequantize.row_scales = row_scales + start;
+    dequantize.row_zeros = row_zeros + start;
+    vnni_columns(codes + start * k, stop - start, k, k, code_sums + start, packed, n, (int32_t*)(out + start * n), n,
+                 &dequantize, VNNI_CHUNK_GROUP, 1, 0);
+    for (int64_t r = start; residual && r < stop; ++r)
+        add_norm_row_cloned(out + r * n, n, residual + r * residual_stride, gamma, beta, eps);
+}
+
 // bouquet_amx_linear's arguments and contract, on the VNNI product (int8_linear_vnni.h, `packed` in its layout):
 // quantizing, the product with each column group dequantized while it is in cache, then the residual and LayerNorm
 // where given. Returns 1 where this build has no VNNI (out untouched).
@@ -338,14 +359,22 @@ int bouquet_vnni_linear(const float* x, int64_t rows, int64_t k, int64_t x_strid
     const VnniDequantize dequantize = {row_scales, col_scales, bias, row_zeros, col_sums,
                                        residual ? ACT_NONE : activation};
 #pragma omp parallel if (rows * n * k >= VNNI_PARALLEL_WORK)
-    {
+    if (rows >= VNNI_SPLIT_ROWS) {
+        int64_t first, end;
+        vnni_row_share(rows, omp_get_num_threads(), omp_get_thread_num(), &first, &end);
+        for (int64_t start = first, stop; start < end; start = stop) {
+            stop = vnni_chunk_end(start, end);
+            vnni_linear_chunk(x, start, stop, k, x_stride, signs, block, codes, row_scales, row_zeros, code_sums,
+                              packed, n, out, &dequantize, residual, residual_stride, gamma, beta, eps);
+        }
+    } else {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
             quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
             code_sums[r] = code_sum(codes + r * k, k);
         }
-        vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize, omp_get_num_threads(),
-                     omp_get_thread_num());
+        vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize, vnni_column_group(rows),
+                     omp_get_num_threads(), omp_get_thread_num());
         if (residual) {
 #pragma omp barrier
 #pragma omp for schedule(static)

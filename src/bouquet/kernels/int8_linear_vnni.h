@@ -1,5 +1,5 @@
-// int8 x int8 -> int32 products for short steps by AVX-512 VNNI (`vpdpbusd`): the int8 linears' product where
-// layers/int8_products.py measures it fastest (layers/vnni_product.py): a query's few rows, on CPUs with AVX512-VNNI.
+// int8 x int8 -> int32 products by AVX-512 VNNI (`vpdpbusd`): the int8 linears' product where
+// layers/int8_products.py measures it fastest (layers/vnni_product.py), on CPUs with AVX512-VNNI.
 // Included by int8_linear.c, whose quantizing and dequantizing passes run with it in one call (bouquet_vnni_linear).
 //
 // vpdpbusd multiplies unsigned by signed bytes, four adjacent inputs summed into each of 16 int32 lanes, exactly (no
@@ -14,7 +14,8 @@
 // blocks keeps MR x 2 NB accumulators in registers: each input group loads 2 NB weight vectors and broadcasts each
 // row's four codes once. Wide tiles (NB 2 or 4) at one to six rows, row blocks of up to 14, input slices where
 // several row blocks share a weight block, weights prefetched ahead and output channels split between threads by
-// column group: layers/f32_short.py's kernel (int8_linear_f32.h), in bytes.
+// column group: layers/f32_short.py's kernel (int8_linear_f32.h), in bytes. From 64 rows (documents) threads split
+// the rows instead, in chunks whose epilogue runs while they are in cache (VNNI_SPLIT_ROWS, below).
 //
 // Requirements the caller checks: each row of codes contiguous; any k and n.
 // No include guard: included once, by int8_linear.c, after int8_linear_f32.h.
@@ -29,8 +30,8 @@
 
 // VNNI_PREFETCH: input groups ahead a tile asks for its weights (4 KB a block), for the reason int8_linear_f32.h's
 // tiles do. VNNI_SLICE: input groups per slice where several row blocks share a weight block (16 KB: L1 holds it).
-enum { VNNI_BLOCK = 32, VNNI_GROUP = 4, VNNI_GROUP_BYTES = 128, VNNI_MAX_ROWS = 14, VNNI_PREFETCH = 32,
-       VNNI_SLICE = 128 };
+enum { VNNI_BLOCK = 32, VNNI_GROUP = 4, VNNI_GROUP_BYTES = 128, VNNI_MAX_ROWS = 14, VNNI_PAIR_ROWS = 6,
+       VNNI_FOUR_ROWS = 2, VNNI_PREFETCH = 32, VNNI_SLICE = 128 };
 // Below this many multiply-adds a call runs on the calling thread alone (int8_linear_f32.h's bound: see there).
 enum { VNNI_PARALLEL_WORK = 1 << 19 };
 
@@ -136,25 +137,30 @@ typedef void (*VnniTile)(const int8_t*, int64_t, int64_t, const uint8_t*, int64_
     }
 VNNI_TILE(1, 1) VNNI_TILE(2, 1) VNNI_TILE(3, 1) VNNI_TILE(4, 1) VNNI_TILE(5, 1) VNNI_TILE(6, 1) VNNI_TILE(7, 1)
 VNNI_TILE(8, 1) VNNI_TILE(9, 1) VNNI_TILE(10, 1) VNNI_TILE(11, 1) VNNI_TILE(12, 1) VNNI_TILE(13, 1) VNNI_TILE(14, 1)
-VNNI_TILE(3, 2) VNNI_TILE(4, 2) VNNI_TILE(5, 2) VNNI_TILE(6, 2)
+VNNI_TILE(1, 2) VNNI_TILE(2, 2) VNNI_TILE(3, 2) VNNI_TILE(4, 2) VNNI_TILE(5, 2) VNNI_TILE(6, 2)
 VNNI_TILE(1, 4) VNNI_TILE(2, 4)
-// By rows (1 to 14): the one-block tile, and the widest tile that fits the 32 vector registers with its weights.
-static const VnniTile VNNI_NARROW[VNNI_MAX_ROWS + 1] = {
+// By rows, the tiles of one block (1 to 14 rows), two (1 to 6) and four (1 or 2): each up to the most rows whose
+// accumulators fit the 32 vector registers beside its weights and a row's codes.
+static const VnniTile VNNI_ONE[VNNI_MAX_ROWS + 1] = {
     0, vnni_tile_1_1, vnni_tile_2_1, vnni_tile_3_1, vnni_tile_4_1, vnni_tile_5_1, vnni_tile_6_1, vnni_tile_7_1,
     vnni_tile_8_1, vnni_tile_9_1, vnni_tile_10_1, vnni_tile_11_1, vnni_tile_12_1, vnni_tile_13_1, vnni_tile_14_1};
-static const VnniTile VNNI_WIDE[VNNI_MAX_ROWS + 1] = {
-    0, vnni_tile_1_4, vnni_tile_2_4, vnni_tile_3_2, vnni_tile_4_2, vnni_tile_5_2, vnni_tile_6_2};
+static const VnniTile VNNI_TWO[VNNI_PAIR_ROWS + 1] = {
+    0, vnni_tile_1_2, vnni_tile_2_2, vnni_tile_3_2, vnni_tile_4_2, vnni_tile_5_2, vnni_tile_6_2};
+static const VnniTile VNNI_FOUR[VNNI_FOUR_ROWS + 1] = {0, vnni_tile_1_4, vnni_tile_2_4};
+// The column group (blocks) of a call of 1 to 14 rows split by columns: its widest tile's (0: one block).
 static const int VNNI_WIDE_BLOCKS[VNNI_MAX_ROWS + 1] = {0, 4, 4, 2, 2, 2, 2};
 
-// Row blocks of at most 14, as even as they can be, each times `groups` input groups of the weight blocks at `w`.
+// Row blocks of at most the tile's rows for `blocks` (1, 2 or 4), as even as they can be, each times `groups` input
+// groups of the weight blocks at `w`.
 VNNI_TARGET static void vnni_row_blocks(const int8_t* a, int64_t rows, int64_t lda, int64_t groups,
                                         const uint8_t* w, int64_t block_bytes, int64_t first_block, int blocks,
                                         int64_t n, const int32_t* code_sums, int accumulate, int32_t* c,
                                         int64_t ldc) {
-    const int64_t row_blocks = (rows + VNNI_MAX_ROWS - 1) / VNNI_MAX_ROWS;
+    const int most = blocks == 1 ? VNNI_MAX_ROWS : blocks == 2 ? VNNI_PAIR_ROWS : VNNI_FOUR_ROWS;
+    const int64_t row_blocks = (rows + most - 1) / most;
     for (int64_t rb = 0, start = 0; rb < row_blocks; rb++) {
         int64_t mr = (rows - start) / (row_blocks - rb) + ((rows - start) % (row_blocks - rb) != 0);
-        VnniTile tile = blocks == 1 ? VNNI_NARROW[mr] : VNNI_WIDE[mr];
+        VnniTile tile = blocks == 1 ? VNNI_ONE[mr] : blocks == 2 ? VNNI_TWO[mr] : VNNI_FOUR[mr];
         tile(a + start * lda, lda, groups, w, block_bytes, first_block, n, code_sums + start, accumulate,
              c + start * ldc, ldc);
         start += mr;
@@ -185,16 +191,24 @@ VNNI_TARGET static void vnni_group(const int8_t* a, int64_t rows, int64_t k, int
 }
 #endif  // BOUQUET_VNNI
 
-// This thread's share of c [rows, n] int32 = codes [rows, k] times the packed weight: a run of column groups, split
-// as `omp for schedule(static)` would (no barrier after it); then, given `dequantize`, its columns to float32, a row
+// The column group (blocks) of a call of `rows` split by columns: the widest tile's up to 6 rows, else one block.
+INLINE int vnni_column_group(int64_t rows) {
+#if BOUQUET_VNNI
+    return rows <= VNNI_MAX_ROWS && VNNI_WIDE_BLOCKS[rows] > 1 ? VNNI_WIDE_BLOCKS[rows] : 1;
+#else
+    (void)rows;
+    return 1;
+#endif
+}
+
+// This thread's share of c [rows, n] int32 = codes [rows, k] times the packed weight: a run of column groups of
+// `group` blocks, split as `omp for schedule(static)` would (no barrier after it); then, given `dequantize`, its columns to float32, a row
 // at a time, while they are in cache (a call per row and column group took a fifth of a query's products' time).
 static void vnni_columns(const int8_t* a, int64_t rows, int64_t k, int64_t lda, const int32_t* code_sums,
                          const uint8_t* packed, int64_t n, int32_t* c, int64_t ldc, const VnniDequantize* dequantize,
-                         int team, int me) {
+                         int group, int team, int me) {
 #if BOUQUET_VNNI
     const int64_t blocks = (n + VNNI_BLOCK - 1) / VNNI_BLOCK;
-    const int wide = rows <= VNNI_MAX_ROWS ? VNNI_WIDE_BLOCKS[rows] : 0;
-    const int group = wide > 1 ? wide : 1;
     const int64_t groups = (blocks + group - 1) / group;
     const int64_t g0 = groups * me / team, g1 = groups * (me + 1) / team;
     for (int64_t g = g0; g < g1; g++) {
@@ -212,8 +226,28 @@ static void vnni_columns(const int8_t* a, int64_t rows, int64_t k, int64_t lda, 
                        dequantize->activation, 0);
 #else
     (void)a, (void)rows, (void)k, (void)lda, (void)code_sums, (void)packed, (void)n, (void)c, (void)ldc;
-    (void)dequantize, (void)team, (void)me;
+    (void)dequantize, (void)group, (void)team, (void)me;
 #endif
+}
+
+// From VNNI_SPLIT_ROWS rows (a document's step) threads split a call's rows, not its columns, and each takes its
+// rows in chunks of up to VNNI_CHUNK_ROWS: every column group of a chunk, then its epilogue, while the chunk's sums
+// are in cache (72 rows x 1,536 channels is 432 KB, in L2 beside the whole weight, up to 590 KB at MiniLM's
+// shapes; a column group's weights stay in L1 while the chunk's row blocks pass over them). Split by columns, a
+// 1,024-row step's sums (3 MB a thread at 1,536 channels) were out of L2 before they were dequantized, and a
+// LayerNorm waited on both threads' columns at a barrier, then read every row again. A chunk's tiles are 6 rows
+// by two blocks (24 accumulators; ten loads for 24 `vpdpbusd` a group of inputs, where 14 rows by one block take 16
+// for 28), its slices of inputs VNNI_SLICE groups (32 KB of weights: measured no slower than 16).
+enum { VNNI_SPLIT_ROWS = 64, VNNI_CHUNK_GROUP = 2, VNNI_CHUNK_ROWS = 12 * VNNI_PAIR_ROWS };
+
+// This thread's rows [*first, *end) of `rows` split between `team` threads.
+INLINE void vnni_row_share(int64_t rows, int team, int me, int64_t* first, int64_t* end) {
+    *first = rows * me / team;
+    *end = rows * (me + 1) / team;
+}
+
+INLINE int64_t vnni_chunk_end(int64_t start, int64_t end) {
+    return end - start < VNNI_CHUNK_ROWS ? end : start + VNNI_CHUNK_ROWS;
 }
 
 // The product alone (what tests check it by): c [m, n] int32 (rows ldc elements apart) = a [m, k] int8 codes (rows
@@ -224,10 +258,20 @@ int bouquet_vnni_product(const int8_t* a, int64_t m, int64_t k, int64_t lda, con
     if (m <= 0) return 0;
     int32_t code_sums[m];
 #pragma omp parallel if (m * n * k >= VNNI_PARALLEL_WORK)
-    {
+    if (m >= VNNI_SPLIT_ROWS) {
+        int64_t first, end;
+        vnni_row_share(m, omp_get_num_threads(), omp_get_thread_num(), &first, &end);
+        for (int64_t start = first, stop; start < end; start = stop) {
+            stop = vnni_chunk_end(start, end);
+            for (int64_t r = start; r < stop; r++) code_sums[r] = code_sum(a + r * lda, k);
+            vnni_columns(a + start * lda, stop - start, k, lda, code_sums + start, packed, n, c + start * ldc, ldc,
+                         NULL, VNNI_CHUNK_GROUP, 1, 0);
+        }
+    } else {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; r++) code_sums[r] = code_sum(a + r * lda, k);
-        vnni_columns(a, m, k, lda, code_sums, packed, n, c, ldc, NULL, omp_get_num_threads(), omp_get_thread_num());
+        vnni_columns(a, m, k, lda, code_sums, packed, n, c, ldc, NULL, vnni_column_group(m), omp_get_num_threads(),
+                     omp_get_thread_num());
     }
     return 0;
 }

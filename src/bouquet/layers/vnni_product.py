@@ -1,5 +1,7 @@
-"""int8 x int8 -> int32 products by AVX-512 VNNI for short steps (kernels/int8_linear_vnni.h), one of the int8
-linears' products (layers/int8_products.py measures it beside oneDNN's and chooses per call size).
+"""int8 x int8 -> int32 products by AVX-512 VNNI (kernels/int8_linear_vnni.h), one of the int8 linears' products
+(layers/int8_products.py measures it beside oneDNN's and chooses per call size): a query's few rows split by
+column groups between threads, a document step's rows split by rows, in chunks whose dequantizing, residual and
+LayerNorm run while the chunk is in cache.
 
 The weight is packed once at load into column blocks of 32 output channels, four inputs a lane, shifted to unsigned
 bytes (what `vpdpbusd` multiplies the signed activation codes by); the kernel takes the shift off, so its int32 sums
