@@ -3,7 +3,7 @@
 Up to four products compute the same integers (layers/int8_linear.py): `torch._int_mm`, oneDNN's GEMM on the plain
 int8 weight; oneDNN's matmul primitive on a weight prepacked in its own layout, which runs on AMX tiles where the
 CPU has them; on CPUs with AMX, bouquet's own AMX kernel (layers/amx_product.py); and on CPUs with AVX512-VNNI,
-bouquet's own VNNI kernel for short steps (layers/vnni_product.py). Which is fastest depends on the
+bouquet's own VNNI kernel (layers/vnni_product.py). Which is fastest depends on the
 CPU, the shapes and the number of rows: on an Intel Xeon with AMX the prepacked matmul was 1.4-2.9x `_int_mm` at a
 1,024-token step while a 16-token query ran 1.7x faster through `_int_mm`, and the AMX kernel beat both at every
 size; on CPUs without VNNI oneDNN has no fast s8 x s8 matmul at all (docs/benchmarks.md, "int8 on the CPU"). So,
