@@ -18,6 +18,7 @@ import torch
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.kernels.recording import kernel_call
+from bouquet.layers.int8_product_call import int32_product
 
 logger = logging.getLogger(__name__)
 
@@ -84,15 +85,5 @@ def amx_linear(library_args: tuple[object, ...]) -> None:
 
 def amx_product(values: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """[T, K] int8 codes (rows contiguous) times the packed weight: [T, N] int32."""
-    assert values.dtype == torch.int8 and values.dim() == 2 and values.stride(1) == 1
-    rows, inputs = values.shape
-    assert packed.numel() == inputs * out_features, "a weight packed for another shape"
-    out = torch.empty(rows, out_features, dtype=torch.int32)
-    failed = kernel_call(
-        _library().bouquet_amx_product,
-        values.data_ptr(), rows, inputs, values.stride(0),
-        packed.data_ptr(), out_features, out.data_ptr(), out_features,
-    )  # fmt: skip
-    if failed:
-        raise RuntimeError("the AMX int8 product ran where this build has no AMX")
-    return out
+    assert packed.numel() == values.shape[-1] * out_features, "a weight packed for another shape"
+    return int32_product(_library().bouquet_amx_product, values, packed, out_features, "AMX")

@@ -1,0 +1,29 @@
+"""One call of bouquet's own int8 product kernels (AMX tiles, layers/amx_product.py; AVX-512 VNNI,
+layers/vnni_product.py), which share a contract: [T, K] int8 codes with contiguous rows, times a weight packed for
+that kernel, into new [T, N] int32 sums, through `kernel_call` so that a CPU graph records it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from bouquet.kernels.recording import kernel_call
+
+
+def int32_product(
+    entry: Callable[..., int], values: torch.Tensor, packed: torch.Tensor, out_features: int, name: str
+) -> torch.Tensor:
+    """`entry`'s sums of `values` (int8 [T, K]) and `packed`: [T, out_features] int32. The kernels answer nonzero
+    where their build or CPU lacks the instructions: a RuntimeError naming `name`."""
+    assert values.dtype == torch.int8 and values.dim() == 2 and values.stride(1) == 1
+    rows, inputs = values.shape
+    out = torch.empty(rows, out_features, dtype=torch.int32)
+    failed = kernel_call(
+        entry,
+        values.data_ptr(), rows, inputs, values.stride(0),
+        packed.data_ptr(), out_features, out.data_ptr(), out_features,
+    )  # fmt: skip
+    if failed:
+        raise RuntimeError(f"the {name} int8 product ran where this build has no {name}")
+    return out
