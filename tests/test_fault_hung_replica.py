@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import corpus
 import pytest
@@ -21,11 +22,18 @@ HANG_SECONDS = 20
 WARM_SECONDS = 2
 
 
-def test_a_hung_replica_is_routed_around():
+@pytest.mark.parametrize("transport", ["tcp", "lane"])
+def test_a_hung_replica_is_routed_around(transport: str, tmp_path: Path):
+    """On TCP the gateway's calls go by gRPC; on Unix sockets by the replicas' local lanes, which a hung replica
+    keeps open: its calls there end when gRPC's pings find the replica gone and the gateway closes the lane."""
     ports = [free_port(), free_port()]
-    replicas = [start_replica(port, "--dtype", "float32", "--max-batch-tokens", "512") for port in ports]
+    addresses = [f"127.0.0.1:{port}" if transport == "tcp" else f"unix:{tmp_path}/r{port}.sock" for port in ports]
+    replicas = [
+        start_replica(port, "--dtype", "float32", "--max-batch-tokens", "512", listen=address)
+        for port, address in zip(ports, addresses, strict=True)
+    ]
     gateway_port = free_port()
-    gateway = start_gateway(gateway_port, [f"127.0.0.1:{port}" for port in ports], "--chunk-tokens", "128")
+    gateway = start_gateway(gateway_port, addresses, "--chunk-tokens", "128", "--log-level", "INFO")
     url = f"http://127.0.0.1:{gateway_port}"
     try:
         for process in (*replicas, gateway):
@@ -45,10 +53,12 @@ def test_a_hung_replica_is_routed_around():
         for process in (gateway, *replicas):
             process.stop()
     bound, how = latency_bound(load)
-    left = marked_down(gateway, f"127.0.0.1:{ports[1]}")
+    left = marked_down(gateway, addresses[1])
     print(
         f"hung replica: {load.summary()}; {phases(load, hung_at, woke_at, 'hang')}; bound {bound:.2f} s ({how}); "
         f"the replica left {left}"
     )
     assert load.failures() == [] and len(load.results) > 50, load.summary()
+    lanes = sum("Embed calls on its local lane" in line for line in gateway.lines)
+    assert lanes >= (2 if transport == "lane" else 0) and (lanes == 0) == (transport == "tcp")
     assert load.latencies()[-1] <= bound < HANG_SECONDS, load.slowest(hung_at)

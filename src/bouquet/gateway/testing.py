@@ -124,9 +124,13 @@ def start_gateway(port: int, replicas: list[str], *args: str, prefix: Sequence[s
     return _bouquet("gateway", "--port", str(port), *replica_args, *args, ready=ready, prefix=prefix)
 
 
-def start_replica(port: int, *args: str, host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> Process:
-    listen = f"{host}:{port}"
-    return _bouquet("replica", "--listen", listen, "--device", "cpu", *args, ready=r"serving .* on port", prefix=prefix)
+def start_replica(
+    port: int, *args: str, host: str = "127.0.0.1", prefix: Sequence[str] = (), listen: str | None = None
+) -> Process:
+    """`bouquet replica` on HOST:PORT, or at `listen` (unix:PATH: with its local lane)."""
+    where = listen or f"{host}:{port}"
+    ready = r"serving .* on (port|unix:)"
+    return _bouquet("replica", "--listen", where, "--device", "cpu", *args, ready=ready, prefix=prefix)
 
 
 def wait_healthy(base_url: str, timeout: float = 60.0) -> None:
