@@ -18,7 +18,7 @@ import torch
 from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.kernels.recording import kernel_call
-from bouquet.layers.int8_product_call import int32_product
+from bouquet.layers.int8_product_call import LINEAR_ARGTYPES, PRODUCT_ARGTYPES, int32_product
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +34,9 @@ def _library() -> ctypes.CDLL:
     library.bouquet_amx_pack.restype = None
     library.bouquet_amx_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.bouquet_amx_product.restype = ctypes.c_int
-    library.bouquet_amx_product.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # a, rows, inputs, a's row stride
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,  # packed, outputs, c, c's row stride
-    ]  # fmt: skip
+    library.bouquet_amx_product.argtypes = PRODUCT_ARGTYPES
     library.bouquet_amx_linear.restype = ctypes.c_int
-    library.bouquet_amx_linear.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, inputs, x's row stride
-        ctypes.c_void_p, ctypes.c_int64,  # the rotation's signs (or None), its block
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # scratch: codes, row scales, row zero points
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # packed weight, outputs, out
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,  # channel scales, sums, bias, activation
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,  # residual, its stride, norm
-    ]  # fmt: skip
+    library.bouquet_amx_linear.argtypes = LINEAR_ARGTYPES
     return library
 
 

@@ -24,7 +24,7 @@ import torch
 from bouquet.cpu_features import AVX2, AVX512, cpu_features
 from bouquet.kernels.build import KernelBuildError, load_kernel
 from bouquet.kernels.recording import kernel_call
-from bouquet.layers.int8_product_call import int32_product
+from bouquet.layers.int8_product_call import LINEAR_ARGTYPES, PRODUCT_ARGTYPES, int32_product
 
 logger = logging.getLogger(__name__)
 
@@ -41,25 +41,10 @@ def _library() -> ctypes.CDLL:
     library.bouquet_vnni_pack.restype = None
     library.bouquet_vnni_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.bouquet_vnni_product.restype = ctypes.c_int
-    library.bouquet_vnni_product.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # a, rows, inputs, a's row stride
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,  # packed, outputs, c, c's row stride
-    ]  # fmt: skip
+    library.bouquet_vnni_product.argtypes = PRODUCT_ARGTYPES
     library.bouquet_vnni_linear.restype = ctypes.c_int
-    library.bouquet_vnni_linear.argtypes = _linear_argtypes()
+    library.bouquet_vnni_linear.argtypes = LINEAR_ARGTYPES
     return library
-
-
-def _linear_argtypes() -> list[type]:
-    """`bouquet_vnni_linear`'s arguments (`bouquet_amx_linear`'s)."""
-    return [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,  # x, rows, inputs, x's row stride
-        ctypes.c_void_p, ctypes.c_int64,  # the rotation's signs (or None), its block
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # scratch: codes, row scales, row zero points
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,  # packed weight, outputs, out
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,  # channel scales, sums, bias, activation
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,  # residual, its stride, norm
-    ]  # fmt: skip
 
 
 def vnni_available() -> bool:
