@@ -74,8 +74,23 @@ def _source() -> str:
 @pytest.fixture(scope="module")
 def url(cluster: str) -> str:
     """The application deployed as `serve run` deploys it."""
-    serve.run(app(ARGS), name=APP, route_prefix="/")
+    _deploy(cluster, ARGS, APP)
     return cluster
+
+
+def _deploy(url: str, args: dict[str, str], name: str) -> None:
+    """`serve.run`, then what a load balancer's readiness probe waits for: `serve.run` returns once the deployments'
+    constructors have run, and the gateway answers 503 until its first replica's Info has come through the registry
+    (about a second). Every gateway must say 200, so several in a row."""
+    serve.run(app(args), name=name, route_prefix="/")
+    ready = 0
+
+    def healthy() -> bool:
+        nonlocal ready
+        ready = ready + 1 if httpx.get(f"{url}/health", timeout=10).status_code == 200 else 0
+        return ready >= 4
+
+    _wait_until(healthy, 60.0)
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +368,7 @@ def test_replicas_follow_the_gateways_demand(cluster: str, texts: list[str], ref
     the requests sent while it drains lose nothing."""
     with contextlib.suppress(Exception):
         serve.delete(APP)  # the other tests' two replicas hold both CPUs
-    serve.run(app(SCALING), name="scaling", route_prefix="/")
+    _deploy(cluster, SCALING, "scaling")
     assert _running("scaling") == 1
     expected = _rows(reference["embeddings"])
     started = time.monotonic()
@@ -414,8 +429,7 @@ def test_a_gateway_killed_mid_load_costs_a_retry(cluster: str, texts: list[str],
         serve.delete("scaling")  # the autoscaling test's replicas hold the CPUs
     with contextlib.suppress(Exception):
         serve.delete(APP)
-    serve.run(app({**ARGS, "gateways": "2", "min_replicas": "1", "max_replicas": "1"}), name="gateways",
-              route_prefix="/")  # fmt: skip
+    _deploy(cluster, {**ARGS, "gateways": "2", "min_replicas": "1", "max_replicas": "1"}, "gateways")
     expected = _rows(reference["embeddings"])
     load = _RetryingLoad(cluster, texts, expected, clients=4).start()
     try:
@@ -490,7 +504,7 @@ def test_tls_between_gateway_and_replicas(
             serve.delete(name)  # the CPUs for this one
     tls = {"tls_cert": str(c / "named.pem"), "tls_key": str(c / "named.key"), "replica_tls_ca": str(c / "ca.pem"),
            "replica_tls_server_name": "replica.bouquet.test"}  # fmt: skip
-    serve.run(app({**ARGS, **tls, "min_replicas": "1", "max_replicas": "1"}), name="tls", route_prefix="/")
+    _deploy(cluster, {**ARGS, **tls, "min_replicas": "1", "max_replicas": "1"}, "tls")
     client = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
     rows = np.array([item.embedding for item in client.embeddings.create(model=MODEL, input=texts).data], np.float32)
     assert row_cosines(rows, _rows(reference["embeddings"])).min() >= 0.99999
