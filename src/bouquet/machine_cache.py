@@ -1,6 +1,8 @@
 """Measurements cached per machine: what start-up times once (the CPU attention table, the int8 product) and
 later starts read back. The key holds everything that changes the timings on top of the caller's own: the CPU
-model, the probed features, the torch release and the ISA caps (`ONEDNN_MAX_CPU_ISA`, `ATEN_CPU_CAPABILITY`)."""
+model, the probed features, the torch release, the ISA caps (`ONEDNN_MAX_CPU_ISA`, `ATEN_CPU_CAPABILITY`) and
+bouquet's kernel sources (a plan measured on an older kernel once kept int8 documents on `_int_mm` after the VNNI
+kernel had overtaken it)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from bouquet.cpu_features import cpu_features
-from bouquet.kernels.build import cache_dir
+from bouquet.kernels.build import cache_dir, sources_digest
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ def measurement_path(kind: str, key: dict[str, Any]) -> Path:
         "torch": torch.__version__,
         "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
         "aten_capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+        "kernels": sources_digest(),
     }
     digest = hashlib.sha256(json.dumps({**machine, **key}, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir().parent / kind / f"cpu-{digest}.json"

@@ -10,6 +10,7 @@ runtime torch already loaded (same soname), so torch's per-thread team sizes app
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -80,6 +81,18 @@ def build_kernel(name: str) -> Path:
         raise KernelBuildError(f"building {name}.c into {target.parent} failed: {error}") from error
     logger.info("compiled kernel %s into %s", name, target)
     return target
+
+
+@functools.cache
+def sources_digest() -> str:
+    """A digest of every kernel source and header shipped: measurements of the kernels' speed are cached under it
+    (machine_cache.py), so a changed kernel is measured again rather than judged by its predecessor's timings."""
+    files = sorted(
+        (file.name, file.read_bytes())
+        for file in resources.files("bouquet.kernels").iterdir()
+        if file.name.endswith((".c", ".h"))
+    )
+    return hashlib.sha256(b"\0".join(name.encode() + b"\0" + text for name, text in files)).hexdigest()[:16]
 
 
 def _headers(name: str) -> dict[str, bytes]:
