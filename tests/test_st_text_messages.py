@@ -145,3 +145,99 @@ def test_a_query_prompt_matches_sentence_transformers(client: httpx.Client, st_m
     assert response.status_code == 200, response.text
     cosines = row_cosines(np.array(response.json(), np.float32), expected)
     assert cosines.min() >= BOUND, cosines
+
+
+def _st_ids(model: object, text: str, prompt: str | None) -> list[int]:
+    """The ids sentence-transformers' own preprocessing gives one text, untruncated (as TEI's /tokenize answers)."""
+    untruncated = {"text": {"truncation": False}}
+    features = model.preprocess([text], prompt=prompt, processing_kwargs=untruncated)  # type: ignore[attr-defined]
+    ids: list[int] = features["input_ids"][0].tolist()
+    return ids
+
+
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
+@pytest.mark.parametrize("prompt_name", [None, "query"])
+def test_tokenize_answers_the_tokens_embedded(client: httpx.Client, st_models, name: str, prompt_name: str | None):
+    """TEI's /tokenize and vLLM's body: a conversation's tokens (its template's, the system prompt's), as
+    sentence-transformers tokenizes it for encode(); the raw text's (the prompt before it) for a text-only layout."""
+    st = st_models[1][name]
+    prompt = QUERY if prompt_name else None
+    body = {"model": name, "inputs": TEXTS[:2], "prompt_name": prompt_name}
+    response = client.post("/tokenize", json=body)
+    assert response.status_code == 200, response.text
+    assert [[token["id"] for token in tokens] for tokens in response.json()] == [
+        _st_ids(st, text, prompt) for text in TEXTS[:2]
+    ]
+    if prompt is None:
+        vllm = client.post("/tokenize", json={"model": name, "prompt": TEXTS[0]})
+        assert vllm.status_code == 200, vllm.text
+        assert vllm.json()["tokens"] == _st_ids(st, TEXTS[0], None)
+
+
+def test_tokenize_spans_are_the_rendered_conversation(client: httpx.Client, st_models) -> None:
+    """Each token's text is its span of the conversation the template renders (the tokenizer's chat template)."""
+    tokenizer = st_models[1][MESSAGES].tokenizer
+    response = client.post("/tokenize", json={"model": MESSAGES, "inputs": TEXTS[0]})
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": TEXTS[0]}], tokenize=False)
+    assert "".join(token["text"] for token in response.json()[0]) == rendered
+
+
+def test_tokenize_without_special_tokens_is_refused_for_conversations(client: httpx.Client) -> None:
+    """A conversation's tokens without "special tokens" would be no sequence it embeds: refused, naming why."""
+    for body in ({"inputs": TEXTS[0]}, {"prompt": TEXTS[0]}):
+        response = client.post("/tokenize", json={"model": MESSAGES, **body, "add_special_tokens": False})
+        assert response.status_code in (400, 422) and "conversation" in response.text, response.text
+    legacy = client.post("/tokenize", json={"model": LEGACY, "inputs": TEXTS[0], "add_special_tokens": False})
+    assert legacy.status_code == 200, legacy.text
+
+
+def test_left_truncation_matches_sentence_transformers(client: httpx.Client, st_models) -> None:
+    """TEI's truncation_direction "left": sentence-transformers with its tokenizer cutting from the left keeps the
+    conversation's last tokens, which end in the template's tail."""
+    st = st_models[1][MESSAGES]
+    st.tokenizer.truncation_side = "left"
+    try:
+        expected = st.encode([LONG], convert_to_numpy=True)
+    finally:
+        st.tokenizer.truncation_side = "right"
+    body = {"model": MESSAGES, "inputs": [LONG], "truncate": True, "truncation_direction": "left"}
+    response = client.post("/embed", json=body)
+    assert response.status_code == 200, response.text
+    assert row_cosines(np.array(response.json(), np.float32), expected).min() >= BOUND
+    right = st.encode([LONG], convert_to_numpy=True)
+    assert row_cosines(right, expected).max() < 0.99  # the premise: the two cuts differ
+
+
+def _mean_span(states: np.ndarray, ids: list[int], part: list[int]) -> np.ndarray:
+    """The mean of the states of `part`'s tokens, found as a run inside `ids`."""
+    start = next(i for i in range(len(ids)) if ids[i : i + len(part)] == part)
+    return np.asarray(states[start : start + len(part)], np.float32).mean(axis=0)
+
+
+def test_contextual_chunks_are_framed_as_a_conversation(client: httpx.Client, st_models) -> None:
+    """Late chunking: a document's chunks joined are one conversation's user text, as encode() renders it, and each
+    chunk's vector is the mean of its tokens' states in sentence-transformers' own forward of that conversation."""
+    st = st_models[1][MESSAGES]
+    chunks = [TEXTS[0], " " + TEXTS[1]]  # a space before the second: tokenized alone as inside the whole
+    document = "".join(chunks)
+    ids = _st_ids(st, document, None)
+    states = st.encode([document], output_value="token_embeddings", convert_to_numpy=True)[0]
+    parts = [st.tokenizer(chunk, add_special_tokens=False)["input_ids"] for chunk in chunks]
+    expected = np.stack([_mean_span(states, ids, part) for part in parts])
+    body = {"model": MESSAGES, "input": [chunks]}
+    response = client.post("/v1/contextualizedembeddings", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["total_tokens"] == len(ids)
+    rows = np.array([item["embedding"] for item in response.json()["data"][0]["data"]], np.float32)
+    assert row_cosines(rows, expected).min() >= BOUND
+
+
+def test_embed_all_gives_the_conversation_tokens_states(client: httpx.Client, st_models) -> None:
+    """TEI's /embed_all: one state per token of the conversation encode() embeds, as its forward computes them."""
+    st = st_models[1][MESSAGES]
+    expected = st.encode([TEXTS[0]], output_value="token_embeddings", convert_to_numpy=True)[0]
+    response = client.post("/embed_all", json={"model": MESSAGES, "inputs": TEXTS[0]})
+    assert response.status_code == 200, response.text
+    rows = np.array(response.json()[0], np.float32)
+    assert rows.shape == np.asarray(expected).shape
+    assert row_cosines(rows, np.asarray(expected, np.float32)).min() >= BOUND

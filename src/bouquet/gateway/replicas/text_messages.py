@@ -7,11 +7,12 @@ tokens (transformers' apply_chat_template).
 A conversation over the limit is cut as sentence-transformers cuts it (transformer.py's
 `_restore_chat_template_suffix`): to the limit, then the template's tail written back over its last tokens, since a
 last-token pooling reads the final position. The tail is the longest token suffix two renders of the conversation
-with different texts share (its `_chat_template_suffix_ids`). No torch."""
+with different texts share (its `_chat_template_suffix_ids`); the head, the longest prefix, frames a document's chunks
+(contextual.py). No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bouquet.chat_templates import ChatTemplate
@@ -29,7 +30,7 @@ class TextMessages:
         self._template = template
         self._st = st
         self._variables = dict(st.special_tokens)
-        self._tails: dict[str, list[int]] = {}  # by prompt
+        self._frames: dict[str, tuple[list[int], list[int]]] = {}  # by prompt
 
     def render(self, text: str, prompt: str) -> str:
         messages = [self._message("system", prompt)] if prompt else []
@@ -41,21 +42,32 @@ class TextMessages:
         if len(ids) <= limit:
             return ids
         kept = ids[-limit:] if from_left else ids[:limit]
-        tail = self._tail(prompt, tokenize)[-limit:]
+        tail = self.frame(prompt, tokenize)[1][-limit:]
         return kept[: limit - len(tail)] + tail
 
-    def _tail(self, prompt: str, tokenize: Tokenize) -> list[int]:
-        if prompt not in self._tails:
+    def frame(self, prompt: str, tokenize: Tokenize) -> tuple[list[int], list[int]]:
+        """The ids a conversation puts before its text (the system message, the user turn's opening) and after it
+        (the tail): the longest token prefix and suffix two renders with different texts share."""
+        if prompt not in self._frames:
             first, second = tokenize([self.render(filler, prompt) for filler in _FILLERS])
-            count = 0
-            for left, right in zip(reversed(first), reversed(second), strict=False):
-                if left != right:
-                    break
-                count += 1
+            shortest = min(len(first), len(second))
+            tail = _shared(reversed(first), reversed(second))
             # Renders that never differ hold no text at all: sentence-transformers then restores nothing.
-            self._tails[prompt] = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
-        return self._tails[prompt]
+            tail = tail if 0 < tail < shortest else 0
+            head = min(_shared(first, second), shortest - tail)
+            self._frames[prompt] = (first[:head], first[len(first) - tail :])
+        return self._frames[prompt]
 
     def _message(self, role: str, text: str) -> dict[str, Any]:
         """A message as sentence-transformers' InputFormatter writes it in the saved format."""
         return {"role": role, "content": text if self._st.flat else [{"type": "text", "text": text}]}
+
+
+def _shared(left: Iterable[int], right: Iterable[int]) -> int:
+    """How many leading ids two sequences share."""
+    count = 0
+    for one, other in zip(left, right, strict=False):
+        if one != other:
+            break
+        count += 1
+    return count

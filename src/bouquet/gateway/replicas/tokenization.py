@@ -98,11 +98,7 @@ class ModelTokenizer:
         max_length: int | None,
     ) -> list[list[int]]:  # fmt: skip
         """Each text rendered as a conversation, then tokenized and cut as sentence-transformers does."""
-        try:
-            rendered = [messages.render(text, prompt) for text in texts]
-        except TemplateError as error:
-            raise InvalidRequest(str(error), "invalid_value", "input") from None
-        sequences = await self.encode_text_only(rendered)
+        sequences = await self.encode_text_only(_rendered(messages, texts, prompt))
         if not truncate:
             self._check_lengths(sequences)
             return sequences
@@ -175,9 +171,14 @@ class ModelTokenizer:
                 )
 
     async def tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[TokenSpan]]:
-        """TEI's /tokenize: every token with its id, text, whether it is special, and its character span."""
+        """TEI's /tokenize: every token with its id, text, whether it is special, and its character span. A model
+        whose texts are conversations answers each conversation's tokens as it embeds them (untruncated), its spans
+        in the rendered conversation: the tokenizer's own special tokens are never added to one."""
         texts = self._capped(texts, truncate=False, from_left=False)
-        if prompt:
+        if self.messages is not None:
+            _check_special_tokens(add_special_tokens)
+            texts, add_special_tokens = _rendered(self.messages, texts, prompt), False
+        elif prompt:
             texts = [prompt + text for text in texts]
         loop = asyncio.get_running_loop()
         encodings = await loop.run_in_executor(
@@ -195,7 +196,10 @@ class ModelTokenizer:
 
     def frame(self, prompt: str) -> tuple[list[int], list[int]]:
         """The ids a window puts before and after its text: the model's special tokens as its post-processor
-        places them around one text ([CLS] ... [SEP], or an EOS after), the prompt's tokens after the leading ones."""
+        places them around one text ([CLS] ... [SEP], or an EOS after), the prompt's tokens after the leading ones;
+        for a model whose texts are conversations, the conversation's around its user text (text_messages.py)."""
+        if self.messages is not None:
+            return self.messages.frame(prompt, self._ids)
         if prompt not in self._frames:
             encoding = self._plain.encode("x")
             text = [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
@@ -212,6 +216,27 @@ class ModelTokenizer:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._executor, lambda: self._plain.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+        )
+
+
+def _rendered(messages: TextMessages, texts: list[str], prompt: str) -> list[str]:
+    try:
+        return [messages.render(text, prompt) for text in texts]
+    except TemplateError as error:
+        raise InvalidRequest(str(error), "invalid_value", "input") from None
+
+
+def _check_special_tokens(add_special_tokens: bool) -> None:
+    """A conversation's tokens are its template's and its texts' together: none of them are the tokenizer's to
+    leave out, so a count without them would describe a sequence the model never embeds."""
+    if not add_special_tokens:
+        raise InvalidRequest(
+            "this model embeds each text as a chat conversation (its sentence-transformers Transformer takes "
+            "messages): its tokens are the rendered conversation's, template included, and the tokenizer's own "
+            "special tokens are never added, so add_special_tokens=false describes nothing it embeds; send "
+            "add_special_tokens=true (the default)",
+            "unsupported_parameter",
+            "add_special_tokens",
         )
 
 
