@@ -4,12 +4,20 @@ pool with its retries elsewhere), so the API is `bouquet serve`'s: a second laun
 http/server.py, with Ray Serve's proxy in place of uvicorn. Like every gateway it imports no torch. Its replicas
 are followed from the registry as `--replicas-dns` follows a name: a new one joins once its Info and health
 answer, one that goes gets no new work and finishes its calls; an unreachable or restarting registry keeps the
-last list. It reports its admission's demand to the registry for the replicas' autoscaler."""
+last list. It reports its admission's demand to the registry for the replicas' autoscaler.
+
+Ray Serve counts a replica of this deployment ready once its ASGI lifespan has started, and `serve.run` returns (and
+`serve run` says "Deployed") when every deployment's are: so the gateway's startup also waits, up to
+`FIRST_REPLICA_SECONDS`, for a healthy replica, and the application's first request is answered rather than refused
+503 while the registry's list travels to the pool (about a second)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
@@ -24,6 +32,9 @@ from bouquet.ray_serve.registry import CALL_SECONDS, RENEW_SECONDS, Demand
 logger = logging.getLogger(__name__)
 
 SOURCE = "ray-serve-registry"  # the pool's name for the registry's list, as a DNS name's would be
+# Replicas load their model while the gateway starts; past this the gateway starts anyway, 503 until one joins.
+FIRST_REPLICA_SECONDS = 120.0
+_POLL_SECONDS = 0.05
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -40,7 +51,26 @@ class BouquetGateway:
         self._following = asyncio.ensure_future(self._follow())
 
     def __serve_build_asgi_app__(self) -> Starlette:
-        return self._app  # Ray Serve runs its lifespan: the pool starts, and closes when this replica stops
+        # Ray Serve runs its lifespan: the pool starts (and closes when this replica stops), then a replica joins.
+        started = self._app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[Any]:
+            async with started(app) as state:
+                await self._first_replica()
+                yield state
+
+        self._app.router.lifespan_context = lifespan
+        return self._app
+
+    async def _first_replica(self) -> None:
+        """Returns once the pool has a healthy replica whose model is known, or after FIRST_REPLICA_SECONDS."""
+        deadline = time.monotonic() + FIRST_REPLICA_SECONDS
+        while not (self._service.pool.any_healthy() and self._service.catalog.ordered):
+            if time.monotonic() > deadline:
+                logger.warning("no replica joined within %.0f s; serving, 503 until one does", FIRST_REPLICA_SECONDS)
+                return
+            await asyncio.sleep(_POLL_SECONDS)
 
     async def _follow(self) -> None:
         followed: set[str] = set()
