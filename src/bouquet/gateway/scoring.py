@@ -102,8 +102,9 @@ def unweighted(model: ServedModel) -> InvalidRequest:
 
 def pair_instruction(model: ServedModel, instruction: str | None) -> str | None:
     """A decoder reranker's instruction: the request's, else the model's default prompt (sentence-transformers'
-    CrossEncoder prompts are its instructions), else None (the template's own default)."""
-    if model.pair_template is None:
+    CrossEncoder prompts are its instructions), else None (the template's own default). A conversation model's is
+    its pairs' system message, as sentence-transformers writes a CrossEncoder's prompt."""
+    if model.pair_template is None and not model.conversations:
         if instruction is not None:
             message = f"the model {model.id!r} has no instruction template: it pairs texts with its tokenizer"
             raise InvalidRequest(message, "unsupported_parameter", "instruction")
@@ -131,7 +132,7 @@ async def _encode_predict(
     pairs = [sequence for sequence in job.inputs if isinstance(sequence, tuple)]
     texts = [sequence for sequence in job.inputs if isinstance(sequence, str)]
     pair_ids, pair_types = await tokenizer.encode_pairs(pairs, job.truncate, instruction) if pairs else ([], None)
-    text_ids = await tokenizer.encode(texts, "", job.truncate, job.truncation_direction) if texts else []
+    text_ids = await tokenizer.encode(texts, instruction or "", job.truncate, job.truncation_direction) if texts else []
     ids, types = pair_ids + text_ids, None if pair_types is None else pair_types + [[0] * len(s) for s in text_ids]
     by_input = sorted(range(len(order)), key=order.__getitem__)  # the inverse of `order`
     return [ids[slot] for slot in by_input], None if types is None else [types[slot] for slot in by_input]

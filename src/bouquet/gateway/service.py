@@ -314,7 +314,7 @@ def token_cap(job: EmbedJob, model: ServedModel) -> int | None:
 def _conversations(job: EmbedJob, model: ServedModel) -> bool:
     """Texts a text model takes as conversations (replicas/text_messages.py): never windowed, since a window of a
     conversation is no conversation; cut as sentence-transformers cuts them."""
-    return job.texts is not None and model.tokenizer is not None and model.tokenizer.messages is not None
+    return job.texts is not None and model.conversations
 
 
 def _utf8_size(text: str) -> int:

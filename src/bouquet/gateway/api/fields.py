@@ -107,7 +107,8 @@ TruncationDirection = (
     | None
 )
 Truncate = Annotated[bool, described("false: an over-long input is an error", default=True)] | None
-Instruction = Annotated[str, described("a decoder reranker's instruction (Qwen3-Reranker); refused by others")] | None
+_INSTRUCTION = "a decoder reranker's instruction (Qwen3-Reranker), a chat reranker's system message; refused by others"
+Instruction = Annotated[str, described(_INSTRUCTION)] | None
 RawScores = Annotated[bool, described("the logits, no activation", default=False)] | None
 
 

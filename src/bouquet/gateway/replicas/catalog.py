@@ -83,8 +83,16 @@ class ServedModel:
 
     @property
     def pair_template(self) -> PairTemplate | None:
-        """A decoder reranker's prompt template for pairs (pair_templates.py); None: its tokenizer pairs them."""
+        """A decoder reranker's prompt template for pairs (pair_templates.py); None: its tokenizer pairs them, or its
+        chat template does (a conversation model's, text_messages.py)."""
+        if self.conversations:
+            return None
         return pair_template(self.architecture, self.task)
+
+    @property
+    def conversations(self) -> bool:
+        """Whether its texts and pairs are conversations, as sentence-transformers 6 writes them (text_messages.py)."""
+        return self.tokenizer is not None and self.tokenizer.messages is not None
 
     @property
     def id(self) -> str:
@@ -189,8 +197,8 @@ class ModelCatalog:
         source = info.tokenizer_json
         if spec is not None:
             source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
-        template = pair_template(info.architecture, info.task or "embed")
         messages = _text_messages(spec, info)
+        template = None if messages is not None else pair_template(info.architecture, info.task or "embed")
         tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template, messages) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
         served_names = tuple(info.served_names)

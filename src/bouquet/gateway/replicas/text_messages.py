@@ -15,12 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from bouquet.chat_templates import ChatTemplate
+from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.st_messages import StMessages
 
 Tokenize = Callable[[list[str]], list[list[int]]]  # texts to ids, without special tokens
+Text = str | tuple[str, str]  # a text, or a cross-encoder's (query, document) pair
 # The two texts whose renders' common tail is the template's (sentence-transformers' fillers): they tokenize apart.
 _FILLERS = ("0", "1 2 3 4")
+# The roles sentence-transformers gives a pair's halves (its pair_to_messages), and its probes of a template: a
+# baseline pair, then one varying each role's text.
+PAIR_ROLES = ("query", "document")
+_PAIR_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
 
 
 class TextMessages:
@@ -30,33 +35,56 @@ class TextMessages:
         self._template = template
         self._st = st
         self._variables = dict(st.special_tokens)
-        self._frames: dict[str, tuple[list[int], list[int]]] = {}  # by prompt
+        self._frames: dict[tuple[str, bool], tuple[list[int], list[int]]] = {}  # by prompt, and pair or text
+        self._pair_failure: str | None = None  # "" once the template is known to carry pairs
 
-    def render(self, text: str, prompt: str) -> str:
+    def render(self, text: Text, prompt: str) -> str:
+        """A text as the user message, or a pair as a query and a document message (sentence-transformers'
+        pair_to_messages), after the prompt's system message."""
         messages = [self._message("system", prompt)] if prompt else []
-        messages.append(self._message("user", text))
+        if isinstance(text, str):
+            messages.append(self._message("user", text))
+        else:
+            messages.extend(self._message(role, part) for role, part in zip(PAIR_ROLES, text, strict=True))
         return self._template.render(messages, self._st.generation_prompt, self._variables)
 
-    def cut(self, ids: list[int], limit: int, prompt: str, from_left: bool, tokenize: Tokenize) -> list[int]:
+    def cut(self, ids: list[int], limit: int, prompt: str, from_left: bool, tokenize: Tokenize, pair: bool = False
+            ) -> list[int]:  # fmt: skip
         """`ids` within `limit`: its first (last, `from_left`) tokens, ending in the template's tail."""
         if len(ids) <= limit:
             return ids
         kept = ids[-limit:] if from_left else ids[:limit]
-        tail = self.frame(prompt, tokenize)[1][-limit:]
+        tail = self.frame(prompt, tokenize, pair)[1][-limit:]
         return kept[: limit - len(tail)] + tail
 
-    def frame(self, prompt: str, tokenize: Tokenize) -> tuple[list[int], list[int]]:
+    def frame(self, prompt: str, tokenize: Tokenize, pair: bool = False) -> tuple[list[int], list[int]]:
         """The ids a conversation puts before its text (the system message, the user turn's opening) and after it
-        (the tail): the longest token prefix and suffix two renders with different texts share."""
-        if prompt not in self._frames:
-            first, second = tokenize([self.render(filler, prompt) for filler in _FILLERS])
+        (the tail): the longest token prefix and suffix two renders with different texts share (a pair's: both
+        halves the filler, as sentence-transformers' skeleton has them)."""
+        if (prompt, pair) not in self._frames:
+            renders = [self.render((filler, filler) if pair else filler, prompt) for filler in _FILLERS]
+            first, second = tokenize(renders)
             shortest = min(len(first), len(second))
             tail = _shared(reversed(first), reversed(second))
             # Renders that never differ hold no text at all: sentence-transformers then restores nothing.
             tail = tail if 0 < tail < shortest else 0
             head = min(_shared(first, second), shortest - tail)
-            self._frames[prompt] = (first[:head], first[len(first) - tail :])
-        return self._frames[prompt]
+            self._frames[prompt, pair] = (first[:head], first[len(first) - tail :])
+        return self._frames[prompt, pair]
+
+    def pair_failure(self) -> str | None:
+        """Why the template cannot carry a (query, document) pair, as sentence-transformers decides before it scores
+        one (its pair_roles_failure): a probe whose query or document changed must render otherwise; None if it can."""
+        if self._pair_failure is None:
+            try:
+                base, *varied = [self.render(probe, "") for probe in _PAIR_PROBES]
+            except TemplateError as error:
+                self._pair_failure = f"it raised {error}"
+            else:
+                dropped = [repr(role) for role, render in zip(PAIR_ROLES, varied, strict=True) if render == base]
+                roles = " and ".join(dropped)
+                self._pair_failure = f"the {roles} content does not reach the rendered prompt" if dropped else ""
+        return self._pair_failure or None
 
     def _message(self, role: str, text: str) -> dict[str, Any]:
         """A message as sentence-transformers' InputFormatter writes it in the saved format."""

@@ -4,12 +4,13 @@ event loop keeps serving while a large request is encoded."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any, TypedDict
 
 from bouquet.chat_templates import TemplateError
 from bouquet.gateway.errors import InvalidRequest, TooLarge
-from bouquet.gateway.replicas.text_messages import TextMessages
+from bouquet.gateway.replicas.text_messages import Text, TextMessages
 from bouquet.pair_templates import PairTemplate
 from bouquet.tokenizer import (
     TRUNCATION_DIRECTIONS,
@@ -94,16 +95,19 @@ class ModelTokenizer:
         return await loop.run_in_executor(self._executor, self._encode, tokenizer, texts, truncate)
 
     async def _encode_messages(
-        self, messages: TextMessages, texts: list[str], prompt: str, truncate: bool, direction: str,
-        max_length: int | None,
+        self, messages: TextMessages, texts: Sequence[Text], prompt: str, truncate: bool, direction: str = "right",
+        max_length: int | None = None,
     ) -> list[list[int]]:  # fmt: skip
-        """Each text rendered as a conversation, then tokenized and cut as sentence-transformers does."""
+        """Each text (or pair) rendered as a conversation, then tokenized and cut as sentence-transformers does."""
         sequences = await self.encode_text_only(_rendered(messages, texts, prompt))
         if not truncate:
             self._check_lengths(sequences)
             return sequences
         limit = min(max_length or self.max_length, self.max_length)
-        return [messages.cut(ids, limit, prompt, direction == "left", self._ids) for ids in sequences]
+        return [
+            messages.cut(ids, limit, prompt, direction == "left", self._ids, pair=not isinstance(text, str))
+            for text, ids in zip(texts, sequences, strict=True)
+        ]
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._plain.encode_batch(texts, add_special_tokens=False)]
@@ -130,8 +134,25 @@ class ModelTokenizer:
         queries = self._capped([query for query, _ in pairs], truncate, from_left=False)
         passages = self._capped([passage for _, passage in pairs], truncate, from_left=False)
         pairs = list(zip(queries, passages, strict=True))
+        if self.messages is not None:
+            return await self._encode_message_pairs(self.messages, pairs, truncate, instruction or ""), None
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._encode_pairs, pairs, truncate, instruction)
+
+    async def _encode_message_pairs(
+        self, messages: TextMessages, pairs: list[tuple[str, str]], truncate: bool, prompt: str
+    ) -> list[list[int]]:
+        """A cross-encoder whose inputs are conversations: each pair a query and a document message (the
+        instruction a system message), as sentence-transformers 6 renders them; refused, as it refuses them, where
+        the chat template drops either."""
+        if (failure := messages.pair_failure()) is not None:
+            raise InvalidRequest(
+                f"this model's chat template cannot carry a (query, document) pair ({failure}): sentence-transformers "
+                "renders a pair as a 'query' and a 'document' message and refuses it too",
+                "invalid_value",
+                "model",
+            )
+        return await self._encode_messages(messages, pairs, prompt, truncate)
 
     def _encode_pairs(
         self, pairs: list[tuple[str, str]], truncate: bool, instruction: str | None
@@ -219,7 +240,7 @@ class ModelTokenizer:
         )
 
 
-def _rendered(messages: TextMessages, texts: list[str], prompt: str) -> list[str]:
+def _rendered(messages: TextMessages, texts: Sequence[Text], prompt: str) -> list[str]:
     try:
         return [messages.render(text, prompt) for text in texts]
     except TemplateError as error:
