@@ -7,7 +7,9 @@ chat template) and saves that in sentence_bert_config.json, and its encode() the
 message through the template (`preprocess`: "Always convert to the message format if it's supported"), the prompt a
 system message. A directory without modality_config (saved before it existed, as Qwen3-Embedding's is) loads
 text-only (`load_config`), and its strings are tokenized as they are. bouquet's rows against encode() in both, float32,
-cosine >= 0.99999: plain strings, the query prompt, and texts over the limit (cut, the template's tail restored)."""
+cosine >= 0.99999 (bfloat16 >= 0.999): plain strings, the query prompt, and texts over the limit (cut, the template's
+tail restored, from either side); and every route that tokenizes texts against the library's own tokenization:
+/tokenize, contextual chunks, /embed_all."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from in_process import engines, served
 from qwen3_vl_models import qwen_tokenizer
 
 BOUND = 0.99999
+BFLOAT16_BOUND = 0.999
 LIMIT = 24  # max_seq_length: the long text is cut
 MESSAGES = "tiny-qwen3-st-messages"  # built by sentence-transformers 6: its texts are conversations
 LEGACY = "tiny-qwen3-st-text"  # the same without modality_config: texts as they are
@@ -241,3 +244,24 @@ def test_embed_all_gives_the_conversation_tokens_states(client: httpx.Client, st
     rows = np.array(response.json()[0], np.float32)
     assert rows.shape == np.asarray(expected).shape
     assert row_cosines(rows, np.asarray(expected, np.float32)).min() >= BOUND
+
+
+@pytest.fixture(scope="module")
+def bfloat16_client(st_models) -> Iterator[httpx.Client]:
+    root, _ = st_models
+    with engines(root / MESSAGES, root / BOS, dtype="bfloat16") as built, served(built) as running:
+        yield running.client
+
+
+@pytest.mark.parametrize("name", [MESSAGES, BOS])
+def test_bfloat16_matches_sentence_transformers(bfloat16_client: httpx.Client, st_models, name: str) -> None:
+    """Served in bfloat16 (a GPU's dtype, a CPU's option): conversations, one cut, with and without the query
+    prompt, against encode()'s float32 rows at cosine >= 0.999."""
+    model = st_models[1][name]
+    for prompt_name in (None, "query"):
+        expected = model.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
+        body = {"model": name, "inputs": TEXTS, "prompt_name": prompt_name}
+        response = bfloat16_client.post("/embed", json=body)
+        assert response.status_code == 200, response.text
+        cosines = row_cosines(np.array(response.json(), np.float32), expected)
+        assert cosines.min() >= BFLOAT16_BOUND, cosines
