@@ -67,6 +67,9 @@ INLINE float activate(float v, int activation) {
     }
 }
 
+// The int8 pass's GELU, in AVX-512 (int8_linear_gelu.h).
+#include "int8_linear_gelu.h"
+
 // One row, asymmetric: [min(row, 0), max(row, 0)] maps onto [-128, 127], x ~ scale * (q - zero), `zero` an integer
 // in [-128, 127]. Against a symmetric scale this doubles the resolution of skewed rows (a GELU's output, from
 // -0.17 up) and halves the error of queries' rows, whose few tokens each carry outlier channels. An all-zero
@@ -217,7 +220,12 @@ CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int
                                   const float* col_scales, const int32_t* col_sums, const float* bias,
                                   int activation, int float_products) {
     switch (activation) {
-        case ACT_GELU: DEQUANTIZE_ROW(ACT_GELU); break;
+        case ACT_GELU:
+            if (gelu_avx512_available())
+                dequantize_gelu_row(data, cols, row_scale, row_zero, col_scales, col_sums, bias, float_products);
+            else
+                DEQUANTIZE_ROW(ACT_GELU);
+            break;
         case ACT_GELU_TANH: DEQUANTIZE_ROW(ACT_GELU_TANH); break;
         case ACT_RELU: DEQUANTIZE_ROW(ACT_RELU); break;
         default: DEQUANTIZE_ROW(ACT_NONE);
