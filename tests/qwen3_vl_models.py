@@ -4,6 +4,8 @@ Qwen3-VL-Embedding's pooling as the reference."""
 
 from __future__ import annotations
 
+import base64
+import io
 import shutil
 from pathlib import Path
 
@@ -68,6 +70,13 @@ def images(sizes: list[tuple[int, int]], seed: int = 0) -> list[Image.Image]:
         small = rng.integers(0, 256, (max(2, height // 6), max(2, width // 6), 3), dtype=np.uint8)
         out.append(Image.fromarray(small).resize((width, height), Image.Resampling.BILINEAR))
     return out
+
+
+def png_uri(picture: Image.Image) -> str:
+    """The image as a PNG data URI, as a client sends it in `image_url` or `/embeddings_image`'s `input`."""
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def preprocess(picture: Image.Image) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,6 @@ bad inputs a 400 naming the field, the server answering after."""
 from __future__ import annotations
 
 import base64
-import io
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,8 @@ import pytest
 from conftest import row_cosines
 from in_process import engines, served
 from PIL import Image
-from qwen3_vl_models import CHAT_TEMPLATE, images, processor_rows, save_qwen3_vl_with_tokenizer
+from qwen3_vl_models import CHAT_TEMPLATE, images, png_uri, processor_rows, save_qwen3_vl_with_tokenizer
+from st_image_checks import response_rows
 
 BOUND = 0.99999
 DEFAULT = "Represent the user's input."
@@ -64,24 +64,13 @@ def client(qwen3_vl, thinking: Path) -> Iterator[httpx.Client]:
         yield http
 
 
-def _uri(picture: Image.Image) -> str:
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def _rows(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
-
-
 def _user(*parts: str | Image.Image) -> list[dict]:
     return [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": p} for p in parts]
 
 
 def _wire(*parts: str | Image.Image) -> list[dict]:
     return [
-        {"type": "text", "text": p} if isinstance(p, str) else {"type": "image_url", "image_url": {"url": _uri(p)}}
+        {"type": "text", "text": p} if isinstance(p, str) else {"type": "image_url", "image_url": {"url": png_uri(p)}}
         for p in parts
     ]
 
@@ -109,7 +98,7 @@ def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> Non
         ([{"role": "system", "content": "Find it."}], _reference_conversation("Find it.", "NULL")),  # the embedder's
     ]  # fmt: skip
     rows = np.concatenate(
-        [_rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": m})) for m, _ in cases]
+        [response_rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": m})) for m, _ in cases]
     )
     expected = processor_rows(model, tokenizer, [reference for _, reference in cases])
     cosines = row_cosines(rows, expected)
@@ -122,16 +111,16 @@ def test_conversations_match_transformers(client: httpx.Client, qwen3_vl) -> Non
 def test_infinity_image_route_embeds_each_image_alone(client: httpx.Client, qwen3_vl) -> None:
     _, model, tokenizer = qwen3_vl
     pictures = images([(64, 48), (17, 90), (300, 211)], seed=9)
-    response = client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(p) for p in pictures]})
+    response = client.post("/embeddings_image", json={"model": MODEL, "input": [png_uri(p) for p in pictures]})
     expected = processor_rows(model, tokenizer, [_reference_conversation(DEFAULT, p) for p in pictures])
-    cosines = row_cosines(_rows(response), expected)
+    cosines = row_cosines(response_rows(response), expected)
     assert cosines.min() >= BOUND, cosines
     assert response.json()["usage"]["prompt_tokens"] > 3 * 20  # the images' tokens counted with the template's
 
 
 def test_dimensions_and_base64_apply(client: httpx.Client) -> None:
-    picture = _uri(images([(40, 24)])[0])
-    full = _rows(client.post("/embeddings_image", json={"model": MODEL, "input": [picture]}))
+    picture = png_uri(images([(40, 24)])[0])
+    full = response_rows(client.post("/embeddings_image", json={"model": MODEL, "input": [picture]}))
     cut = client.post(
         "/embeddings_image", json={"model": MODEL, "input": [picture], "dimensions": 16, "encoding_format": "base64"}
     )
@@ -146,14 +135,14 @@ def test_the_models_own_chat_template_formats_the_inputs(client: httpx.Client, q
     _, model, tokenizer = qwen3_vl
     cat = images([(64, 48)], seed=6)[0]
     body = {"model": "tiny-qwen3-vl-thinking", "messages": [{"role": "user", "content": _wire(cat, "a cat")}]}
-    rows = _rows(client.post("/v1/embeddings", json=body))
+    rows = response_rows(client.post("/v1/embeddings", json=body))
     tokenizer.chat_template = THINKING_TEMPLATE
     try:
         expected = processor_rows(model, tokenizer, [_reference_conversation(DEFAULT, cat, "a cat")])
     finally:
         tokenizer.chat_template = CHAT_TEMPLATE
     assert row_cosines(rows, expected).min() >= BOUND
-    plain = _rows(client.post("/v1/embeddings", json={**body, "model": MODEL}))
+    plain = response_rows(client.post("/v1/embeddings", json={**body, "model": MODEL}))
     assert row_cosines(rows, plain).max() < 0.999  # the thinking block moved the last token's state
     refused = {"model": "tiny-qwen3-vl-thinking", "messages": [{"role": "system", "content": "forbidden"}]}
     response = client.post("/v1/embeddings", json=refused)
@@ -168,7 +157,7 @@ def test_the_models_own_chat_template_formats_the_inputs(client: httpx.Client, q
          "messages[0].content[0].image_url.url"),
         ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}], "unknown_image_format",
          "messages[0].content[0].image_url.url"),
-        ([{"type": "image_url", "image_url": {"url": _uri(images([(1, 300)])[0])}}], "invalid_image",
+        ([{"type": "image_url", "image_url": {"url": png_uri(images([(1, 300)])[0])}}], "invalid_image",
          "messages[0].content[0].image_url.url"),  # an aspect ratio over 200: transformers' smart_resize refuses it
         ([{"type": "text", "text": "the lazy dog " * 300}], "context_length_exceeded", "messages"),
     ],
@@ -188,7 +177,7 @@ def test_bad_inputs_are_400_naming_the_field(client: httpx.Client, content: list
 
 def test_zero_shot_scores_are_refused_saying_where_images_go(client: httpx.Client) -> None:
     """/score's texts take no template: a text against an image would compare rows of two formats."""
-    image = {"type": "image_url", "image_url": {"url": _uri(images([(40, 24)])[0])}}
+    image = {"type": "image_url", "image_url": {"url": png_uri(images([(40, 24)])[0])}}
     body = {"model": MODEL, "text_1": "a cat", "text_2": {"content": [image]}}
     response = client.post("/score", json=body)
     assert response.status_code == 400, response.text
@@ -201,8 +190,8 @@ def test_a_request_over_the_patch_bytes_is_413(client: httpx.Client, monkeypatch
 
     pictures = images([(64, 48), (100, 33)], seed=2)
     monkeypatch.setattr(patch_embed, "MAX_REQUEST_PATCH_BYTES", 100_000)
-    response = client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(p) for p in pictures]})
+    response = client.post("/embeddings_image", json={"model": MODEL, "input": [png_uri(p) for p in pictures]})
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "payload_too_large"
     monkeypatch.undo()
-    assert client.post("/embeddings_image", json={"model": MODEL, "input": [_uri(pictures[0])]}).status_code == 200
+    assert client.post("/embeddings_image", json={"model": MODEL, "input": [png_uri(pictures[0])]}).status_code == 200

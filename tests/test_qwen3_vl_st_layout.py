@@ -16,8 +16,6 @@ transformers' default where torchvision is absent."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import shutil
 from collections.abc import Iterator
@@ -28,8 +26,8 @@ import numpy as np
 import pytest
 from conftest import row_cosines
 from in_process import engines, served
-from PIL import Image
-from qwen3_vl_models import MERGE, PATCH, TEMPORAL, images, save_qwen3_vl_with_tokenizer
+from qwen3_vl_models import MERGE, PATCH, TEMPORAL, images, png_uri, save_qwen3_vl_with_tokenizer
+from st_image_checks import response_rows
 
 BOUND = 0.99999
 MODEL = "tiny-qwen3-vl-st"
@@ -91,17 +89,6 @@ def client(st_models) -> Iterator[httpx.Client]:
         yield running.client
 
 
-def _uri(picture: Image.Image) -> str:
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def _rows(response: httpx.Response) -> np.ndarray:
-    assert response.status_code == 200, response.text
-    return np.array([item["embedding"] for item in response.json()["data"]], np.float32)
-
-
 def test_the_directory_is_sentence_transformers_own(st_models) -> None:
     """What the saver wrote, read back: the layout under test, not transformers' (no preprocessor_config.json; the
     image processor nested in processor_config.json; the base model's weights; three modules)."""
@@ -119,7 +106,7 @@ def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name
     default prompt a system message, or none; the generation prompt as the config says)."""
     expected = st_models[1][name].encode(TEXTS, convert_to_numpy=True)
     for inputs in (TEXTS, [{"text": text} for text in TEXTS]):
-        rows = _rows(client.post("/v1/embeddings", json={"model": name, "input": inputs}))
+        rows = response_rows(client.post("/v1/embeddings", json={"model": name, "input": inputs}))
         cosines = row_cosines(rows, expected)
         assert cosines.min() >= BOUND, (inputs, cosines)
 
@@ -129,11 +116,13 @@ def test_images_match_sentence_transformers(client: httpx.Client, st_models, nam
     model = st_models[1][name]
     pictures = images(SIZES, seed=3)
     expected = model.encode(pictures, convert_to_numpy=True)
-    rows = _rows(client.post("/embeddings_image", json={"model": name, "input": [_uri(p) for p in pictures]}))
+    rows = response_rows(
+        client.post("/embeddings_image", json={"model": name, "input": [png_uri(p) for p in pictures]})
+    )
     cosines = row_cosines(rows, expected)
     assert cosines.min() >= BOUND, cosines
     # One space: a text's row against an image's is sentence-transformers' text row against its image row.
-    text = _rows(client.post("/v1/embeddings", json={"model": name, "input": TEXTS[0]}))
+    text = response_rows(client.post("/v1/embeddings", json={"model": name, "input": TEXTS[0]}))
     reference = model.encode(TEXTS[:1], convert_to_numpy=True)
     assert abs(float(text[0] @ rows[0]) - float(reference[0] @ expected[0])) < 1e-4
 
@@ -147,10 +136,10 @@ def test_a_query_prompt_is_the_system_message(client: httpx.Client, st_models) -
     expected = model.encode([TEXTS[1], {"image": chart, "text": "Q3"}], prompt_name="query", convert_to_numpy=True)
     parts = [
         [{"type": "text", "text": TEXTS[1]}],
-        [{"type": "image_url", "image_url": {"url": _uri(chart)}}, {"type": "text", "text": "Q3"}],
+        [{"type": "image_url", "image_url": {"url": png_uri(chart)}}, {"type": "text", "text": "Q3"}],
     ]
     rows = np.concatenate([
-        _rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": [
+        response_rows(client.post("/v1/embeddings", json={"model": MODEL, "messages": [
             {"role": "system", "content": QUERY}, {"role": "user", "content": content}]}))
         for content in parts
     ])  # fmt: skip
@@ -159,7 +148,7 @@ def test_a_query_prompt_is_the_system_message(client: httpx.Client, st_models) -
     tei = client.post("/embed", json={"model": MODEL, "inputs": [TEXTS[1]], "prompt_name": "query"})
     assert tei.status_code == 200, tei.text
     assert row_cosines(np.array(tei.json(), np.float32), expected[:1]).min() >= BOUND
-    content = [{"type": "image_url", "image_url": {"url": _uri(chart)}}, {"type": "text", "text": "Q3"}]
+    content = [{"type": "image_url", "image_url": {"url": png_uri(chart)}}, {"type": "text", "text": "Q3"}]
     body = {"model": MODEL, "input_type": "search_query", "embedding_types": ["float"], "inputs": [
         {"content": [{"type": "text", "text": TEXTS[1]}]}, {"content": content}]}  # fmt: skip
     cohere = client.post("/v2/embed", json=body)  # Cohere's search_query: the model's "query" prompt
