@@ -265,3 +265,19 @@ def test_bfloat16_matches_sentence_transformers(bfloat16_client: httpx.Client, s
         assert response.status_code == 200, response.text
         cosines = row_cosines(np.array(response.json(), np.float32), expected)
         assert cosines.min() >= BFLOAT16_BOUND, cosines
+
+
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY])
+def test_offline_embedding_matches_sentence_transformers(st_models, name: str) -> None:
+    """`bouquet embed` and `bouquet.ray`'s pipeline (offline.embed.embed_texts with the model's offline tokenizer):
+    the same rows as encode(), conversations where the texts are conversations, one cut, the prompt too."""
+    from bouquet.offline.embed import embed_texts, offline_tokenizer
+
+    root, models = st_models
+    with engines(root / name) as (engine,):
+        for prompt_name in (None, "query"):
+            rows = np.empty((len(TEXTS), engine.dimension), np.float32)
+            tokenizer = offline_tokenizer(engine.spec, engine.max_seq_length)
+            embed_texts(engine, tokenizer, TEXTS, rows, prompt=engine.spec.prompt(prompt_name))
+            expected = models[name].encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
+            assert row_cosines(rows, expected).min() >= BOUND, (prompt_name, row_cosines(rows, expected))

@@ -300,15 +300,12 @@ def _run_embed(args: argparse.Namespace) -> int:
         return _run_embed_on_ray(args, config)
     # Imported here so `bouquet --help` and the gateway never pay for torch.
     from bouquet.engine.engine import Engine
-    from bouquet.offline.embed import embed_file
-    from bouquet.tokenizer import TextTokenizer, tokenizer_json
+    from bouquet.offline.embed import embed_file, offline_tokenizer
 
     engine = Engine(engine_config(given(args, ENGINE_OPTIONS)))
     try:
         prompt = engine.spec.prompt(args.prompt_name)
-        spec = engine.spec
-        tokenizer = TextTokenizer(tokenizer_json(spec.tokenizer_file, spec.do_lower_case), engine.max_seq_length)
-        count = embed_file(engine, tokenizer, config, prompt)
+        count = embed_file(engine, offline_tokenizer(engine.spec, engine.max_seq_length), config, prompt)
     finally:
         engine.close()
     print(f"wrote {count} embeddings of dimension {engine.dimension} to {args.output}", file=sys.stderr)

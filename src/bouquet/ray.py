@@ -29,8 +29,7 @@ import ray  # the Ray package: absolute imports never find this module under the
 
 from bouquet.config import EmbedConfig, create_engine_config
 from bouquet.engine.engine import Engine
-from bouquet.offline.embed import embed_texts
-from bouquet.tokenizer import TextTokenizer, tokenizer_json
+from bouquet.offline.embed import embed_texts, offline_tokenizer
 
 TEXT_COLUMN = "text"
 EMBEDDING_COLUMN = "embedding"
@@ -57,8 +56,7 @@ class Embedder:
             engine_fields["num_threads"] = actor_cpus()
         self.engine = Engine(create_engine_config(model, device, dtype, **engine_fields))
         spec = self.engine.spec
-        tokenizer = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
-        self.tokenizer = TextTokenizer(tokenizer, self.engine.max_seq_length)
+        self.tokenizer = offline_tokenizer(spec, self.engine.max_seq_length)
         self.prompt = spec.prompt(prompt_name)
         self.normalize = normalize
         self.batch_tokens = batch_tokens

@@ -80,6 +80,10 @@ class TextTokenizer:
             return [tokenizer.encode(texts[0]).ids]
         return [encoding.ids for encoding in tokenizer.encode_batch(texts)]
 
+    def encode_prompted(self, texts: list[str], prompt: str) -> list[list[int]]:
+        """Token ids per text with `prompt` before it, truncated (sentence-transformers' prompt)."""
+        return self.encode([prompt + text for text in texts] if prompt else texts)
+
     def encode_pairs(
         self, pairs: list[tuple[str, str]], truncate: bool = True
     ) -> tuple[list[list[int]], list[list[int]]]:

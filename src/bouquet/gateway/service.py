@@ -312,7 +312,7 @@ def token_cap(job: EmbedJob, model: ServedModel) -> int | None:
 
 
 def _conversations(job: EmbedJob, model: ServedModel) -> bool:
-    """Texts a text model takes as conversations (replicas/text_messages.py): never windowed, since a window of a
+    """Texts a text model takes as conversations (text_messages.py): never windowed, since a window of a
     conversation is no conversation; cut as sentence-transformers cuts them."""
     return job.texts is not None and model.conversations
 

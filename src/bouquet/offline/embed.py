@@ -23,14 +23,35 @@ from tqdm import tqdm
 
 from bouquet import event_loop
 from bouquet.batch import Batch, RowOptions
+from bouquet.chat_templates import ChatTemplate, read_chat_template
 from bouquet.config import EmbedConfig, SchedulerConfig
+from bouquet.model_dir import ModelSpec
 from bouquet.offline.input_reader import count_texts, read_texts
 from bouquet.replica.scheduler import Scheduler, StepEngine
-from bouquet.tokenizer import TextTokenizer
+from bouquet.text_messages import ConversationTokenizer, TextMessages
+from bouquet.tokenizer import TextTokenizer, tokenizer_json
 
 # Windows queued at once: the one being computed and the next behind it, so the engine never waits for the
 # tokenizer, while memory holds two windows' tokens at most.
 _WINDOWS_QUEUED = 2
+
+
+OfflineTokenizer = TextTokenizer | ConversationTokenizer
+
+
+def offline_tokenizer(spec: ModelSpec, max_length: int) -> OfflineTokenizer:
+    """The model's texts to ids as the gateway tokenizes them: as they are (after the prompt), or as conversations
+    where its sentence-transformers Transformer takes chat messages (text_messages.py)."""
+    source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
+    if spec.st_messages is None:
+        return TextTokenizer(source, max_length)
+    template = read_chat_template(spec.tokenizer_file.parent)
+    if not template:
+        raise ValueError(
+            f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
+            "message), but the directory has no chat template to write them with"
+        )
+    return ConversationTokenizer(source, max_length, TextMessages(ChatTemplate(template), spec.st_messages))
 
 
 @dataclass(frozen=True)
@@ -40,7 +61,7 @@ class _Window:
 
 
 def embed_file(
-    engine: StepEngine, tokenizer: TextTokenizer, config: EmbedConfig, prompt: str = "", progress_bar: bool = True
+    engine: StepEngine, tokenizer: OfflineTokenizer, config: EmbedConfig, prompt: str = "", progress_bar: bool = True
 ) -> int:
     """Embeds every text of config.input_path into config.output_path; returns the number of texts."""
     num_texts = count_texts(config.input_path)  # every line checked before anything is written
@@ -70,7 +91,7 @@ def embed_file(
 
 def embed_texts(
     engine: StepEngine,
-    tokenizer: TextTokenizer,
+    tokenizer: OfflineTokenizer,
     texts: Iterable[str],
     output: np.ndarray,  # [N, dim] float32: row i gets text i
     *,
@@ -124,11 +145,11 @@ async def _write(window: _Window, rows: asyncio.Future[np.ndarray], output: np.n
 
 
 def _windows(
-    tokenizer: TextTokenizer, texts: Iterator[str], options: RowOptions, sort_window: int, prompt: str
+    tokenizer: OfflineTokenizer, texts: Iterator[str], options: RowOptions, sort_window: int, prompt: str
 ) -> Iterator[_Window]:
     first_row = 0
     while window := list(islice(texts, sort_window)):
-        ids = tokenizer.encode([prompt + text for text in window] if prompt else window)
+        ids = tokenizer.encode_prompted(window, prompt)
         # Sorted by length, the steps cut from a window hold similar lengths: less padding where attention pads.
         order = np.argsort(np.fromiter(map(len, ids), np.int32, len(ids)), kind="stable")
         yield _Window(Batch.pack([ids[i] for i in order], options), first_row + order)

@@ -13,13 +13,13 @@ from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
 from bouquet.gateway.naflex_images import NaflexProcessing
-from bouquet.gateway.replicas.text_messages import TextMessages
 from bouquet.gateway.replicas.tokenization import ModelTokenizer
 from bouquet.image_processor_file import read_image_processor_json
 from bouquet.model_dir import ModelSpec, read_model_dir
 from bouquet.pair_templates import PairTemplate, pair_template
 from bouquet.proto import embedding_pb2
 from bouquet.st_messages import StMessages
+from bouquet.text_messages import TextMessages
 from bouquet.tokenizer import tokenizer_json
 
 logger = logging.getLogger(__name__)

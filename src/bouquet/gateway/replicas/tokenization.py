@@ -10,8 +10,8 @@ from typing import Any, TypedDict
 
 from bouquet.chat_templates import TemplateError
 from bouquet.gateway.errors import InvalidRequest, TooLarge
-from bouquet.gateway.replicas.text_messages import Text, TextMessages
 from bouquet.pair_templates import PairTemplate
+from bouquet.text_messages import Text, TextMessages
 from bouquet.tokenizer import (
     TRUNCATION_DIRECTIONS,
     TemplatePairTokenizer,
@@ -99,15 +99,17 @@ class ModelTokenizer:
         max_length: int | None = None,
     ) -> list[list[int]]:  # fmt: skip
         """Each text (or pair) rendered as a conversation, then tokenized and cut as sentence-transformers does."""
-        sequences = await self.encode_text_only(_rendered(messages, texts, prompt))
+        limit = min(max_length or self.max_length, self.max_length) if truncate else None
+        loop = asyncio.get_running_loop()
+        try:
+            sequences = await loop.run_in_executor(
+                self._executor, messages.encode, texts, prompt, self._ids, limit, direction == "left"
+            )
+        except TemplateError as error:
+            raise InvalidRequest(str(error), "invalid_value", "input") from None
         if not truncate:
             self._check_lengths(sequences)
-            return sequences
-        limit = min(max_length or self.max_length, self.max_length)
-        return [
-            messages.cut(ids, limit, prompt, direction == "left", self._ids, pair=not isinstance(text, str))
-            for text, ids in zip(texts, sequences, strict=True)
-        ]
+        return sequences
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._plain.encode_batch(texts, add_special_tokens=False)]

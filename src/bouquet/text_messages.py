@@ -8,15 +8,19 @@ A conversation over the limit is cut as sentence-transformers cuts it (transform
 `_restore_chat_template_suffix`): to the limit, then the template's tail written back over its last tokens, since a
 last-token pooling reads the final position. The tail is the longest token suffix two renders of the conversation
 with different texts share (its `_chat_template_suffix_ids`); the head, the longest prefix, frames a document's chunks
-(contextual.py). No torch."""
+(gateway/contextual.py). A cross-encoder's pair is a query and a document message instead of the user's.
+
+The gateway tokenizes with it (gateway/replicas/tokenization.py), and so do `bouquet embed` and `bouquet.ray` through
+`ConversationTokenizer`. No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.st_messages import StMessages
+from bouquet.tokenizer import TokenizerSource, load_tokenizer
 
 Tokenize = Callable[[list[str]], list[list[int]]]  # texts to ids, without special tokens
 Text = str | tuple[str, str]  # a text, or a cross-encoder's (query, document) pair
@@ -47,6 +51,18 @@ class TextMessages:
         else:
             messages.extend(self._message(role, part) for role, part in zip(PAIR_ROLES, text, strict=True))
         return self._template.render(messages, self._st.generation_prompt, self._variables)
+
+    def encode(
+        self, texts: Sequence[Text], prompt: str, tokenize: Tokenize, limit: int | None, from_left: bool = False
+    ) -> list[list[int]]:
+        """Each text's (or pair's) conversation tokenized, then cut within `limit` (None: whole)."""
+        sequences = tokenize([self.render(text, prompt) for text in texts])
+        if limit is None:
+            return sequences
+        return [
+            self.cut(ids, limit, prompt, from_left, tokenize, pair=not isinstance(text, str))
+            for text, ids in zip(texts, sequences, strict=True)
+        ]
 
     def cut(self, ids: list[int], limit: int, prompt: str, from_left: bool, tokenize: Tokenize, pair: bool = False
             ) -> list[int]:  # fmt: skip
@@ -99,3 +115,25 @@ def _shared(left: Iterable[int], right: Iterable[int]) -> int:
             break
         count += 1
     return count
+
+
+class ConversationTokenizer:
+    """A conversation model's texts to ids for `bouquet embed` and `bouquet.ray` (offline/embed.py), as the gateway
+    tokenizes them: rendered, tokenized without the tokenizer's special tokens, cut to the limit."""
+
+    def __init__(self, tokenizer: TokenizerSource, max_length: int, messages: TextMessages):
+        self.max_length = max_length
+        self.messages = messages
+        self._tokenizer = load_tokenizer(tokenizer)
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+
+    def encode_prompted(self, texts: list[str], prompt: str) -> list[list[int]]:
+        return self.messages.encode(texts, prompt, self._ids, self.max_length)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """No prompt token is left out of the pooling: sentence-transformers pools a system message with the rest."""
+        return 0
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
