@@ -81,6 +81,22 @@ def test_rows_quantize_per_token_like_the_reference() -> None:
     assert (error <= rows.scales[:, None] * 0.5001 + 1e-6).all()  # within half a step of each row's own scale
 
 
+def test_rows_quantize_to_the_references_codes_exactly_at_every_width() -> None:
+    """The quantizing pass's codes (AVX-512's own loop, kernels/int8_linear_codes.h, or the plain C) are the float32
+    reference's bit for bit: rounded half to even, clamped; every row width up to 40 (each partial group of lanes),
+    MiniLM's, rows with values at halves of a step, NaN to -128 (through the clamp's operand order)."""
+    generator = torch.Generator().manual_seed(3)
+    for width in [*range(1, 41), 97, 384, 1536]:
+        x = torch.randn(9, width, generator=generator) * torch.rand(9, 1, generator=generator) * 10
+        x[1] = 0.0
+        x[2] = torch.arange(width) * 0.5 - width / 4  # halves of a step where the scale is 1/255 of the range
+        codes, _, zeros = _reference_rows(x)
+        rows = quantize_rows(x)
+        assert torch.equal(rows.values, codes) and torch.equal(rows.zeros, zeros), width
+    x = torch.tensor([[1.0, float("nan"), -2.0, 3.0]])
+    assert quantize_rows(x).values[0, 1] == -128
+
+
 @pytest.mark.parametrize("activation", list(REFERENCE_ACTIVATIONS))
 def test_dequantize_applies_zero_points_scales_bias_and_activation_in_place(activation: str) -> None:
     generator = torch.Generator().manual_seed(1)

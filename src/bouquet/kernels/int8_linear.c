@@ -67,14 +67,45 @@ INLINE float activate(float v, int activation) {
     }
 }
 
-// The int8 pass's GELU, in AVX-512 (int8_linear_gelu.h).
+// The passes' loops written for AVX-512 (int8_linear_gelu.h, int8_linear_codes.h), where GCC's vector code for the
+// plain C was slow; they run where the CPU has AVX512F (checked at run time: the clones' plain C elsewhere).
+#if defined(__x86_64__) && defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 11)
+#define PASSES_AVX512 1
+#include <immintrin.h>
+#define AVX512_TARGET __attribute__((target("avx512f")))
+#else
+#define PASSES_AVX512 0
+#define AVX512_TARGET
+#endif
+
+INLINE int avx512_available(void) {
+#if PASSES_AVX512
+    static int available = -1;  // the same answer from every thread: a racing write stores the same value
+    if (available < 0) {
+        __builtin_cpu_init();
+        available = __builtin_cpu_supports("avx512f");
+    }
+    return available;
+#else
+    return 0;
+#endif
+}
+
+#if PASSES_AVX512
+// The lanes of the 16-value group at column c of a row of `cols`: all of them but in the last, partial group.
+AVX512_TARGET INLINE __mmask16 group_lanes(int64_t c, int64_t cols) {
+    return cols - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (cols - c)) - 1);
+}
+#endif
+
+#include "int8_linear_codes.h"
 #include "int8_linear_gelu.h"
 
 // One row, asymmetric: [min(row, 0), max(row, 0)] maps onto [-128, 127], x ~ scale * (q - zero), `zero` an integer
 // in [-128, 127]. Against a symmetric scale this doubles the resolution of skewed rows (a GELU's output, from
 // -0.17 up) and halves the error of queries' rows, whose few tokens each carry outlier channels. An all-zero
-// row gets scale 0 and zeros: its products are exactly 0, as in float32.
-CLONED static void quantize_row(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* zero) {
+// row gets scale 0 and zeros: its products are exactly 0, as in float32. Returns the codes' sum.
+CLONED static int32_t quantize_row(const float* x, int64_t cols, int8_t* q, float* scale, int32_t* zero) {
     float lo = 0.0f, hi = 0.0f;
 #pragma omp simd reduction(min : lo) reduction(max : hi)
     for (int64_t c = 0; c < cols; ++c) {
@@ -85,11 +116,15 @@ CLONED static void quantize_row(const float* x, int64_t cols, int8_t* q, float* 
     float offset = rintf(-lo * inverse) - 128.0f;
     *scale = (hi - lo) / 255.0f;
     *zero = (int32_t)offset;
-#pragma omp simd
+    if (avx512_available()) return quantize_codes(x, cols, inverse, offset, q);
+    int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t c = 0; c < cols; ++c) {
         float v = rintf(x[c] * inverse) + offset;
         q[c] = (int8_t)(int32_t)min_of(max_of(v, -128.0f), 127.0f);
+        sum += q[c];
     }
+    return sum;
 }
 
 // The input rotation (layers/int8_linear.py, `InputRotation`): each row times random signs, then a Hadamard
@@ -172,17 +207,15 @@ CLONED static void rotate_row(const float* x, int64_t cols, const float* signs, 
 }
 
 // x: [rows, cols] float32, `stride` elements between rows; q: [rows, cols] int8, contiguous; scales, zeros: [rows].
-// With `signs` (else NULL), each row is rotated first (above); `block` divides cols.
-INLINE void quantize_one_row(const float* x, int64_t cols, const float* signs, int64_t block, int8_t* q, float* scale,
-                             int32_t* zero) {
-    if (!signs) {
-        quantize_row(x, cols, q, scale, zero);
-        return;
-    }
+// With `signs` (else NULL), each row is rotated first (above); `block` divides cols. Returns the row's codes summed.
+INLINE int32_t quantize_one_row(const float* x, int64_t cols, const float* signs, int64_t block, int8_t* q,
+                                float* scale, int32_t* zero) {
+    if (!signs) return quantize_row(x, cols, q, scale, zero);
     float rotated[cols];
     rotate_row(x, cols, signs, block, rotated);
-    quantize_row(rotated, cols, q, scale, zero);
+    const int32_t sum = quantize_row(rotated, cols, q, scale, zero);
     *scale /= sqrtf((float)block);
+    return sum;
 }
 
 void bouquet_quantize_rows(const float* x, int64_t rows, int64_t cols, int64_t stride, int8_t* q, float* scales,
@@ -221,7 +254,7 @@ CLONED static void dequantize_row(void* data, int64_t cols, float row_scale, int
                                   int activation, int float_products) {
     switch (activation) {
         case ACT_GELU:
-            if (gelu_avx512_available())
+            if (avx512_available())
                 dequantize_gelu_row(data, cols, row_scale, row_zero, col_scales, col_sums, bias, float_products);
             else
                 DEQUANTIZE_ROW(ACT_GELU);
@@ -341,8 +374,8 @@ static void vnni_linear_chunk(const float* x, int64_t start, int64_t stop, int64
                               const VnniDequantize* columns, const float* residual, int64_t residual_stride,
                               const float* gamma, const float* beta, float eps) {
     for (int64_t r = start; r < stop; ++r) {
-        quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
-        code_sums[r] = code_sum(codes + r * k, k);
+        code_sums[r] = quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r,
+                                        row_zeros + r);
     }
     VnniDequantize dequantize = *columns;
     dequantize.row_scales = row_scales + start;
@@ -378,8 +411,8 @@ int bouquet_vnni_linear(const float* x, int64_t rows, int64_t k, int64_t x_strid
     } else {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-            quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r, row_zeros + r);
-            code_sums[r] = code_sum(codes + r * k, k);
+            code_sums[r] = quantize_one_row(x + r * x_stride, k, signs, block, codes + r * k, row_scales + r,
+                                            row_zeros + r);
         }
         vnni_columns(codes, rows, k, k, code_sums, packed, n, (int32_t*)out, n, &dequantize, vnni_column_group(rows),
                      omp_get_num_threads(), omp_get_thread_num());

@@ -8,18 +8,9 @@
 // of float32 values (float32's own rounding of x at |x| ~ 4 is 2.4e-7; tests/test_int8.py). NaN stays NaN; +inf
 // gives inf, -inf NaN.
 //
-// Only the int8 pass takes it: the float32 and bfloat16 kernels keep `activate`'s erf. CPUs without AVX512F keep
-// `activate` too (GELU_AVX512 0, or the run-time check below).
-// No include guard: included once, by int8_linear.c, after its own includes and `activate`.
-
-#if defined(__x86_64__) && defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 11)
-#define GELU_AVX512 1
-#include <immintrin.h>
-#define GELU_TARGET __attribute__((target("avx512f")))
-#else
-#define GELU_AVX512 0
-#define GELU_TARGET
-#endif
+// Only the int8 pass takes it: the float32 and bfloat16 kernels keep `activate`'s erf, and so do CPUs without AVX512F
+// (int8_linear.c's PASSES_AVX512 and avx512_available).
+// No include guard: included once, by int8_linear.c, after `activate` and PASSES_AVX512.
 
 enum { GELU_DEGREE = 4, GELU_PIECES = 30 };
 #define GELU_EDGE 5.4f
@@ -63,23 +54,10 @@ static const float GELU_TABLE[GELU_DEGREE + 1][32] __attribute__((aligned(64))) 
     },
 };
 
-INLINE int gelu_avx512_available(void) {
-#if GELU_AVX512
-    static int available = -1;  // the same answer from every thread: a racing write stores the same value
-    if (available < 0) {
-        __builtin_cpu_init();
-        available = __builtin_cpu_supports("avx512f");
-    }
-    return available;
-#else
-    return 0;
-#endif
-}
-
-#if GELU_AVX512
+#if PASSES_AVX512
 // GELU of 16 values: u = x scaled so that the pieces are [1, 31), clamped into [0, 32) (NaN to 0, whose lane is 0);
 // its integer part picks each coefficient's lane, its fraction is t.
-GELU_TARGET INLINE __m512 gelu16(__m512 x) {
+AVX512_TARGET INLINE __m512 gelu16(__m512 x) {
     const __m512 u = _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(GELU_PIECES / (2 * GELU_EDGE)),
                                                                  _mm512_set1_ps(1 + GELU_PIECES / 2)),
                                                  _mm512_setzero_ps()),
@@ -98,14 +76,14 @@ GELU_TARGET INLINE __m512 gelu16(__m512 x) {
 
 // dequantize_row_with's row (`float_products` or int32 products, in place) with GELU, 16 channels at a time, the
 // last group masked.
-GELU_TARGET static void dequantize_gelu_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
-                                            const float* col_scales, const int32_t* col_sums, const float* bias,
-                                            int float_products) {
+AVX512_TARGET static void dequantize_gelu_row(void* data, int64_t cols, float row_scale, int32_t row_zero,
+                                              const float* col_scales, const int32_t* col_sums, const float* bias,
+                                              int float_products) {
     const __m512 scale = _mm512_set1_ps(row_scale);
     const __m512i zero = _mm512_set1_epi32(row_zero);
     float* out = (float*)data;
     for (int64_t c = 0; c < cols; c += 16) {
-        const __mmask16 lanes = cols - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (cols - c)) - 1);
+        const __mmask16 lanes = group_lanes(c, cols);
         const __m512i offset = _mm512_mullo_epi32(zero, _mm512_maskz_loadu_epi32(lanes, col_sums + c));
         const __m512 product =
             float_products ? _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, out + c), _mm512_cvtepi32_ps(offset))
