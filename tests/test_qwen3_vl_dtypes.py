@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from conftest import row_cosines
 from in_process import engines, served
-from qwen3_vl_models import images, processor_rows, save_qwen3_vl_with_tokenizer
-from test_qwen3_vl_api import DEFAULT, _reference_conversation, _rows, _uri, _wire
+from qwen3_vl_models import images, png_uri, processor_rows, save_qwen3_vl_with_tokenizer
+from st_image_checks import response_rows
+from test_qwen3_vl_api import DEFAULT, _reference_conversation, _wire
 
 from bouquet.engine.engine import Engine
 from bouquet.layers.linear import Linear, QKVLinear
@@ -96,7 +97,7 @@ def test_int8_quantizes_both_towers(served_engines) -> None:
 @pytest.mark.parametrize("dtype", list(BOUNDS))
 def test_conversations_match_transformers_float32(client: httpx.Client, expected: np.ndarray, dtype: str) -> None:
     rows = np.concatenate(
-        [_rows(client.post("/v1/embeddings", json={"model": MODELS[dtype], "messages": m})) for m, _ in CASES]
+        [response_rows(client.post("/v1/embeddings", json={"model": MODELS[dtype], "messages": m})) for m, _ in CASES]
     )
     _assert_within(rows, expected, dtype)
 
@@ -105,9 +106,9 @@ def test_conversations_match_transformers_float32(client: httpx.Client, expected
 def test_images_alone_match_transformers_float32(client: httpx.Client, qwen3_vl, dtype: str) -> None:
     _, model, tokenizer = qwen3_vl
     pictures = images([(64, 48), (300, 211)], seed=9)
-    response = client.post("/embeddings_image", json={"model": MODELS[dtype], "input": [_uri(p) for p in pictures]})
+    response = client.post("/embeddings_image", json={"model": MODELS[dtype], "input": [png_uri(p) for p in pictures]})
     reference = processor_rows(model, tokenizer, [_reference_conversation(DEFAULT, p) for p in pictures])
-    _assert_within(_rows(response), reference, dtype)
+    _assert_within(response_rows(response), reference, dtype)
 
 
 def test_coheres_inputs_are_conversations(url: str, client: httpx.Client, expected: np.ndarray) -> None:
@@ -118,12 +119,13 @@ def test_coheres_inputs_are_conversations(url: str, client: httpx.Client, expect
     response = co.embed(model=MODELS["bfloat16"], inputs=inputs, input_type="search_document")  # type: ignore[arg-type]
     rows = np.array(response.embeddings.float_, np.float32)
     _assert_within(rows, expected[[1, 3]], "bfloat16")
-    by_images = co.embed(model=MODELS["bfloat16"], images=[_uri(CAT)], input_type="image")
+    by_images = co.embed(model=MODELS["bfloat16"], images=[png_uri(CAT)], input_type="image")
     np.testing.assert_allclose(np.array(by_images.embeddings.float_, np.float32), rows[:1], atol=1e-6)
 
 
 def test_jinas_objects_are_conversations_of_one_part(client: httpx.Client, expected: np.ndarray) -> None:
     """Jina's `{"image"}` and `{"text"}` objects in `input`: each one conversation in the model's template, the rows
     of vLLM's `messages` holding that one part."""
-    body = {"model": MODELS["bfloat16"], "input": [{"image": _uri(CAT)}, {"text": "A photo of a cat on a red sofa."}]}
-    _assert_within(_rows(client.post("/v1/embeddings", json=body)), expected[[1, 2]], "bfloat16")
+    inputs = [{"image": png_uri(CAT)}, {"text": "A photo of a cat on a red sofa."}]
+    body = {"model": MODELS["bfloat16"], "input": inputs}
+    _assert_within(response_rows(client.post("/v1/embeddings", json=body)), expected[[1, 2]], "bfloat16")
