@@ -3,7 +3,8 @@ own saver (its Transformer over Qwen3VLModel with Qwen3VLProcessor, last-token P
 Qwen3-VL-Embedding's checkpoints are saved (the generation prompt in its processing_kwargs, the embedder's
 instructions as its prompts) and as it saves one by default (neither), served by bouquet and compared with
 sentence-transformers' own encode() on texts (plain strings and objects), images (PIL, of sizes other than the
-processor's) and the query prompt (float32, cosine >= 0.99999); processing kwargs bouquet cannot follow refused.
+processor's) and the query prompt (float32, cosine >= 0.99999), /tokenize's ids against its own preprocessing;
+processing kwargs bouquet cannot follow refused.
 
 Without torchvision (as in `.venv`), transformers cannot build Qwen3VLProcessor at all: ProcessorMixin.__init__
 checks the video processor against `transformers.VideoProcessorMixin` (processing_utils.check_argument_for_proper_
@@ -170,3 +171,15 @@ def test_processing_kwargs_bouquet_does_not_follow_are_refused(st_models, tmp_pa
     (path / "sentence_bert_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"processing_kwargs image, chat_template.enable_thinking not supported"):
         read_model_dir(path)
+
+
+@pytest.mark.parametrize("name", [MODEL, PLAIN])
+def test_tokenize_answers_the_conversation(client: httpx.Client, st_models, name: str) -> None:
+    """TEI's /tokenize on plain texts: the conversation's tokens (the default prompt's system message, the generation
+    prompt where saved), as sentence-transformers' own preprocessing gives them for encode()."""
+    model = st_models[1][name]
+    response = client.post("/tokenize", json={"model": name, "inputs": TEXTS[:2]})
+    assert response.status_code == 200, response.text
+    expected = [model.preprocess([text], prompt=model.prompts.get(model.default_prompt_name or ""))["input_ids"][0]
+                for text in TEXTS[:2]]  # fmt: skip
+    assert [[token["id"] for token in tokens] for tokens in response.json()] == [ids.tolist() for ids in expected]

@@ -226,10 +226,11 @@ def _st_messages(info: embedding_pb2.InfoResponse) -> StMessages | None:
 
 
 def _text_messages(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> TextMessages | None:
-    """A text model's conversation formatting, where sentence-transformers makes its texts conversations (Info's
-    st_messages on a model that takes no images) and its chat template (Info's, else the local directory's)."""
+    """A model's conversation formatting of its texts, where sentence-transformers makes them conversations (Info's
+    st_messages: a text model's, or Qwen3-VL-Embedding's, whose texts alone patch_embed.py embeds the same way) and its
+    chat template (Info's, else the local directory's): how its texts are tokenized on every route."""
     st = _st_messages(info)
-    if st is None or info.image_patch_dim or info.image_tokens:
+    if st is None:
         return None
     source = info.chat_template
     if not source and spec is not None:
