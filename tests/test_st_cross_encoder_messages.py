@@ -12,6 +12,7 @@ own predict(), float32 scores within 1e-4."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,13 @@ def test_a_template_that_drops_a_role_is_refused(client: httpx.Client, rerankers
     response = client.post("/rerank", json={"model": BLIND, "query": PAIRS[0][0], "texts": [PAIRS[0][1]]})
     assert response.status_code in (400, 413, 422), response.text
     assert "'document' content does not reach" in response.text, response.text
+
+
+def test_a_template_that_drops_a_role_is_said_once_at_discovery(rerankers, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator learns of it from the log when the replica is discovered, once, not only from clients' 400s."""
+    root, _ = rerankers
+    with caplog.at_level(logging.WARNING), engines(root / BLIND) as built, served(built) as running:
+        for _ in range(2):
+            running.client.post("/rerank", json={"model": BLIND, "query": PAIRS[0][0], "texts": [PAIRS[0][1]]})
+    said = [r.getMessage() for r in caplog.records if "cannot score pairs" in r.getMessage()]
+    assert len(said) == 1 and BLIND in said[0] and "'document' content does not reach" in said[0], said
