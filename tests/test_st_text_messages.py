@@ -13,6 +13,7 @@ tail restored, from either side); and every route that tokenizes texts against t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from conftest import row_cosines
 from family_models import spread_weights
 from in_process import engines, served
 from qwen3_vl_models import qwen_tokenizer
+
+from bouquet.text_messages import TextMessages
 
 BOUND = 0.99999
 BFLOAT16_BOUND = 0.999
@@ -192,6 +195,32 @@ def test_tokenize_without_special_tokens_is_refused_for_conversations(client: ht
         assert response.status_code in (400, 422) and "conversation" in response.text, response.text
     legacy = client.post("/tokenize", json={"model": LEGACY, "inputs": TEXTS[0], "add_special_tokens": False})
     assert legacy.status_code == 200, legacy.text
+
+
+def test_conversations_are_rendered_off_the_event_loop(client: httpx.Client, monkeypatch) -> None:
+    """A chat template's render is Python work per text (and /tokenize's answer a dict per token): both run on the
+    gateway's executor, in a thread that runs no event loop, for embeddings and /tokenize alike."""
+    on_a_loop: list[bool] = []
+    render = TextMessages.render
+
+    def recording(self: TextMessages, *args: object) -> str:
+        on_a_loop.append(_runs_an_event_loop())
+        return render(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TextMessages, "render", recording)
+    requests = (("/embed", {"inputs": TEXTS}), ("/tokenize", {"inputs": TEXTS}), ("/tokenize", {"prompt": LONG}))
+    for path, body in requests:
+        response = client.post(path, json={"model": MESSAGES, **body})
+        assert response.status_code == 200, response.text
+    assert len(on_a_loop) >= 2 * len(TEXTS) + 1 and not any(on_a_loop), on_a_loop
+
+
+def _runs_an_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def test_left_truncation_matches_sentence_transformers(client: httpx.Client, st_models) -> None:

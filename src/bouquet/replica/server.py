@@ -109,7 +109,7 @@ def _conversations(spec: ModelSpec, limits: Limits) -> bool:
 
 def _chat_template(spec: ModelSpec, limits: Limits) -> str:
     """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py,
-    gateway/replicas/text_messages.py)."""
+    text_messages.py)."""
     template = read_chat_template(spec.tokenizer_file.parent) if _conversations(spec, limits) else ""
     if not template and spec.st_messages is not None and not _takes_images(limits):
         raise ValueError(

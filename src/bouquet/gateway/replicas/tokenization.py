@@ -200,13 +200,19 @@ class ModelTokenizer:
         texts = self._capped(texts, truncate=False, from_left=False)
         if self.messages is not None:
             _check_special_tokens(add_special_tokens)
-            texts, add_special_tokens = _rendered(self.messages, texts, prompt), False
         elif prompt:
             texts = [prompt + text for text in texts]
         loop = asyncio.get_running_loop()
-        encodings = await loop.run_in_executor(
-            self._executor, lambda: self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
-        )
+        try:
+            return await loop.run_in_executor(self._executor, self._tokens, texts, prompt, add_special_tokens)
+        except TemplateError as error:
+            raise InvalidRequest(str(error), "invalid_value", "input") from None
+
+    def _tokens(self, texts: list[str], prompt: str, add_special_tokens: bool) -> list[list[TokenSpan]]:
+        """On the executor: a template's render and a dict per token are Python work, as long as the texts are."""
+        if self.messages is not None:
+            texts, add_special_tokens = [self.messages.render(text, prompt) for text in texts], False
+        encodings = self._plain.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [_describe(text, encoding) for text, encoding in zip(texts, encodings, strict=True)]
 
     async def encode_text_only(self, texts: list[str]) -> list[list[int]]:
@@ -240,13 +246,6 @@ class ModelTokenizer:
         return await loop.run_in_executor(
             self._executor, lambda: self._plain.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
         )
-
-
-def _rendered(messages: TextMessages, texts: Sequence[Text], prompt: str) -> list[str]:
-    try:
-        return [messages.render(text, prompt) for text in texts]
-    except TemplateError as error:
-        raise InvalidRequest(str(error), "invalid_value", "input") from None
 
 
 def _check_special_tokens(add_special_tokens: bool) -> None:
