@@ -16,11 +16,14 @@ The gateway tokenizes with it (gateway/replicas/tokenization.py), and so do `bou
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bouquet.chat_templates import ChatTemplate, TemplateError
+from bouquet.chat_templates import ChatTemplate, TemplateError, read_chat_template
 from bouquet.st_messages import StMessages
 from bouquet.tokenizer import TokenizerSource, load_tokenizer
+
+if TYPE_CHECKING:
+    from bouquet.model_dir import ModelSpec
 
 Tokenize = Callable[[list[str]], list[list[int]]]  # texts to ids, without special tokens
 Text = str | tuple[str, str]  # a text, or a cross-encoder's (query, document) pair
@@ -30,6 +33,18 @@ _FILLERS = ("0", "1 2 3 4")
 # baseline pair, then one varying each role's text.
 PAIR_ROLES = ("query", "document")
 _PAIR_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
+
+
+def required_chat_template(spec: ModelSpec) -> str:
+    """The chat template a text model whose Transformer takes messages writes its texts with (the replica sends it,
+    `bouquet embed` renders with it); a directory without one is refused, as no conversation can be written."""
+    template = read_chat_template(spec.tokenizer_file.parent)
+    if not template:
+        raise ValueError(
+            f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
+            "message), but the directory has no chat template to write them with"
+        )
+    return template
 
 
 class TextMessages:

@@ -23,12 +23,12 @@ from tqdm import tqdm
 
 from bouquet import event_loop
 from bouquet.batch import Batch, RowOptions
-from bouquet.chat_templates import ChatTemplate, read_chat_template
+from bouquet.chat_templates import ChatTemplate
 from bouquet.config import EmbedConfig, SchedulerConfig
 from bouquet.model_dir import ModelSpec
 from bouquet.offline.input_reader import count_texts, read_texts
 from bouquet.replica.scheduler import Scheduler, StepEngine
-from bouquet.text_messages import ConversationTokenizer, TextMessages
+from bouquet.text_messages import ConversationTokenizer, TextMessages, required_chat_template
 from bouquet.tokenizer import TextTokenizer, tokenizer_json
 
 # Windows queued at once: the one being computed and the next behind it, so the engine never waits for the
@@ -45,13 +45,8 @@ def offline_tokenizer(spec: ModelSpec, max_length: int) -> OfflineTokenizer:
     source = tokenizer_json(spec.tokenizer_file, spec.do_lower_case)
     if spec.st_messages is None:
         return TextTokenizer(source, max_length)
-    template = read_chat_template(spec.tokenizer_file.parent)
-    if not template:
-        raise ValueError(
-            f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
-            "message), but the directory has no chat template to write them with"
-        )
-    return ConversationTokenizer(source, max_length, TextMessages(ChatTemplate(template), spec.st_messages))
+    template = ChatTemplate(required_chat_template(spec))
+    return ConversationTokenizer(source, max_length, TextMessages(template, spec.st_messages))
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from bouquet.replica.request import DeadlineExpired, InvalidInput, Limits, Queue
 from bouquet.replica.scheduler import Scheduler, StepEngine
 from bouquet.scoring import maxsim
 from bouquet.sparse_rows import sparsify
+from bouquet.text_messages import required_chat_template
 from bouquet.tls import server_credentials
 from bouquet.tokenizer import tokenizer_json
 
@@ -110,13 +111,9 @@ def _conversations(spec: ModelSpec, limits: Limits) -> bool:
 def _chat_template(spec: ModelSpec, limits: Limits) -> str:
     """A conversation model's chat template, for the gateway to format its inputs (gateway/patch_embed.py,
     text_messages.py)."""
-    template = read_chat_template(spec.tokenizer_file.parent) if _conversations(spec, limits) else ""
-    if not template and spec.st_messages is not None and not _takes_images(limits):
-        raise ValueError(
-            f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
-            "message), but the directory has no chat template to write them with"
-        )
-    return template
+    if spec.st_messages is not None and not _takes_images(limits):
+        return required_chat_template(spec)
+    return read_chat_template(spec.tokenizer_file.parent) if _conversations(spec, limits) else ""
 
 
 def _set_st_messages(info: embedding_pb2.InfoResponse, spec: ModelSpec, limits: Limits) -> None:
