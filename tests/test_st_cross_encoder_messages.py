@@ -35,7 +35,9 @@ TEMPLATE = (
     "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 )
 DROPS_DOCUMENT = TEMPLATE.replace("{% elif message.role == 'document' %}<Document>: {{ message.content }}", "")
-CAUSAL, CLASSIFIER, BLIND = "causal-reranker", "classifier-reranker", "blind-reranker"
+# A template that fails on a query with a Python error (an int and None added), not through raise_exception.
+FAILS_ON_QUERY = TEMPLATE.replace("<Query>: {{ message.content }}", "<Query>: {{ message.content | length + none }}")
+CAUSAL, CLASSIFIER, BLIND, FAILING = "causal-reranker", "classifier-reranker", "blind-reranker", "failing-reranker"
 
 
 def _with_template(tokenizer_dir: Path, template: str) -> None:
@@ -62,13 +64,16 @@ def rerankers(tmp_path_factory) -> tuple[Path, dict[str, object]]:
     shutil.copytree(root / "hf", root / "blind-hf")
     _with_template(root / "blind-hf", DROPS_DOCUMENT)
     built[BLIND] = _save_cross_encoder(root / "blind-hf", root / BLIND)
+    shutil.copytree(root / "hf", root / "failing-hf")
+    _with_template(root / "failing-hf", FAILS_ON_QUERY)
+    built[FAILING] = _save_cross_encoder(root / "failing-hf", root / FAILING)
     return root, built
 
 
 @pytest.fixture(scope="module")
 def client(rerankers) -> Iterator[httpx.Client]:
     root, _ = rerankers
-    with engines(root / CAUSAL, root / CLASSIFIER, root / BLIND) as built, served(built) as running:
+    with engines(root / CAUSAL, root / CLASSIFIER, root / BLIND, root / FAILING) as built, served(built) as running:
         yield running.client
 
 
@@ -117,6 +122,17 @@ def test_a_template_that_drops_a_role_is_refused(client: httpx.Client, rerankers
     response = client.post("/rerank", json={"model": BLIND, "query": PAIRS[0][0], "texts": [PAIRS[0][1]]})
     assert response.status_code in (400, 413, 422), response.text
     assert "'document' content does not reach" in response.text, response.text
+
+
+def test_a_template_that_fails_on_a_pair_is_refused(client: httpx.Client, rerankers) -> None:
+    """A template whose render of a pair raises a Python error: sentence-transformers' probe reports the exception and
+    refuses the pair; the gateway serves the model all the same (its discovery probes the template too) and refuses
+    the pair naming the error, a 4xx and not a 500."""
+    with pytest.raises(ValueError, match="it raised TypeError"):
+        rerankers[1][FAILING].predict(PAIRS[:1])
+    response = client.post("/v1/rerank", json={"model": FAILING, "query": PAIRS[0][0], "documents": [PAIRS[0][1]]})
+    assert response.status_code == 400, response.text
+    assert "it raised TypeError" in response.text, response.text
 
 
 def test_a_template_that_drops_a_role_is_said_once_at_discovery(rerankers, caplog: pytest.LogCaptureFixture) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bouquet.chat_templates import ChatTemplate, TemplateError, read_chat_template
+from bouquet.chat_templates import ChatTemplate, read_chat_template
 from bouquet.st_messages import StMessages
 from bouquet.tokenizer import TokenizerSource, load_tokenizer
 
@@ -109,8 +109,8 @@ class TextMessages:
         if self._pair_failure is None:
             try:
                 base, *varied = [self.render(probe, "") for probe in _PAIR_PROBES]
-            except TemplateError as error:
-                self._pair_failure = f"it raised {error}"
+            except Exception as error:  # a template's own Python error too (an int and None added), as its probe
+                self._pair_failure = f"it raised {type(error).__name__}: {error}"
             else:
                 dropped = [repr(role) for role, render in zip(PAIR_ROLES, varied, strict=True) if render == base]
                 roles = " and ".join(dropped)
