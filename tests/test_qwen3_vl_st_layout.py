@@ -183,3 +183,17 @@ def test_tokenize_answers_the_conversation(client: httpx.Client, st_models, name
     expected = [model.preprocess([text], prompt=model.prompts.get(model.default_prompt_name or ""))["input_ids"][0]
                 for text in TEXTS[:2]]  # fmt: skip
     assert [[token["id"] for token in tokens] for tokens in response.json()] == [ids.tolist() for ids in expected]
+
+
+def test_a_chat_template_that_does_not_compile_leaves_the_model_served(st_models, tmp_path: Path) -> None:
+    """A directory whose chat template jinja cannot compile (sentence-transformers fails on every input): the gateway
+    still discovers the model, rather than its replica's discovery failing for good, and refuses its images naming
+    the template's error."""
+    copy = tmp_path / "broken-template"
+    shutil.copytree(st_models[0] / PLAIN, copy)
+    (copy / "chat_template.jinja").write_text("{% for message in messages %}{{ message.role }}")
+    with engines(copy) as built, served(built) as running:
+        assert running.client.get("/health").status_code == 200
+        body = {"model": copy.name, "input": [png_uri(images(SIZES[:1])[0])]}
+        response = running.client.post("/embeddings_image", json=body)
+        assert response.status_code == 400 and "does not compile" in response.text, response.text

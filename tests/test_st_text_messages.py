@@ -296,21 +296,26 @@ def test_bfloat16_matches_sentence_transformers(bfloat16_client: httpx.Client, s
         assert cosines.min() >= BFLOAT16_BOUND, cosines
 
 
-def test_a_directory_without_its_chat_template_is_refused(st_models, tmp_path: Path) -> None:
-    """Texts that are conversations cannot be written without the template: the replica refuses to serve such a
-    directory and `bouquet embed` to embed it, naming why, rather than embedding the raw texts."""
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [(None, "no chat template to write them with"), ("{% for message in messages %}", "does not compile.*endfor")],
+)
+def test_a_directory_without_a_usable_chat_template_is_refused(st_models, tmp_path: Path, template, why) -> None:
+    """Texts that are conversations cannot be written without the template, or with one jinja cannot compile: the
+    replica refuses to serve such a directory and `bouquet embed` to embed it, naming why, at start rather than on
+    every text (or by embedding the raw texts)."""
     from bouquet.offline.embed import offline_tokenizer
 
     root, _ = st_models
-    copy = tmp_path / "no-template"
+    copy = tmp_path / "unusable-template"
     shutil.copytree(root / MESSAGES, copy)
     config_file = copy / "tokenizer_config.json"
-    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "chat_template": None}))
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "chat_template": template}))
     (copy / "chat_template.jinja").unlink(missing_ok=True)
     with engines(copy) as (engine,):
-        with pytest.raises(ValueError, match="no chat template to write them with"):
+        with pytest.raises(ValueError, match=why):
             offline_tokenizer(engine.spec, engine.max_seq_length)
-        with pytest.raises(ValueError, match="no chat template to write them with"), served([engine]):
+        with pytest.raises(ValueError, match=why), served([engine]):
             pass
 
 

@@ -15,7 +15,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class TemplateError(ValueError):
-    """The template refused the conversation (its `raise_exception`) or failed on it."""
+    """The template refused the conversation (its `raise_exception`) or failed on it, or does not compile."""
 
 
 def read_chat_template(model_dir: Path) -> str:
@@ -52,7 +52,10 @@ class ChatTemplate:
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["namespace"] = jinja2.utils.Namespace
-        self._template = environment.from_string(source)
+        try:
+            self._template = environment.from_string(source)
+        except jinja2.TemplateError as error:
+            raise TemplateError(f"the model's chat template does not compile: {error}") from None
 
     def render(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

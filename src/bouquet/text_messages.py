@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from bouquet.chat_templates import ChatTemplate, read_chat_template
+from bouquet.chat_templates import ChatTemplate, TemplateError, read_chat_template
 from bouquet.st_messages import StMessages
 from bouquet.tokenizer import TokenizerSource, load_tokenizer
 
@@ -37,13 +37,18 @@ _PAIR_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
 
 def required_chat_template(spec: ModelSpec) -> str:
     """The chat template a text model whose Transformer takes messages writes its texts with (the replica sends it,
-    `bouquet embed` renders with it); a directory without one is refused, as no conversation can be written."""
+    `bouquet embed` renders with it); a directory without one, or with one jinja cannot compile, is refused here, at
+    start, as no conversation can be written."""
     template = read_chat_template(spec.tokenizer_file.parent)
     if not template:
         raise ValueError(
             f"{spec.path}: its sentence-transformers Transformer takes its texts as chat messages (modality_config's "
             "message), but the directory has no chat template to write them with"
         )
+    try:
+        ChatTemplate(template)
+    except TemplateError as error:
+        raise ValueError(f"{spec.path}: {error}") from None
     return template
 
 

@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from bouquet.chat_templates import ChatTemplate, read_chat_template
+from bouquet.chat_templates import ChatTemplate, TemplateError, read_chat_template
 from bouquet.config import DEFAULT_MODEL_PACKAGE
 from bouquet.gateway.errors import InvalidRequest, NotFound, Unavailable
 from bouquet.gateway.image_processing import ModelImages, model_images
@@ -241,7 +241,11 @@ def _text_messages(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> 
     if not source:  # the replica refuses such a directory (replica/server.py); one of another release may not
         logger.error("%r takes its texts as chat messages, but sent no chat template: texts as sent", info.model_name)
         return None
-    return TextMessages(ChatTemplate(source), st)
+    try:
+        return TextMessages(ChatTemplate(source), st)
+    except TemplateError as error:  # an image model's (the replica refuses a text model's): its images say it too
+        logger.error("%r takes its texts as chat messages, but %s: texts as sent", info.model_name, error)
+        return None
 
 
 def _images(spec: ModelSpec | None, info: embedding_pb2.InfoResponse) -> ModelImages | None:
