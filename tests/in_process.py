@@ -64,6 +64,15 @@ class _LoopTransport(httpx.BaseTransport):
         return asyncio.run_coroutine_threadsafe(send(), self.loop).result(120)
 
 
+def runs_an_event_loop() -> bool:
+    """Whether the calling thread runs an event loop: work a test expects on the gateway's executor sees none."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 @contextmanager
 def engines(*model_dirs: Path, dtype: str = "float32") -> Iterator[list[Engine]]:
     """CPU engines for models other than the session's MiniLM (conftest), closed after. Without the start-up build

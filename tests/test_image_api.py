@@ -8,7 +8,6 @@ preprocessing is also checked bit for bit against transformers'."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -23,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import row_cosines
-from in_process import engines, served
+from in_process import engines, runs_an_event_loop, served
 from PIL import Image
 from test_clip import _clip, _save
 from test_siglip import padded_text_features, save_siglip
@@ -180,21 +179,13 @@ def test_images_are_decoded_and_preprocessed_off_the_event_loop(server: httpx.Cl
     load = gateway_images.load_pixels
 
     def recording(*args):
-        on_a_loop.append(_runs_an_event_loop())
+        on_a_loop.append(runs_an_event_loop())
         return load(*args)
 
     monkeypatch.setattr(gateway_images, "load_pixels", recording)
     inputs = [_data_uri(_file(_image(40 + index, 30, index))) for index in range(3)]
     assert len(_rows(server.post("/embeddings_image", json={"model": "tiny-clip", "input": inputs}))) == 3
     assert on_a_loop == [False] * 3
-
-
-def _runs_an_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip"])

@@ -13,7 +13,6 @@ tail restored, from either side); and every route that tokenizes texts against t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import row_cosines
 from family_models import spread_weights
-from in_process import engines, served
+from in_process import engines, runs_an_event_loop, served
 from qwen3_vl_models import qwen_tokenizer
 
 from bouquet.text_messages import TextMessages
@@ -204,7 +203,7 @@ def test_conversations_are_rendered_off_the_event_loop(client: httpx.Client, mon
     render = TextMessages.render
 
     def recording(self: TextMessages, *args: object) -> str:
-        on_a_loop.append(_runs_an_event_loop())
+        on_a_loop.append(runs_an_event_loop())
         return render(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TextMessages, "render", recording)
@@ -213,14 +212,6 @@ def test_conversations_are_rendered_off_the_event_loop(client: httpx.Client, mon
         response = client.post(path, json={"model": MESSAGES, **body})
         assert response.status_code == 200, response.text
     assert len(on_a_loop) >= 2 * len(TEXTS) + 1 and not any(on_a_loop), on_a_loop
-
-
-def _runs_an_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def test_left_truncation_matches_sentence_transformers(client: httpx.Client, st_models) -> None:
