@@ -49,6 +49,17 @@ BOS_TEMPLATE = (
     "<|im_end|>\n{% endfor %}"
 )
 
+DATED = "tiny-qwen3-st-dated"  # a template that reads what transformers' renderer gives beyond the messages
+# As Mistral Small 3's and Llama 3's date their system prompt (strftime_now; the year, so a render at midnight
+# agrees), a check of `documents` (transformers passes tools and documents, None when there are none), and a reply
+# marked for assistant masks ({% generation %}, transformers' own tag).
+DATED_TEMPLATE = (
+    "{%- set year = strftime_now('%Y') %}{%- if documents is defined %}{{ 'no documents\n' }}{%- endif %}"
+    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\n' }}"
+    "{%- if message.role == 'assistant' %}{% generation %}{{ message.content }}{% endgeneration %}"
+    "{%- else %}{{ message.content }}{%- endif %}{{ '<|im_end|>\n' }}{%- endfor %}{{ 'year ' + year }}"
+)
+
 
 def _save(root: Path, name: str, template: str) -> object:
     """The tiny Qwen3, its tokenizer given `template`, as sentence-transformers 6 builds and saves it (root/name); its
@@ -90,19 +101,22 @@ def _without_modalities(root: Path, name: str, copy: str) -> Path:
     return root / copy
 
 
+TEMPLATES = {MESSAGES: TEMPLATE, BOS: BOS_TEMPLATE, DATED: DATED_TEMPLATE}
+
+
 @pytest.fixture(scope="module")
 def st_models(tmp_path_factory) -> tuple[Path, dict[str, object]]:
     from sentence_transformers import SentenceTransformer
 
     root = tmp_path_factory.mktemp("qwen3-st-messages")
-    built = {MESSAGES: _save(root, MESSAGES, TEMPLATE), BOS: _save(root, BOS, BOS_TEMPLATE)}
+    built = {name: _save(root, name, template) for name, template in TEMPLATES.items()}
     return root, {**built, LEGACY: SentenceTransformer(str(_without_modalities(root, MESSAGES, LEGACY)))}
 
 
 @pytest.fixture(scope="module")
 def client(st_models) -> Iterator[httpx.Client]:
     root, _ = st_models
-    with engines(root / MESSAGES, root / LEGACY, root / BOS) as built, served(built) as running:
+    with engines(root / MESSAGES, root / LEGACY, root / BOS, root / DATED) as built, served(built) as running:
         yield running.client
 
 
@@ -126,7 +140,7 @@ def test_sentence_transformers_templates_only_the_layout_with_messages(st_models
     assert row_cosines(templated, raw).max() < 0.99
 
 
-@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS, DATED])
 def test_texts_match_sentence_transformers(client: httpx.Client, st_models, name: str) -> None:
     """Plain strings, one over the limit: the conversation's row (cut with its tail) or the raw text's."""
     expected = st_models[1][name].encode(TEXTS, convert_to_numpy=True)
@@ -160,7 +174,7 @@ def _st_ids(model: object, text: str, prompt: str | None) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS])
+@pytest.mark.parametrize("name", [MESSAGES, LEGACY, BOS, DATED])
 @pytest.mark.parametrize("prompt_name", [None, "query"])
 def test_tokenize_answers_the_tokens_embedded(client: httpx.Client, st_models, name: str, prompt_name: str | None):
     """TEI's /tokenize and vLLM's body: a conversation's tokens (its template's, the system prompt's), as
