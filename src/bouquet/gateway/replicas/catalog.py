@@ -200,7 +200,9 @@ class ModelCatalog:
         messages = _text_messages(spec, info)
         if messages is not None and info.task == "score" and (failure := messages.pair_failure()) is not None:
             # Every pair is refused (as sentence-transformers refuses them): said once here, not only per request.
-            logger.warning("the reranker %r cannot score pairs: its chat template %s", info.model_name, failure)
+            logger.warning(
+                "the reranker %r cannot score pairs: its chat template cannot carry one (%s)", info.model_name, failure
+            )
         template = None if messages is not None else pair_template(info.architecture, info.task or "embed")
         tokenizer = ModelTokenizer(source, info.max_seq_length, self._executor, template, messages) if source else None
         bundled = spec is not None and spec.path.parent.name == DEFAULT_MODEL_PACKAGE
