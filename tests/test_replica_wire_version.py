@@ -15,6 +15,7 @@ import pytest
 from bouquet.config import GatewayConfig
 from bouquet.engine.engine import Engine
 from bouquet.gateway.app import create_app
+from bouquet.gateway.replicas.catalog import ModelCatalog
 from bouquet.gateway.replicas.replica import Incompatible, check_wire, unusable_cause
 from bouquet.proto import WIRE_VERSION, embedding_pb2
 
@@ -60,3 +61,38 @@ def test_a_call_the_replica_does_not_implement_names_the_likely_cause() -> None:
         grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Method not found!"
     )
     assert "another release" in unusable_cause(error)
+
+
+def test_a_failure_taking_in_a_replicas_info_is_said_once_and_retried(
+    minilm_fp32: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway bug on what a replica's Info says (here the catalog raising on its first three reads) costs that
+    replica only while it lasts: said once, asked again at each probe, served once it passes. It used to end the
+    replica's health watch for good, the model never served."""
+    register = ModelCatalog.register
+    failures = iter(range(3))
+
+    def flaky(self: ModelCatalog, info: embedding_pb2.InfoResponse) -> object:
+        if next(failures, None) is not None:
+            raise RuntimeError("a bug in the gateway")
+        return register(self, info)
+
+    async def answers(replicas: tuple[str, ...]) -> tuple[httpx.Response, httpx.Response]:
+        app = create_app(GatewayConfig(replicas=replicas, probe_interval=0.05))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                for _ in range(200):  # 10 s at most
+                    if (health := await client.get("/health")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.05)
+                embedded = await client.post("/v1/embeddings", json={"input": ["a"]})
+        return health, embedded
+
+    monkeypatch.setattr(ModelCatalog, "register", flaky)
+    with in_process.served([minilm_fp32]) as served, caplog.at_level(logging.WARNING):
+        future = asyncio.run_coroutine_threadsafe(answers(served.replicas), served.loop)  # type: ignore[arg-type]
+        health, embedded = future.result(120)
+    assert health.status_code == 200 and embedded.status_code == 200, (health.text, embedded.text)
+    said = [record.getMessage() for record in caplog.records if MARKER in record.getMessage()]
+    assert len(said) == 1 and "(RuntimeError: a bug in the gateway)" in said[0], said

@@ -34,7 +34,7 @@ from bouquet.batch import Batch
 from bouquet.gateway.errors import InvalidRequest, Overloaded, Unavailable
 from bouquet.gateway.metrics import GatewayMetrics
 from bouquet.gateway.replicas.catalog import ModelCatalog
-from bouquet.gateway.replicas.replica import Incompatible, Replica, check_wire, unusable_cause
+from bouquet.gateway.replicas.replica import Replica, check_wire, unusable_cause
 from bouquet.gateway.replicas.waiting import RECHECK_S, Waiter, back_within, wait_turn, wake_next
 from bouquet.proto import embedding_pb2
 from bouquet.replica.client import Reply, embed_request, read_reply
@@ -347,7 +347,7 @@ class ReplicaPool:
                         await self._discover(replica)  # a restarted replica may serve another model
                     self._set_healthy(replica, reply.status == _SERVING)
                     replica.heard = True
-            except (grpc.aio.AioRpcError, Incompatible) as error:
+            except Exception as error:  # a bug reading its Info, too: it must not end the watch for good
                 replica.unusable(unusable_cause(error))
             finally:
                 replica.heard = True  # failed, or gone: the gateway knows what it can of it
@@ -382,7 +382,7 @@ class ReplicaPool:
                     if reply.status == _SERVING:
                         await self._discover(replica)
                         self._set_healthy(replica, True)
-                except (grpc.aio.AioRpcError, Incompatible) as error:
+                except Exception as error:  # as in _watch: the probe goes on
                     replica.unusable(unusable_cause(error))
         finally:
             replica.probing = False

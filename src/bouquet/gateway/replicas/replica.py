@@ -201,10 +201,12 @@ def check_wire(info: embedding_pb2.InfoResponse) -> None:
         )
 
 
-def unusable_cause(error: grpc.aio.AioRpcError | Incompatible) -> str:
+def unusable_cause(error: Exception) -> str:
     """What an operator should check, from a failed health watch or Info call, or a replica's Info."""
     if isinstance(error, Incompatible):
         return str(error)
+    if not isinstance(error, grpc.aio.AioRpcError):  # the gateway failed on what the replica said: retried
+        return f"the gateway could not take in its Info ({type(error).__name__}: {error}); asked again while it serves"
     code, details = error.code(), (error.details() or "").strip()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return f"it refused the gateway's token ({details}): give the gateway its replicas' $BOUQUET_REPLICA_TOKEN"
