@@ -28,6 +28,7 @@ class EmbedJob:
     truncate: bool = True
     truncation_direction: str = "right"
     prompt_name: str | None = None
+    prompt: str | None = None  # a literal prompt (vLLM's chat form's system message), over prompt_name and the default
     response_format: ResponseFormat = FORMATS["float"]  # encoding_format, embed_dtype and endianness
     # the request's own cap on an input's tokens, as the client sent it (vLLM's truncate_prompt_tokens, -1 for the
     # model's limit; Cohere's max_tokens), checked by the service against the model's limit; `truncate_field` names

@@ -26,6 +26,7 @@ import numpy as np
 from bouquet.batch import Batch, RowOptions
 from bouquet.chat_templates import ChatTemplate, TemplateError
 from bouquet.encodings import FORMATS, ResponseFormat
+from bouquet.gateway.chat_text import Turn
 from bouquet.gateway.errors import InvalidRequest, TooLarge
 from bouquet.gateway.image_facts import ImageFacts
 from bouquet.gateway.image_fetch import fetch_urls
@@ -83,6 +84,7 @@ class ConversationJob:
     conversation: Conversation
     options: RowOptions = AS_THE_MODEL
     response_format: ResponseFormat = FORMATS["float"]
+    turns: tuple[Turn, ...] = ()  # the messages as sent, for a text model whose texts are conversations (chat_text.py)
 
 
 def prompt(

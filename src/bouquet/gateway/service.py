@@ -135,7 +135,7 @@ class Service:
 
     async def _embed_windows(self, job: EmbedJob, model: ServedModel, options: RowOptions) -> tuple[Any, int]:
         """Each input whole, in windows of the model's limit averaged (long_inputs.py)."""
-        prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
+        prompt = job_prompt(job, model)
         cut: list[long_inputs.Windows] = []
 
         async def batch() -> Batch:
@@ -217,7 +217,7 @@ class Service:
             )
 
     def _row_options(self, job: EmbedJob, model: ServedModel) -> RowOptions:
-        prompt = model.prompt(job.prompt_name) if job.texts is not None else ""
+        prompt = job_prompt(job, model)
         prompt_tokens = model.require_tokenizer().prompt_tokens(prompt) if prompt else 0
         return complete_options(job.options, model, prompt_tokens)
 
@@ -229,7 +229,7 @@ class Service:
         tokenizer = model.require_tokenizer()
         started = time.perf_counter()
         sequences = await tokenizer.encode(
-            job.texts, model.prompt(job.prompt_name), job.truncate, job.truncation_direction, job.truncate_tokens
+            job.texts, job_prompt(job, model), job.truncate, job.truncation_direction, job.truncate_tokens
         )
         self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
         return sequences
@@ -292,6 +292,13 @@ def embedding_model(service: Service, name: str | None) -> ServedModel:
     if model.task != "embed":
         raise model.wrong_task("embeddings")
     return model
+
+
+def job_prompt(job: EmbedJob, model: ServedModel) -> str:
+    """The prompt of a job's texts: its literal one, else `prompt_name`'s, else the model's default; none for ids."""
+    if job.texts is None:
+        return ""
+    return job.prompt if job.prompt is not None else model.prompt(job.prompt_name)
 
 
 def token_cap(job: EmbedJob, model: ServedModel) -> int | None:

@@ -3,7 +3,9 @@ preprocessing gateway/images.py):
 - vLLM's chat form of `/v1/embeddings`: `messages`, each a `role` and a `content` that is a text or a list of
   parts, `{"type": "text", "text"}` or `{"type": "image_url", "image_url": {"url"}}`; one text or one image a
   request, as a CLIP or SigLIP model embeds each alone; for a model whose images enter its decoder (Qwen3-VL),
-  one conversation: texts and images together, a system message its instruction (gateway/patch_embed.py);
+  one conversation: texts and images together, a system message its instruction (gateway/patch_embed.py); for a
+  text model whose texts are conversations, one user message after an optional system message, its prompt
+  (gateway/chat_text.py);
 - Infinity's `/embeddings_image` (`input`: an image or a list of images), and its `/embeddings` with
   `"modality": "image"`;
 - Jina's (jina-clip's) objects in `input` of `/v1/embeddings`: `{"text": ...}` or `{"image": ...}` each, beside
@@ -32,6 +34,7 @@ from bouquet.gateway.api.fields import (
     refuse_unless,
     response_format,
 )
+from bouquet.gateway.chat_text import Turn, user_text
 from bouquet.gateway.errors import InvalidRequest
 from bouquet.gateway.http.decode import BodyDecoder, RequestBody
 from bouquet.gateway.images import ImageEmbedJob
@@ -67,14 +70,20 @@ class ImagePart(msgspec.Struct, tag="image_url", tag_field="type", forbid_unknow
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
-    role: Annotated[str, described("user, as vLLM's examples send; any role is read alike")]
+    role: Annotated[
+        str,
+        described(
+            "user, as vLLM's examples send; any role is read alike, but a text model whose texts are conversations "
+            "takes an optional system message (its prompt) and one user message"
+        ),
+    ]
     content: Text | Annotated[list[TextPart | ImagePart], Meta(min_length=1)]
 
 
 class ChatEmbeddingsRequest(RequestBody):
     """vLLM's chat form of `/v1/embeddings` (a body with `messages`): one text or one image to embed, or for a model
     whose images enter its decoder (Qwen3-VL-Embedding) one input of texts and images, a system message its
-    instruction."""
+    instruction; for a text model whose texts are conversations, a user message, a system message its prompt."""
 
     messages: Annotated[list[Message], Meta(min_length=1)]
     model: Model = None
@@ -145,6 +154,7 @@ def chat_job(body: ChatEmbeddingsRequest) -> ConversationJob:
     and images, each named by its field's path) in order."""
     instruction: list[str] = []
     parts: list[str | ImageInput] = []
+    turns = tuple(_turn(message, f"messages[{m}]") for m, message in enumerate(body.messages))
     for m, message in enumerate(body.messages):
         contents = [message.content] if isinstance(message.content, str) else message.content
         for p, part in enumerate(contents):
@@ -156,7 +166,21 @@ def chat_job(body: ChatEmbeddingsRequest) -> ConversationJob:
     formats = response_format(body.encoding_format, body.embed_dtype, body.endianness)
     options = RowOptions(body.dimensions, body.normalize, encoding=formats.encoding)
     conversation = Conversation(parts, "messages", "\n".join(instruction) if instruction else None)
-    return ConversationJob(body.model, conversation, options, formats)
+    return ConversationJob(body.model, conversation, options, formats, turns)
+
+
+def _turn(message: Message, name: str) -> Turn:
+    """A message's role, texts and images' field paths, as a text model whose texts are conversations reads it."""
+    contents = [message.content] if isinstance(message.content, str) else message.content
+    texts = tuple(part if isinstance(part, str) else part.text for part in contents if not isinstance(part, ImagePart))
+    images = tuple(f"{name}.content[{p}]" for p, part in enumerate(contents) if isinstance(part, ImagePart))
+    return Turn(message.role, texts, images, name)
+
+
+def text_job(job: ConversationJob, model: ServedModel) -> EmbedJob:
+    """A text model's conversation (chat_text.py) as its user text, the system message's text its literal prompt."""
+    text, prompt = user_text(job.turns, model.prompt(None))
+    return EmbedJob(job.model, [text], None, job.options, prompt=prompt, response_format=job.response_format)
 
 
 def single_input_job(job: ConversationJob) -> EmbedJob | ImageEmbedJob:
@@ -184,6 +208,8 @@ async def embed_chat(service: Service, job: ConversationJob) -> tuple[ServedMode
     if model.images is not None and model.images.patch_dim:
         rows, tokens, _ = await embed_conversations(service, model, [job.conversation], job.options)
         return model, rows, tokens
+    if model.conversations:
+        return await service.embed(text_job(job, model))
     single = single_input_job(job)
     if isinstance(single, ImageEmbedJob):
         return await embed_image_job(service, single)
