@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from bouquet.cpu_features import cpu_features
 from bouquet.engine.cpu_graphs import SHORT_QUERY_TOKENS
 from bouquet.engine.engine import Engine
 from bouquet.gateway.testing import Process, free_port, start_serve
+from bouquet.layers import int8_linear as int8_linear_module
 from bouquet.layers.int8_linear import (
     FULL_RANGE,
     INT_MM_PRODUCT,
@@ -81,6 +83,28 @@ def test_rows_quantize_per_token_like_the_reference() -> None:
     assert (error <= rows.scales[:, None] * 0.5001 + 1e-6).all()  # within half a step of each row's own scale
 
 
+AVX2_CPU = "sse4_1,avx,avx2,fma,f16c,bmi1,bmi2"  # what the probe says of an AVX2-only CPU
+
+
+@pytest.fixture(params=["avx512", "avx2"])
+def passes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The passes' loops a CPU of that kind takes: AVX-512's own (where this CPU has it), or, with the probe
+    overridden to an AVX2 CPU, the clones' plain C (the erf GELU, GCC's codes), as on that CPU."""
+    if request.param == "avx2":
+        monkeypatch.setenv("BOUQUET_CPU_FEATURES", AVX2_CPU)
+    elif not cpu_features().has("avx512f"):
+        pytest.skip("needs a CPU with avx512f")
+    cpu_features.cache_clear()
+    int8_linear_module._library.cache_clear()
+    assert int8_linear_module._library().bouquet_passes_avx512() == (request.param == "avx512")
+    yield request.param
+    monkeypatch.delenv("BOUQUET_CPU_FEATURES", raising=False)
+    cpu_features.cache_clear()
+    int8_linear_module._library.cache_clear()
+    int8_linear_module._library()  # the real probe's answer back in the kernel
+
+
+@pytest.mark.usefixtures("passes")
 def test_rows_quantize_to_the_references_codes_exactly_at_every_width() -> None:
     """The quantizing pass's codes (AVX-512's own loop, kernels/int8_linear_codes.h, or the plain C) are the float32
     reference's bit for bit: rounded half to even, clamped; every row width up to 40 (each partial group of lanes),
@@ -97,6 +121,7 @@ def test_rows_quantize_to_the_references_codes_exactly_at_every_width() -> None:
     assert quantize_rows(x).values[0, 1] == -128
 
 
+@pytest.mark.usefixtures("passes")
 @pytest.mark.parametrize("activation", list(REFERENCE_ACTIVATIONS))
 def test_dequantize_applies_zero_points_scales_bias_and_activation_in_place(activation: str) -> None:
     generator = torch.Generator().manual_seed(1)
@@ -121,6 +146,7 @@ def _dequantized_gelu(x: torch.Tensor, float_products: bool) -> torch.Tensor:
     return dequantize(products, rows, weight, "gelu")[0]
 
 
+@pytest.mark.usefixtures("passes")
 @pytest.mark.parametrize("float_products", [False, True])
 def test_the_int8_gelu_is_within_5e_7_of_gelu_everywhere(float_products: bool) -> None:
     """The pass's GELU (a table of polynomials in AVX-512, kernels/int8_linear_gelu.h; erf elsewhere) on a dense grid

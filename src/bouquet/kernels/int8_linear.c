@@ -68,7 +68,8 @@ INLINE float activate(float v, int activation) {
 }
 
 // The passes' loops written for AVX-512 (int8_linear_gelu.h, int8_linear_codes.h), where GCC's vector code for the
-// plain C was slow; they run where the CPU has AVX512F (checked at run time: the clones' plain C elsewhere).
+// plain C was slow; they run where the CPU has AVX512F and bouquet's feature probe allows it (layers/int8_linear.py
+// says so at load: a probe overridden to an AVX2 CPU gives the clones' plain C, as on that CPU).
 #if defined(__x86_64__) && defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 11)
 #define PASSES_AVX512 1
 #include <immintrin.h>
@@ -78,6 +79,10 @@ INLINE float activate(float v, int activation) {
 #define AVX512_TARGET
 #endif
 
+static int passes_avx512_allowed = 1;
+
+void bouquet_passes_allow_avx512(int32_t allowed) { passes_avx512_allowed = allowed != 0; }
+
 INLINE int avx512_available(void) {
 #if PASSES_AVX512
     static int available = -1;  // the same answer from every thread: a racing write stores the same value
@@ -85,11 +90,14 @@ INLINE int avx512_available(void) {
         __builtin_cpu_init();
         available = __builtin_cpu_supports("avx512f");
     }
-    return available;
+    return available && passes_avx512_allowed;
 #else
     return 0;
 #endif
 }
+
+// Whether the passes take their AVX-512 loops now (the CPU has AVX512F and the probe allows it).
+int bouquet_passes_avx512(void) { return avx512_available(); }
 
 #if PASSES_AVX512
 // The lanes of the 16-value group at column c of a row of `cols`: all of them but in the last, partial group.

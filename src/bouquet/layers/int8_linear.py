@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bouquet.cpu_features import cpu_features
 from bouquet.kernels.build import load_kernel
 from bouquet.kernels.openmp import on_passing_thread
 from bouquet.kernels.recording import kernel_call, op_call
@@ -257,6 +258,10 @@ def _library() -> ctypes.CDLL:
     library.bouquet_dequantize.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32,
     ]  # fmt: skip
+    library.bouquet_passes_allow_avx512.argtypes = [ctypes.c_int32]
+    library.bouquet_passes_allow_avx512.restype = None
+    library.bouquet_passes_avx512.restype = ctypes.c_int
+    library.bouquet_passes_allow_avx512(int(cpu_features().has("avx512f")))  # the probe decides, as for the products
     library.bouquet_dequantize_add_norm.restype = None
     library.bouquet_dequantize_add_norm.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_void_p,
